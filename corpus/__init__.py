@@ -1,0 +1,1 @@
+"""The shipped model catalogue (``models.toml``), installed as ``fxverify.corpus``."""

@@ -1,0 +1,124 @@
+"""A model case: a corpus entry made concrete. It builds fresh, seeded instances
+with randomised state, traces them, and makes their inputs.
+
+This is what the ``fx_model`` fixture yields and what every check takes::
+
+    case = fxverify.load_case("resnet18")
+    gm = case.trace()                  # a fresh GraphModule, eval mode
+    x, = case.configs[0].make()        # its primary inputs
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from fxverify import catalogue, tracing
+from fxverify.catalogue import CorpusEntry, InputSpec
+from fxverify.inputs import InputConfig, input_configs
+from fxverify.state import randomize_state
+
+
+class ModelCase:
+    """A corpus entry with the means to build, trace and feed it.
+
+    Every call to :meth:`build` or :meth:`trace` returns a new instance (some
+    timm models cache Proxies inside a module traced twice), built from the
+    same seed so all instances hold identical parameters.
+    """
+
+    def __init__(self, entry: CorpusEntry, seed: int = 0) -> None:
+        self.entry = entry
+        self.seed = seed
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+    def __repr__(self) -> str:
+        return f"ModelCase({self.name!r})"
+
+    @functools.cached_property
+    def configs(self) -> list[InputConfig]:
+        """Input configurations, the primary one first."""
+        e = self.entry
+        return input_configs(e.inputs, e.batch_sizes, e.spatial_sizes)
+
+    @property
+    def tracer_class(self) -> type[fx.Tracer]:
+        return tracing.tracer_class(self.entry.tracer)
+
+    def build(self, *, training: bool = False) -> nn.Module:
+        """A fresh instance with random init and randomised state, in the given mode."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            module = _factory(self.entry)()
+        randomize_state(module, self.seed)
+        return module.train(training)
+
+    def trace(self, *, training: bool = False) -> fx.GraphModule:
+        """A fresh ``GraphModule`` of a fresh instance, traced in the given mode."""
+        return tracing.trace(self.build(training=training), self.entry.tracer).train(training)
+
+    def example_inputs(self) -> tuple[torch.Tensor, ...]:
+        """The primary configuration's inputs."""
+        return self.configs[0].make(self.seed)
+
+
+def load_case(name: str, seed: int = 0) -> ModelCase:
+    """The case for corpus entry ``name``.
+
+    >>> load_case("resnet18").configs[0].name
+    'b2-3x64x64'
+    """
+    return ModelCase(catalogue.find(name), seed)
+
+
+def case_from_module(
+    name: str,
+    factory: Callable[[], nn.Module],
+    inputs: Sequence[tuple[int, ...] | InputSpec],
+    **entry_fields: Any,
+) -> ModelCase:
+    """A case for your own model, without registering it in the corpus.
+
+    >>> case = case_from_module("mlp", lambda: nn.Sequential(nn.Linear(4, 4), nn.ReLU()), [(2, 4)])
+    >>> case.example_inputs()[0].shape
+    torch.Size([2, 4])
+    """
+    specs = tuple(s if isinstance(s, InputSpec) else InputSpec(tuple(s)) for s in inputs)
+    return ModelCase(CorpusEntry(name=name, source="user", factory=factory, inputs=specs, **entry_fields))
+
+
+def _factory(entry: CorpusEntry) -> Callable[[], nn.Module]:
+    if callable(entry.factory):
+        return lambda: entry.factory(**entry.kwargs)  # type: ignore[misc,operator]
+    if isinstance(entry.factory, str):
+        module_name, _, attr = entry.factory.partition(":")
+        fn: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            fn = getattr(fn, part)
+        return lambda: fn(**entry.kwargs)
+    if entry.source == "torchvision":
+        import torchvision
+
+        extra = {"weights_backbone": None} if "weights_backbone" in _tv_params(entry.name) else {}
+        return lambda: torchvision.models.get_model(entry.name, weights=None, **extra, **entry.kwargs)
+    if entry.source == "timm":
+        import timm
+
+        return lambda: timm.create_model(entry.name, pretrained=False, **entry.kwargs)
+    raise AssertionError(f"corpus entry {entry.name!r} has no factory")  # prevented by CorpusEntry
+
+
+def _tv_params(name: str) -> set[str]:
+    import inspect
+
+    import torchvision
+
+    return set(inspect.signature(torchvision.models.get_model_builder(name)).parameters)

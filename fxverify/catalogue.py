@@ -1,0 +1,189 @@
+"""The model catalogue: corpus entries as plain data, and selection over them.
+
+Entries come from ``corpus/models.toml`` (shipped as ``fxverify.corpus``) and
+from :func:`register_model`. Nothing here imports torch, so the pytest plugin
+can collect items cheaply.
+
+>>> [e.name for e in select("resnet18")]
+['resnet18']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import fnmatch
+import functools
+import tomllib
+from collections.abc import Callable, Iterable, Mapping
+from importlib import resources
+from typing import Any
+
+from fxverify.errors import CorpusError
+
+SOURCES = ("torchvision", "timm", "edge", "user")
+TRACERS = ("plain", "timm")
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSpec:
+    """One positional input: its shape (batch first) and dtype.
+
+    ``low`` / ``high`` bound the values drawn (integer inputs need them).
+    """
+
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+    low: float | None = None
+    high: float | None = None
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> InputSpec:
+        return cls(
+            shape=tuple(int(d) for d in data["shape"]),
+            dtype=str(data.get("dtype", "float32")),
+            low=data.get("low"),
+            high=data.get("high"),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusEntry:
+    """A model the checks run on.
+
+    ``factory`` is ``"module:attr"`` or a callable returning a fresh
+    ``nn.Module``; for torchvision and timm entries it defaults to the model
+    name, built with random init (``weights=None`` / ``pretrained=False``).
+
+    >>> entry = CorpusEntry(name="tiny", source="user", factory="torch.nn:Identity",
+    ...                     inputs=(InputSpec((2, 3)),))
+    >>> entry.primary_batch
+    2
+    """
+
+    name: str
+    source: str
+    inputs: tuple[InputSpec, ...]
+    factory: str | Callable[[], Any] | None = None
+    kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    batch_sizes: tuple[int, ...] = (1, 2)
+    spatial_sizes: tuple[tuple[int, ...], ...] = ()
+    tracer: str = "plain"
+    tags: tuple[str, ...] = ()
+    profiles: tuple[str, ...] = ("default",)
+    rtol: float | None = None
+    atol: float | None = None
+    tolerance_reason: str | None = None
+    xfail: str | None = None
+
+    def __post_init__(self) -> None:
+        where = f"corpus entry {self.name!r}"
+        if self.source not in SOURCES:
+            raise CorpusError(f"{where}: source must be one of {SOURCES}, got source={self.source!r}")
+        if self.tracer not in TRACERS:
+            raise CorpusError(f"{where}: tracer must be one of {TRACERS}, got tracer={self.tracer!r}")
+        if not self.inputs:
+            raise CorpusError(f"{where}: needs at least one input spec")
+        if self.source in ("edge", "user") and self.factory is None:
+            raise CorpusError(f"{where}: a {self.source} entry needs a factory ('module:attr' or a callable)")
+        if (self.rtol is not None or self.atol is not None) and not self.tolerance_reason:
+            raise CorpusError(f"{where}: a tolerance override needs tolerance_reason saying why")
+
+    @property
+    def primary_batch(self) -> int:
+        return self.inputs[0].shape[0]
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> CorpusEntry:
+        """Build an entry from one ``[[model]]`` table of the TOML catalogue."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise CorpusError(f"corpus entry {data.get('name')!r}: unknown fields {unknown}; known: {sorted(known)}")
+        fields = dict(data)
+        fields["inputs"] = tuple(InputSpec.from_data(i) for i in data.get("inputs", ()))
+        fields["spatial_sizes"] = tuple(tuple(s) for s in data.get("spatial_sizes", ()))
+        for name in ("batch_sizes", "tags", "profiles"):
+            if name in data:
+                fields[name] = tuple(data[name])
+        return cls(**fields)
+
+
+@functools.cache
+def catalogue() -> tuple[CorpusEntry, ...]:
+    """The shipped catalogue, in file order."""
+    text = resources.files("fxverify.corpus").joinpath("models.toml").read_text(encoding="utf-8")
+    entries = tuple(CorpusEntry.from_data(m) for m in tomllib.loads(text).get("model", []))
+    _check_unique(entries)
+    return entries
+
+
+_registered: dict[str, CorpusEntry] = {}
+
+
+def register_model(entry: CorpusEntry) -> CorpusEntry:
+    """Add a model of your own to the corpus (a ``user`` entry).
+
+    >>> register_model(CorpusEntry(name="my_net", source="user", factory="torch.nn:Identity",
+    ...                            inputs=(InputSpec((2, 4)),)))  # doctest: +ELLIPSIS
+    CorpusEntry(name='my_net', ...)
+    """
+    if any(e.name == entry.name for e in catalogue()):
+        raise CorpusError(f"corpus entry {entry.name!r} already exists in the shipped catalogue; pick another name")
+    _registered[entry.name] = entry
+    return entry
+
+
+def all_entries() -> tuple[CorpusEntry, ...]:
+    """Shipped entries followed by registered ones."""
+    return catalogue() + tuple(_registered.values())
+
+
+def profiles(entries: Iterable[CorpusEntry] | None = None) -> list[str]:
+    """Every profile name some entry belongs to, sorted."""
+    return sorted({p for e in (entries or all_entries()) for p in e.profiles})
+
+
+def select(selection: str | Iterable[str]) -> list[CorpusEntry]:
+    """Entries matching a comma-separated selection of profiles, names and globs.
+
+    Order follows the catalogue, whatever the order of the selection.
+
+    >>> [e.name for e in select("resnet*")][:1]
+    ['resnet18']
+    """
+    tokens = [t.strip() for t in (selection.split(",") if isinstance(selection, str) else selection)]
+    tokens = [t for t in tokens if t]
+    if not tokens:
+        raise CorpusError("empty corpus selection; name a profile (e.g. 'default'), a model or a glob")
+    entries = all_entries()
+    chosen: set[str] = set()
+    for token in tokens:
+        matched = {e.name for e in entries if token in e.profiles or fnmatch.fnmatchcase(e.name, token)}
+        if not matched:
+            choices = profiles(entries) + [e.name for e in entries]
+            close = difflib.get_close_matches(token, choices, n=3)
+            hint = f" Did you mean {', '.join(close)}?" if close else ""
+            raise CorpusError(
+                f"corpus selection {token!r} matches no profile, model name or glob.{hint} "
+                f"Profiles: {', '.join(profiles(entries))}"
+            )
+        chosen |= matched
+    return [e for e in entries if e.name in chosen]
+
+
+def find(name: str) -> CorpusEntry:
+    """The entry called ``name``."""
+    for entry in all_entries():
+        if entry.name == name:
+            return entry
+    close = difflib.get_close_matches(name, [e.name for e in all_entries()], n=3)
+    raise CorpusError(f"no corpus entry named {name!r}" + (f"; did you mean {', '.join(close)}?" if close else ""))
+
+
+def _check_unique(entries: Iterable[CorpusEntry]) -> None:
+    seen: set[str] = set()
+    for entry in entries:
+        if entry.name in seen:
+            raise CorpusError(f"corpus entry {entry.name!r} appears twice in the catalogue")
+        seen.add(entry.name)

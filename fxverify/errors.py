@@ -1,0 +1,31 @@
+"""Exception types raised by fxverify.
+
+Every error says what was wrong and what to do next. ``FxVerifyError`` is the
+common base so callers can catch everything fxverify raises on bad input.
+"""
+
+from __future__ import annotations
+
+
+class FxVerifyError(Exception):
+    """Base class of every error fxverify raises about its inputs."""
+
+
+class TransformLoadError(FxVerifyError):
+    """A transform spec cannot be turned into a callable transform.
+
+    Raised at start-up for an unimportable module, a missing or non-callable
+    attribute, or a signature fxverify cannot call.
+    """
+
+
+class TransformFailed(FxVerifyError):
+    """The transform raised, hung, or returned something fxverify cannot use."""
+
+
+class CorpusError(FxVerifyError):
+    """A corpus selection or catalogue entry is invalid."""
+
+
+class CheckFailed(AssertionError):
+    """Raised by the ``fxverify.assert_*`` helpers; the message is the finding."""

@@ -1,0 +1,95 @@
+"""Input configurations: the batch sizes, spatial sizes and magnitudes a model
+is checked at, and the tensors for each, reproducible from a seed.
+
+>>> from fxverify.catalogue import InputSpec
+>>> [c.name for c in input_configs((InputSpec((2, 3, 8, 8)),), (1, 2), ((8, 8), (12, 12)))]
+['b2-3x8x8', 'b1-3x8x8', 'b2-3x12x12', 'b2-3x8x8-large']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from collections.abc import Sequence
+
+import torch
+
+from fxverify.catalogue import InputSpec
+
+LARGE_SCALE = 1e3
+
+
+@dataclasses.dataclass(frozen=True)
+class InputConfig:
+    """One set of inputs: specs with their concrete shapes and a value scale."""
+
+    name: str
+    specs: tuple[InputSpec, ...]
+    scale: float = 1.0
+
+    def make(
+        self,
+        seed: int = 0,
+        *,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str = "cpu",
+    ) -> tuple[torch.Tensor, ...]:
+        """The input tensors. Same seed, same values; ``dtype`` recasts floating inputs
+        after drawing them, so float32 and float64 inputs hold the same numbers."""
+        gen_seed = seed ^ zlib.crc32(self.name.encode())
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(gen_seed)
+            tensors = []
+            for spec in self.specs:
+                spec_dtype = getattr(torch, spec.dtype)
+                low, high = spec.low, spec.high
+                if spec_dtype.is_floating_point:
+                    low = -3.0 if low is None else low
+                    high = 3.0 if high is None else high
+                t = torch.testing.make_tensor(spec.shape, dtype=spec_dtype, device="cpu", low=low, high=high)
+                if t.is_floating_point():
+                    t = t * self.scale
+                    if dtype is not None:
+                        t = t.to(dtype)
+                tensors.append(t.to(device))
+        return tuple(tensors)
+
+    def describe(self) -> str:
+        """e.g. ``b2-3x64x64 (x0: 2x3x64x64 float32)``."""
+        shapes = ", ".join(
+            f"x{i}: {'x'.join(map(str, s.shape))} {s.dtype}" for i, s in enumerate(self.specs)
+        )
+        scale = f", values x{self.scale:g}" if self.scale != 1.0 else ""
+        return f"{self.name} ({shapes}{scale})"
+
+
+def input_configs(
+    specs: Sequence[InputSpec],
+    batch_sizes: Sequence[int],
+    spatial_sizes: Sequence[Sequence[int]] = (),
+) -> list[InputConfig]:
+    """The configurations a model is checked at: the primary one first, then other
+    batch sizes, other spatial sizes of the first input, and a large-magnitude set."""
+    primary = tuple(specs)
+    configs = [_config(primary)]
+    for batch in batch_sizes:
+        if batch != primary[0].shape[0]:
+            configs.append(_config(tuple(_with_batch(s, batch) for s in primary)))
+    first = primary[0]
+    for spatial in spatial_sizes:
+        spatial = tuple(spatial)
+        if spatial != first.shape[-len(spatial):]:
+            changed = dataclasses.replace(first, shape=first.shape[: -len(spatial)] + spatial)
+            configs.append(_config((changed,) + primary[1:]))
+    if any(getattr(torch, s.dtype).is_floating_point for s in primary):
+        configs.append(InputConfig(f"{configs[0].name}-large", primary, LARGE_SCALE))
+    return configs
+
+
+def _with_batch(spec: InputSpec, batch: int) -> InputSpec:
+    return dataclasses.replace(spec, shape=(batch,) + spec.shape[1:])
+
+
+def _config(specs: tuple[InputSpec, ...]) -> InputConfig:
+    first = specs[0].shape
+    return InputConfig(f"b{first[0]}-{'x'.join(map(str, first[1:]))}", specs)

@@ -1,0 +1,54 @@
+"""Tracers used to capture corpus models: plain ``torch.fx.Tracer`` or timm's.
+
+timm registers modules and functions that must stay opaque to FX
+(``timm.layers.get_notrace_modules()`` / ``get_notrace_functions()``); the
+``timm`` tracer keeps them as leaves, as timm's own feature extraction does.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from torch import fx, nn
+
+
+@functools.cache
+def tracer_class(kind: str) -> type[fx.Tracer]:
+    """The tracer class for ``kind`` ("plain" or "timm").
+
+    >>> tracer_class("plain") is fx.Tracer
+    True
+    """
+    if kind == "plain":
+        return fx.Tracer
+    if kind == "timm":
+        import timm.layers
+
+        leaves = tuple(timm.layers.get_notrace_modules())
+        functions = tuple(timm.layers.get_notrace_functions())
+
+        class TimmTracer(fx.Tracer):
+            """Keeps timm's registered no-trace modules and functions opaque."""
+
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                kwargs.setdefault("autowrap_functions", functions)
+                super().__init__(*args, **kwargs)
+
+            def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+                return isinstance(m, leaves) or super().is_leaf_module(m, qualname)
+
+        return TimmTracer
+    raise ValueError(f"unknown tracer {kind!r}; expected 'plain' or 'timm'")
+
+
+def trace(module: nn.Module, kind: str = "plain", concrete_args: dict[str, Any] | None = None) -> fx.GraphModule:
+    """Trace ``module`` with the tracer ``kind`` into a ``GraphModule``.
+
+    >>> trace(nn.Sequential(nn.Linear(2, 2))).graph.find_nodes(op="call_module")[0].target
+    '0'
+    """
+    graph = tracer_class(kind)().trace(module, concrete_args=concrete_args)
+    name = module.__class__.__name__ if isinstance(module, nn.Module) else module.__name__
+    return fx.GraphModule(module, graph, class_name=name)
+

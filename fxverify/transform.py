@@ -1,0 +1,258 @@
+"""What a transform is to fxverify: how it is found from a spec string, how it is
+called, what it may return, and how long it may take.
+
+A transform receives a freshly traced ``GraphModule`` and returns an
+``nn.Module`` (usually a ``GraphModule``), ``None`` (it changed its argument in
+place) or a ``PassResult``. The ``transform(m, tracer_class)`` convention of the
+torch.fx docs is recognised from the signature.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import inspect
+import signal
+import sys
+import threading
+import traceback
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fxverify.contract import Contract, contract_of
+from fxverify.errors import TransformFailed, TransformLoadError
+
+ACCEPTED_RETURNS = (
+    "an nn.Module (usually a torch.fx.GraphModule), None (the argument was modified in place), "
+    "or a torch.fx.passes.infra.pass_base.PassResult"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Transform:
+    """A user transform with its spec, contract and calling convention.
+
+    >>> t = Transform.from_callable(lambda gm: gm)
+    >>> t.takes_tracer_class
+    False
+    """
+
+    fn: Callable[..., Any]
+    spec: str
+    contract: Contract
+    takes_tracer_class: bool
+    reloadable: bool = False  # ``Transform.load(spec)`` gives it back (another process can use it)
+
+    @classmethod
+    def from_callable(cls, fn: Callable[..., Any], spec: str | None = None) -> Transform:
+        """Wrap a callable, checking that its signature can be called by fxverify."""
+        if not callable(fn):
+            raise TransformLoadError(f"transform {spec or fn!r} is not callable (got {type(fn).__name__})")
+        importable = spec or _importable_spec(fn)
+        return cls(
+            fn=fn,
+            spec=importable or getattr(fn, "__qualname__", repr(fn)),
+            contract=contract_of(fn),
+            takes_tracer_class=_takes_tracer_class(fn, spec or repr(fn)),
+            reloadable=importable is not None,
+        )
+
+    @classmethod
+    def load(cls, spec: str) -> Transform:
+        """Load ``package.module:function`` or ``path/to/file.py:function``.
+
+        >>> Transform.load("fxverify.examples:fuse_conv_bn").spec
+        'fxverify.examples:fuse_conv_bn'
+        """
+        module_part, sep, attr_path = spec.rpartition(":")
+        if not sep or not module_part or not attr_path:
+            raise TransformLoadError(
+                f"transform spec {spec!r} must look like 'package.module:function' or "
+                "'path/to/file.py:function'"
+            )
+        module = _import_module(module_part, spec)
+        obj: Any = module
+        for attr in attr_path.split("."):
+            if not hasattr(obj, attr):
+                public = sorted(n for n in dir(module) if not n.startswith("_"))[:20]
+                raise TransformLoadError(
+                    f"transform spec {spec!r}: module {module_part!r} has no attribute {attr_path!r}. "
+                    f"Public names there: {', '.join(public) or '(none)'}"
+                )
+            obj = getattr(obj, attr)
+        if not callable(obj):
+            raise TransformLoadError(
+                f"transform spec {spec!r} names a {type(obj).__name__}, not a callable; "
+                "point it at a function taking a GraphModule"
+            )
+        return cls.from_callable(obj, spec)
+
+    def apply(self, gm: Any, tracer_class: type, *, timeout: float | None = None) -> tuple[Any, bool]:
+        """Call the transform on ``gm``; return ``(module, in_place)``.
+
+        Raises :class:`TransformFailed` when it raises, hangs past ``timeout``
+        seconds or returns an unusable value.
+        """
+        args = (gm, tracer_class) if self.takes_tracer_class else (gm,)
+        try:
+            returned = call_with_timeout(self.fn, args, timeout)
+        except _Timeout:
+            raise TransformFailed(
+                f"transform {self.spec} did not finish within {timeout:g} s "
+                "(raise --fxverify-timeout if it is just slow)"
+            ) from None
+        except Exception as exc:  # the user's own error, reported with its traceback
+            tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            raise TransformFailed(f"transform {self.spec} raised {type(exc).__name__}: {exc}\n{tb}") from exc
+        return self.normalize_result(returned, gm)
+
+    def normalize_result(self, returned: Any, given: Any) -> tuple[Any, bool]:
+        """Turn what the transform returned into ``(module, in_place)``."""
+        import torch
+        from torch.fx.passes.infra.pass_base import PassResult
+
+        if returned is None:
+            return given, True
+        if isinstance(returned, PassResult):
+            returned = returned.graph_module
+        if isinstance(returned, torch.nn.Module):
+            return returned, returned is given
+        hint = ""
+        if isinstance(returned, torch.fx.Graph):
+            hint = " To return a Graph, wrap it: `return torch.fx.GraphModule(gm, graph)`."
+        raise TransformFailed(
+            f"transform {self.spec} returned {type(returned).__module__}.{type(returned).__qualname__} "
+            f"({_short_repr(returned)}); accepted: {ACCEPTED_RETURNS}.{hint}"
+        )
+
+
+def as_transform(transform: Transform | Callable[..., Any] | str) -> Transform:
+    """Accept a :class:`Transform`, a callable or a spec string."""
+    if isinstance(transform, Transform):
+        return transform
+    if isinstance(transform, str):
+        return Transform.load(transform)
+    return Transform.from_callable(transform)
+
+
+class _Timeout(Exception):
+    pass
+
+
+def call_with_timeout(fn: Callable[..., Any], args: tuple[Any, ...], timeout: float | None) -> Any:
+    """Call ``fn(*args)``, raising ``_Timeout`` after ``timeout`` seconds.
+
+    In the main thread a SIGALRM timer interrupts the call; elsewhere the call
+    runs in a daemon thread that is abandoned when it overruns.
+    """
+    if not timeout:
+        return fn(*args)
+    if threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGALRM"):
+        def on_alarm(signum: int, frame: Any) -> None:
+            raise _Timeout()
+
+        previous = signal.signal(signal.SIGALRM, on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, timeout)
+        try:
+            return fn(*args)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = fn(*args)
+        except BaseException as exc:  # handed back to the calling thread
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=target, daemon=True, name="fxverify-transform")
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise _Timeout()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
+
+
+def _import_module(module_part: str, spec: str) -> Any:
+    looks_like_path = module_part.endswith(".py") or "/" in module_part or "\\" in module_part
+    if looks_like_path:
+        path = Path(module_part).expanduser().resolve()
+        if not path.is_file():
+            raise TransformLoadError(f"transform spec {spec!r}: file {str(path)!r} does not exist")
+        name = f"fxverify_user_{path.stem}_{zlib.crc32(str(path).encode()):08x}"
+        if name in sys.modules:
+            return sys.modules[name]
+        file_spec = importlib.util.spec_from_file_location(name, path)
+        assert file_spec is not None and file_spec.loader is not None
+        module = importlib.util.module_from_spec(file_spec)
+        sys.modules[name] = module
+        try:
+            file_spec.loader.exec_module(module)
+        except Exception as exc:
+            del sys.modules[name]
+            raise TransformLoadError(
+                f"transform spec {spec!r}: importing {str(path)!r} raised {type(exc).__name__}: {exc}"
+            ) from exc
+        return module
+    try:
+        return importlib.import_module(module_part)
+    except ImportError as exc:
+        raise TransformLoadError(
+            f"transform spec {spec!r}: cannot import module {module_part!r} ({exc}). "
+            "Is the package installed, or the project root on sys.path (pytest's rootdir / pythonpath ini option)?"
+        ) from exc
+    except Exception as exc:
+        raise TransformLoadError(
+            f"transform spec {spec!r}: importing module {module_part!r} raised {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+_TRACER_PARAM_NAMES = ("tracer_class", "tracer_cls", "tracer")
+
+
+def _takes_tracer_class(fn: Callable[..., Any], spec: str) -> bool:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # builtins without a signature: call with one argument
+        return False
+    positional = [
+        p for p in sig.parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    has_varargs = any(p.kind == p.VAR_POSITIONAL for p in sig.parameters.values())
+    required = [p for p in positional if p.default is p.empty]
+    required_kw = [
+        p for p in sig.parameters.values() if p.kind == p.KEYWORD_ONLY and p.default is p.empty
+    ]
+    if (not positional and not has_varargs) or len(required) > 2 or required_kw:
+        raise TransformLoadError(
+            f"transform {spec} has signature {sig}; fxverify calls transform(gm) or "
+            "transform(gm, tracer_class), so it must take one positional argument "
+            "(optionally a second, tracer_class) and no other required arguments"
+        )
+    if len(required) == 2:
+        return True
+    return len(positional) >= 2 and positional[1].name in _TRACER_PARAM_NAMES
+
+
+def _importable_spec(fn: Callable[..., Any]) -> str | None:
+    """``module:qualname`` when that string loads back to ``fn`` (needed by subprocesses)."""
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", None)
+    if not module or not qualname or "<" in qualname or module == "__main__":
+        return None
+    obj: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    return f"{module}:{qualname}" if obj is fn else None
+
+
+def _short_repr(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
