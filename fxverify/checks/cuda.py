@@ -1,0 +1,44 @@
+"""cuda: on a GPU, the result moved to CUDA computes what the original computes on CPU.
+
+Skips with the reason when no CUDA device is available. TF32 is disabled
+during the check so the float32 comparison is meaningful.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from fxverify.compare import compare_trees
+from fxverify.result import Finding, Skip
+
+
+def check(v: Any) -> dict[str, Any]:
+    if not torch.cuda.is_available():
+        raise Skip("CUDA is not available (torch.cuda.is_available() is False): run on a GPU machine to check CUDA numerics")
+    result = v.applied().result
+    config = v.primary
+    where = f"{config.describe()}, float32, on {torch.cuda.get_device_name()} vs the original on CPU"
+    previous = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        module = copy.deepcopy(result).to("cuda")
+        with torch.no_grad():
+            try:
+                actual = module(*config.make(v.case.seed, device="cuda"))
+            except Exception as exc:
+                raise Finding(f"the result moved to CUDA raised {type(exc).__name__}: {exc}", input=where) from None
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
+    actual = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.cpu(), actual)
+    found = compare_trees(
+        actual,
+        v.outputs("original", config),
+        tolerance=v.tolerance,
+        fp64_expected=lambda: v.outputs("original", config, torch.float64),
+    )
+    if found is not None:
+        raise Finding(f"CUDA outputs differ from the CPU reference: {found.describe()}", input=where, where=found.path)
+    return {"device": torch.cuda.get_device_name()}

@@ -1,0 +1,92 @@
+"""lint: the result is a well-formed GraphModule that runs.
+
+``graph.lint()``; generated code in sync with the graph (a forgotten
+``recompile()``); every get_attr / call_module target resolvable; no value
+used before it is defined; placeholders and output structure (pytree spec)
+unchanged; runs under ``torch.fx.Interpreter``; survives ``copy.deepcopy``.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import fx
+
+from fxverify.compare import leaves_with_paths
+from fxverify.module_state import resolve
+from fxverify.result import Finding, Skip
+
+
+def check(v: Any) -> dict[str, Any]:
+    applied = v.applied()
+    result = applied.result
+    if not isinstance(result, fx.GraphModule):
+        raise Skip(f"the transform returned a {type(result).__name__}, not a GraphModule: no graph to lint")
+    graph = result.graph
+    try:
+        graph.lint()
+    except Exception as exc:  # lint raises RuntimeError/ValueError with the whole graph appended
+        raise Finding(f"graph.lint() failed: {_first_line(exc)}") from None
+    regenerated = graph.python_code(root_module="self").src
+    if regenerated != result.code:
+        raise Finding(
+            "the generated code is out of sync with the graph: the transform changed the graph "
+            "but did not call gm.recompile() afterwards",
+            where=_first_code_difference(result.code, regenerated),
+        )
+    for node in graph.nodes:
+        if node.op in ("get_attr", "call_module"):
+            try:
+                resolve(result, str(node.target))
+            except AttributeError as exc:
+                raise Finding(
+                    f"{node.op} node %{node.name} targets {node.target!r}, which does not resolve: {exc}",
+                    node=f"%{node.name}",
+                ) from None
+    before = _placeholders(applied.original.graph)
+    after = _placeholders(graph)
+    if before != after:
+        raise Finding(f"placeholder signature changed: expected {before}, got {after}")
+    inputs = v.primary.make(v.case.seed)
+    with torch.no_grad():
+        try:
+            interpreted = fx.Interpreter(result).run(*inputs)
+        except Exception as exc:
+            raise Finding(
+                f"the result does not run under torch.fx.Interpreter: {type(exc).__name__}: {_first_line(exc)}",
+                input=v.primary.describe(),
+            ) from None
+    _, expected_spec = leaves_with_paths(v.outputs("original"))
+    _, actual_spec = leaves_with_paths(v.outputs("result"))
+    _, interpreted_spec = leaves_with_paths(interpreted)
+    if expected_spec != actual_spec or expected_spec.num_leaves != interpreted_spec.num_leaves:
+        raise Finding(
+            f"output structure changed: expected {expected_spec}, got {actual_spec}",
+            input=v.primary.describe(),
+            where="output",
+        )
+    try:
+        copied = copy.deepcopy(result)
+    except Exception as exc:
+        raise Finding(f"copy.deepcopy of the result raised {type(exc).__name__}: {_first_line(exc)}") from None
+    if copied.code != result.code:
+        raise Finding("copy.deepcopy of the result generates different code", where=_first_code_difference(result.code, copied.code))
+    return {"nodes": len(graph.nodes)}
+
+
+def _placeholders(graph: fx.Graph) -> list[str]:
+    return [f"{n.target}={n.args[0]!r}" if n.args else str(n.target) for n in graph.find_nodes(op="placeholder")]
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _first_code_difference(stale: str, fresh: str) -> str:
+    for i, (a, b) in enumerate(zip(stale.splitlines(), fresh.splitlines())):
+        if a != b:
+            return f"code line {i + 1}: running {a.strip()!r}, graph says {b.strip()!r}"
+    return "code lengths differ"

@@ -1,0 +1,67 @@
+"""purity: the transform leaves its input alone and its outputs behave like the original's.
+
+A transform that returns a new module must not have mutated the GraphModule
+it was given (parameters, buffers, graph, code); one that returns ``None``
+works in place, as allowed. Outputs must not newly alias inputs, and output
+strides and contiguity must be unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from fxverify.compare import leaves_with_paths
+from fxverify.result import Finding
+
+
+def check(v: Any) -> dict[str, Any]:
+    applied = v.applied()
+    if not applied.in_place:
+        changed = applied.before.first_difference(applied.given)
+        if changed is not None:
+            raise Finding(
+                f"the transform returned a new module but also mutated the GraphModule it was given: {changed}. "
+                "Work on a copy (copy.deepcopy) or return None to declare an in-place transform",
+                where="the transform's input module",
+            )
+    config = v.primary
+    where = f"{config.describe()}, float32, {applied.mode} mode"
+    layouts = []
+    for module in (applied.original, applied.result):
+        inputs = config.make(v.case.seed)
+        with torch.no_grad():
+            outputs = module(*inputs)
+        layouts.append(_layout(outputs, inputs))
+    expected, actual = layouts
+    for (path, old), (_, new) in zip(expected, actual):
+        if new["aliases"] - old["aliases"]:
+            raise Finding(
+                f"{path} now aliases input {sorted(new['aliases'] - old['aliases'])[0]} (shares its storage); "
+                "callers may mutate one through the other",
+                input=where,
+                where=path,
+            )
+        if (new["stride"], new["contiguous"]) != (old["stride"], old["contiguous"]):
+            raise Finding(
+                f"{path} layout changed: stride {old['stride']} (contiguous={old['contiguous']}) became "
+                f"{new['stride']} (contiguous={new['contiguous']})",
+                input=where,
+                where=path,
+            )
+    return {"in_place": applied.in_place}
+
+
+def _layout(outputs: Any, inputs: tuple[torch.Tensor, ...]) -> list[tuple[str, dict[str, Any]]]:
+    storages = {t.untyped_storage().data_ptr(): i for i, t in enumerate(inputs)}
+    layout = []
+    for path, leaf in leaves_with_paths(outputs)[0]:
+        if isinstance(leaf, torch.Tensor):
+            ptr = leaf.untyped_storage().data_ptr()
+            layout.append((path, {
+                "aliases": {storages[ptr]} if ptr in storages else set(),
+                "stride": leaf.stride(),
+                "contiguous": leaf.is_contiguous(),
+            }))
+    return layout

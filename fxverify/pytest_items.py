@@ -1,0 +1,186 @@
+"""The pytest items fxverify generates, and the run that owns them.
+
+Imported by the plugin only when ``--fxverify`` is in use. One item per
+(transform, model, check), named ``fxverify[<model>-<check>]``; a model's
+items share one :class:`~fxverify.verification.Verification` (build, trace,
+transform, reference outputs done once per worker), and under pytest-xdist
+they are scheduled together on one worker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from typing import Any
+
+import pytest
+
+from fxverify import catalogue
+from fxverify.cases import ModelCase
+from fxverify.checks import CHECKS
+from fxverify.crossprocess import CrossProcessDigests
+from fxverify.errors import CheckFailed, FxVerifyError
+from fxverify.result import FAILED, SKIPPED
+from fxverify.summary import format_table
+from fxverify.transform import Transform
+from fxverify.verification import Verification
+
+ITEM_PREFIX = "fxverify["
+ITEM_SUFFIX = "]"
+
+
+@dataclasses.dataclass(eq=False)  # pytest plugins must be hashable
+class FxVerifyRun:
+    """The transforms, models and checks of this pytest run (a pytest plugin object)."""
+
+    transforms: list[Transform]
+    cases: list[ModelCase]
+    checks: list[str]
+    timeout: float
+
+    def __post_init__(self) -> None:
+        self._verification: tuple[tuple[str, str], Verification] | None = None
+        self._digests = {
+            t.spec: CrossProcessDigests(t, self.cases, timeout=self.timeout) for t in self.transforms
+        }
+        self._outcomes: dict[str, dict[tuple[str, str], str]] = defaultdict(dict)
+        self._no_op: dict[str, dict[str, bool | None]] = defaultdict(dict)
+
+    @classmethod
+    def from_options(cls, specs: list[str], *, corpus: str, checks: str, timeout: float) -> FxVerifyRun:
+        """Load every transform and resolve the selection; raises FxVerifyError on bad input."""
+        transforms = [Transform.load(spec.strip()) for spec in dict.fromkeys(specs)]
+        cases = [ModelCase(entry) for entry in catalogue.select(corpus)]
+        chosen = [c.strip() for c in checks.split(",") if c.strip()] if checks else list(CHECKS)
+        unknown = [c for c in chosen if c not in CHECKS]
+        if unknown:
+            raise FxVerifyError(f"unknown checks {unknown} in --fxverify-checks; known: {', '.join(CHECKS)}")
+        if timeout <= 0:
+            raise FxVerifyError(f"--fxverify-timeout must be positive, got {timeout:g}")
+        return cls(transforms, cases, chosen, timeout)
+
+    def verification(self, transform: Transform, case: ModelCase) -> Verification:
+        """The shared Verification of (transform, case); only the latest is kept in memory."""
+        key = (transform.spec, case.name)
+        if self._verification is None or self._verification[0] != key:
+            self._verification = None  # release the previous model before building the next
+            v = Verification(transform, case, timeout=self.timeout, cross_process=self._digests[transform.spec])
+            self._verification = (key, v)
+        return self._verification[1]
+
+    # -- pytest hooks ------------------------------------------------------------
+    @pytest.hookimpl(wrapper=True)
+    def pytest_make_collect_report(self, collector: pytest.Collector) -> Any:
+        """Add one collector per transform next to what the session collected from its arguments."""
+        report = yield
+        if isinstance(collector, pytest.Session) and report.passed:
+            for transform in self.transforms:
+                node = TransformCollector.from_parent(collector, name=transform.spec, nodeid=transform.spec)
+                node.run, node.transform = self, transform
+                report.result.append(node)
+        return report
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        parsed = parse_nodeid(report.nodeid)
+        if parsed is None or (report.when != "call" and not (report.failed or report.skipped)):
+            return
+        spec, model, check = parsed
+        if hasattr(report, "wasxfail"):
+            outcome = "xfail" if report.skipped else "XPASS"
+        else:
+            outcome = {"passed": "pass", "failed": "FAIL", "skipped": "skip"}[report.outcome]
+        self._outcomes[spec][(model, check)] = outcome
+        for key, value in report.user_properties:
+            if key == "fxverify_no_op":
+                self._no_op[spec][model] = value
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not self._outcomes:
+            return
+        terminalreporter.write_sep("=", "fxverify summary")
+        for transform in self.transforms:
+            outcomes = self._outcomes.get(transform.spec)
+            if outcomes:
+                table = format_table(transform.spec, transform.contract.describe(), outcomes, self.checks, self._no_op[transform.spec])
+                terminalreporter.write_line(table)
+                terminalreporter.write_line("")
+
+
+class TransformCollector(pytest.Collector):
+    """The items of one transform: a model x check grid."""
+
+    run: FxVerifyRun
+    transform: Transform
+
+    def collect(self) -> list[pytest.Item]:
+        items = []
+        for case in self.run.cases:
+            for check in self.run.checks:
+                item = CheckItem.from_parent(self, name=f"{ITEM_PREFIX}{case.name}-{check}{ITEM_SUFFIX}")
+                item.case, item.check = case, check
+                item.add_marker(pytest.mark.fxverify)
+                for tag in case.entry.tags:
+                    item.extra_keyword_matches.add(tag)
+                if case.entry.xfail:
+                    item.add_marker(pytest.mark.xfail(reason=case.entry.xfail, strict=True))
+                items.append(item)
+        return items
+
+
+class CheckItem(pytest.Item):
+    """One check of one transform on one model."""
+
+    case: ModelCase
+    check: str
+
+    def runtest(self) -> None:
+        parent = self.parent
+        assert isinstance(parent, TransformCollector)
+        v = parent.run.verification(parent.transform, self.case)
+        result = v.run(self.check)
+        self.user_properties.append(("fxverify_no_op", v.no_op))
+        if result.outcome == SKIPPED:
+            pytest.skip(result.message)
+        if result.outcome == FAILED:
+            raise CheckFailed(result.message)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+        if isinstance(excinfo.value, CheckFailed):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style=style)
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        return self.path, None, f"{self.parent.name if self.parent else ''} {self.name}"
+
+
+def parse_nodeid(nodeid: str) -> tuple[str, str, str] | None:
+    """``(transform spec, model, check)`` from an fxverify item's node id, else None.
+
+    >>> parse_nodeid("my.mod:fn::fxverify[resnet18-numerics]")
+    ('my.mod:fn', 'resnet18', 'numerics')
+    """
+    spec, sep, name = nodeid.rpartition("::")
+    if not sep or not name.startswith(ITEM_PREFIX) or not name.endswith(ITEM_SUFFIX):
+        return None
+    model, _, check = name[len(ITEM_PREFIX):-len(ITEM_SUFFIX)].rpartition("-")
+    return spec, model, check
+
+
+class XdistGrouping:
+    """Under ``-n``, keep each (transform, model)'s items on one worker so the
+    expensive per-model work is shared (xdist's ``load`` distribution otherwise)."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
+        if config.getvalue("dist") != "load":
+            return None
+        from xdist.scheduler import LoadScopeScheduling
+
+        class ModelScheduling(LoadScopeScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                parsed = parse_nodeid(nodeid)
+                return f"{parsed[0]}::{parsed[1]}" if parsed else nodeid
+
+        return ModelScheduling(config, log)
+
+

@@ -1,0 +1,219 @@
+"""One transform on one model: the expensive work (build, trace, transform,
+reference outputs) done once and shared by every check.
+
+>>> import fxverify
+>>> v = Verification(fxverify.examples.identity, fxverify.load_case("resnet18"))
+>>> v.run("lint").outcome
+'passed'
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import textwrap
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from fxverify.cases import ModelCase
+from fxverify.compare import Tolerance
+from fxverify.errors import FxVerifyError, TransformFailed
+from fxverify.inputs import InputConfig
+from fxverify.module_state import Snapshot
+from fxverify.result import FAILED, PASSED, SKIPPED, CheckResult, Finding, Skip
+from fxverify.transform import Transform, as_transform
+
+DEFAULT_TIMEOUT = 300.0
+
+
+@dataclasses.dataclass
+class Applied:
+    """The transform applied to a fresh trace in one mode.
+
+    ``original`` is a trace the transform never saw; ``given`` is the
+    identical copy it was handed, ``before`` that copy's snapshot, and
+    ``result`` what the transform produced.
+    """
+
+    mode: str
+    original: fx.GraphModule
+    given: fx.GraphModule
+    before: Snapshot
+    result: nn.Module
+    in_place: bool
+    seconds: float
+
+
+class Verification:
+    """Runs checks of ``transform`` on ``case``, sharing the expensive work.
+
+    ``cross_process`` supplies digests of the transform's result computed in
+    another process (see :mod:`fxverify.checks.determinism`).
+    """
+
+    def __init__(
+        self,
+        transform: Transform | Callable[..., Any] | str,
+        case: ModelCase | str,
+        *,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        cross_process: Callable[[str], str] | None = None,
+    ) -> None:
+        from fxverify.cases import load_case
+
+        self.transform = as_transform(transform)
+        self.case = load_case(case) if isinstance(case, str) else case
+        self.timeout = timeout
+        self.cross_process = cross_process
+        self._applied: dict[str, Applied | TransformFailed] = {}
+        self._outputs: dict[tuple[str, str, str], Any] = {}
+        self._float64: dict[str, nn.Module] = {}
+
+    @property
+    def contract(self):  # -> Contract
+        return self.transform.contract
+
+    @functools.cached_property
+    def tolerance(self) -> Tolerance:
+        entry = self.case.entry
+        return Tolerance(self.contract.rtol, self.contract.atol).loosest(Tolerance(entry.rtol, entry.atol))
+
+    @functools.cached_property
+    def float64_tolerance(self) -> Tolerance:
+        """Tolerance for float64 runs: tight, unless the transform rewrites parameters,
+        which it computed in float32, so they carry float32 rounding."""
+        if not self.contract.changes_parameters:
+            return self.tolerance
+        rtol, atol = self.tolerance.for_dtype(torch.float32)
+        return Tolerance(rtol, atol)
+
+    @property
+    def primary(self) -> InputConfig:
+        return self.case.configs[0]
+
+    # -- the transform -------------------------------------------------------
+    def applied(self, mode: str | None = None) -> Applied:
+        """The transform applied to a fresh trace in ``mode`` (default: the contract's primary mode).
+
+        Raises :class:`TransformFailed` (remembered, not retried) when the transform fails.
+        """
+        mode = mode or self.contract.primary_mode
+        if mode not in self._applied:
+            try:
+                self._applied[mode] = self.apply_fresh(mode)
+            except TransformFailed as exc:
+                self._applied[mode] = exc
+        found = self._applied[mode]
+        if isinstance(found, TransformFailed):
+            raise found
+        return found
+
+    def apply_fresh(self, mode: str) -> Applied:
+        """Trace the case anew in ``mode`` and apply the transform to a copy."""
+        original = self.case.trace(training=mode == "train")
+        given = copy.deepcopy(original)
+        before = Snapshot.take(given)
+        start = time.perf_counter()
+        result, in_place = self.transform.apply(given, self.case.tracer_class, timeout=self.timeout)
+        seconds = time.perf_counter() - start
+        result.train(mode == "train")
+        return Applied(mode, original, given, before, result, in_place, seconds)
+
+    @functools.cached_property
+    def no_op(self) -> bool | None:
+        """True when the transform changed nothing (graph, code and state), None if it failed."""
+        try:
+            applied = self.applied()
+        except TransformFailed:
+            return None
+        return Snapshot.take(applied.original).first_difference(applied.result) is None
+
+    # -- running modules -----------------------------------------------------
+    def outputs(self, which: str, config: InputConfig | None = None, dtype: torch.dtype = torch.float32) -> Any:
+        """Eval-time outputs of the ``original`` or ``result`` module on ``config`` (cached)."""
+        config = config or self.primary
+        key = (which, config.name, str(dtype))
+        if key not in self._outputs:
+            module = self.module(which, dtype)
+            with torch.no_grad():
+                self._outputs[key] = module(*config.make(self.case.seed, dtype=dtype))
+        return self._outputs[key]
+
+    def module(self, which: str, dtype: torch.dtype = torch.float32) -> nn.Module:
+        """The primary-mode ``original`` or ``result`` module, converted to ``dtype`` (a copy, cached)."""
+        applied = self.applied()
+        module = applied.original if which == "original" else applied.result
+        if dtype == torch.float32:
+            return module
+        key = f"{which}-{dtype}"
+        if key not in self._float64:
+            self._float64[key] = copy.deepcopy(module).to(dtype)
+        return self._float64[key]
+
+    # -- checks ----------------------------------------------------------------
+    def run(self, check: str) -> CheckResult:
+        """Run the named check and return its result (never raises for a finding)."""
+        from fxverify.checks import CHECKS
+
+        if check not in CHECKS:
+            raise FxVerifyError(f"unknown check {check!r}; known checks: {', '.join(CHECKS)}")
+        try:
+            details = CHECKS[check](self) or {}
+        except Skip as skip:
+            return self._result(check, SKIPPED, str(skip))
+        except Finding as finding:
+            return self._result(check, FAILED, self._failure_message(check, finding), finding.details)
+        except TransformFailed as exc:
+            message = self._failure_message(check, Finding(f"the transform failed on this model:\n{exc}"))
+            return self._result(check, FAILED, message)
+        except Exception as exc:  # a crash while checking is a finding too, with its traceback
+            tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            finding = Finding(f"running the check raised {type(exc).__name__}: {exc}\n{tb}")
+            return self._result(check, FAILED, self._failure_message(check, finding))
+        return self._result(check, PASSED, "", details)
+
+    def run_all(self, checks: list[str] | None = None) -> list[CheckResult]:
+        """Every check (or the named ones), in the canonical order."""
+        from fxverify.checks import CHECKS
+
+        return [self.run(name) for name in (checks or list(CHECKS))]
+
+    def _result(self, check: str, outcome: str, message: str, details: dict[str, Any] | None = None) -> CheckResult:
+        return CheckResult(check, self.case.name, self.transform.spec, outcome, message, details or {})
+
+    def _failure_message(self, check: str, finding: Finding) -> str:
+        entry = self.case.entry
+        lines = [
+            f"fxverify {check} check failed",
+            f"  model:      {entry.name} ({entry.source}, tracer {entry.tracer})",
+            f"  transform:  {self.transform.spec}",
+            f"  contract:   {self.contract.describe()}",
+        ]
+        if finding.input:
+            lines.append(f"  input:      {finding.input}")
+        if finding.where:
+            lines.append(f"  first diff: {finding.where}")
+        if finding.node:
+            lines.append(f"  first node: {finding.node}")
+        lines.append("  finding:    " + textwrap.indent(finding.what, " " * 14).lstrip())
+        repro = self.repro_command(check)
+        if repro:
+            lines.append(f"  reproduce:  {repro}")
+        return "\n".join(lines)
+
+    def repro_command(self, check: str) -> str | None:
+        """A command that reruns this check alone, when the transform and model can be named."""
+        from fxverify import catalogue
+
+        shipped = any(e.name == self.case.name for e in catalogue.catalogue())
+        if not self.transform.reloadable or not shipped:
+            return None
+        return (
+            f'python -c "import fxverify; fxverify.assert_{check}(\'{self.transform.spec}\', \'{self.case.name}\')"'
+        )
