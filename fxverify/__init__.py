@@ -17,10 +17,10 @@ _CHECK_NAMES = ("lint", "determinism", "numerics", "gradients", "devices", "cuda
 
 # public name -> the module that defines it
 _EXPORTS: dict[str, str] = {
-    "Contract": "fxverify.contract",
-    "STRICT": "fxverify.contract",
-    "contract": "fxverify.contract",
-    "contract_of": "fxverify.contract",
+    "Contract": "fxverify.contracts",
+    "STRICT": "fxverify.contracts",
+    "contract": "fxverify.contracts",
+    "contract_of": "fxverify.contracts",
     "Transform": "fxverify.transform",
     "CorpusEntry": "fxverify.catalogue",
     "InputSpec": "fxverify.catalogue",

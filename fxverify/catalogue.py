@@ -124,9 +124,11 @@ _registered: dict[str, CorpusEntry] = {}
 def register_model(entry: CorpusEntry) -> CorpusEntry:
     """Add a model of your own to the corpus (a ``user`` entry).
 
-    >>> register_model(CorpusEntry(name="my_net", source="user", factory="torch.nn:Identity",
-    ...                            inputs=(InputSpec((2, 4)),)))  # doctest: +ELLIPSIS
-    CorpusEntry(name='my_net', ...)
+    It then takes part in selections like any shipped entry, by profile
+    (``default`` unless ``profiles`` says otherwise), name or glob::
+
+        register_model(CorpusEntry(name="my_net", source="user", factory="my_pkg.models:MyNet",
+                                   inputs=(InputSpec((2, 3, 32, 32)),)))
     """
     if any(e.name == entry.name for e in catalogue()):
         raise CorpusError(f"corpus entry {entry.name!r} already exists in the shipped catalogue; pick another name")

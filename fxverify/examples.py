@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from torch import fx, nn
 
-from fxverify.contract import contract
+from fxverify.contracts import contract
 
 
 @contract(modes=("eval",), changes_parameters=True)

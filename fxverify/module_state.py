@@ -62,8 +62,11 @@ class Snapshot:
             return cls(state, canonical_text(module.graph), module.code)
         return cls(state, None, None)
 
-    def first_difference(self, module: nn.Module) -> str | None:
-        """What differs between this snapshot and ``module`` now, or None."""
+    def first_difference(self, module: nn.Module, *, code: bool = True) -> str | None:
+        """What differs between this snapshot and ``module`` now, or None.
+
+        ``code=False`` ignores differences in generated code alone (type
+        annotations that a ``Transformer`` drops, for example)."""
         now = tensor_state(module)
         for name in self.state.keys() - now.keys():
             return f"tensor {name!r} was removed"
@@ -75,7 +78,7 @@ class Snapshot:
         if isinstance(module, fx.GraphModule):
             if self.graph != canonical_text(module.graph):
                 return "graph changed: " + _first_line_diff(self.graph or "", canonical_text(module.graph))
-            if self.code != module.code:
+            if code and self.code != module.code:
                 return "generated code changed: " + _first_line_diff(self.code or "", module.code)
         elif self.graph is not None:
             return "it is no longer a GraphModule"

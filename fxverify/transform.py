@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fxverify.contract import Contract, contract_of
+from fxverify.contracts import Contract, contract_of
 from fxverify.errors import TransformFailed, TransformLoadError
 
 ACCEPTED_RETURNS = (

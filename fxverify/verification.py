@@ -127,12 +127,12 @@ class Verification:
 
     @functools.cached_property
     def no_op(self) -> bool | None:
-        """True when the transform changed nothing (graph, code and state), None if it failed."""
+        """True when the transform changed nothing (graph and state), None if it failed."""
         try:
             applied = self.applied()
         except TransformFailed:
             return None
-        return Snapshot.take(applied.original).first_difference(applied.result) is None
+        return Snapshot.take(applied.original).first_difference(applied.result, code=False) is None
 
     # -- running modules -----------------------------------------------------
     def outputs(self, which: str, config: InputConfig | None = None, dtype: torch.dtype = torch.float32) -> Any:

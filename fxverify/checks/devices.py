@@ -2,11 +2,10 @@
 
 A plain tensor attribute (not a registered parameter or buffer) stays behind
 when the module is moved: fine on CPU in float32, wrong on CUDA or in float64.
-Checked on CPU: after ``.to(torch.float64)`` every floating tensor the graph
-reads must be float64, and after ``.to("meta")`` every tensor must be on the
-meta device and the module must run there (a hard-coded ``device="cpu"``
-fails). Tensors that the original already left behind are not blamed on the
-transform.
+Checked on CPU: the result must hold no tensor that ``.to()`` cannot convert
+(tensors the original already held that way are not blamed on the
+transform), no node may create tensors on a hard-coded device, and moved to
+the meta device it must run there.
 """
 
 from __future__ import annotations
@@ -26,46 +25,52 @@ def check(v: Any) -> dict[str, Any]:
     result = applied.result
     if not isinstance(result, fx.GraphModule):
         raise Skip(f"the transform returned a {type(result).__name__}, not a GraphModule")
-    already_stuck = set(_stuck_tensors(applied.original, torch.float64, "cpu")) | set(
-        _stuck_tensors(applied.original, torch.float32, "meta")
-    )
-    for dtype, device in ((torch.float64, "cpu"), (torch.float32, "meta")):
-        for where, tensor in _stuck_tensors(result, dtype, device).items():
-            if where in already_stuck:
-                continue
-            moved_to = f".to({dtype})" if device == "cpu" else f".to({device!r})"
+    already_stuck = set(_unmovable_tensors(applied.original))
+    for where, tensor in _unmovable_tensors(result).items():
+        if where not in already_stuck:
             raise Finding(
-                f"{where} is a {tensor.dtype} tensor on {tensor.device} after {moved_to}: it is a plain "
-                "attribute, so moving the module leaves it behind. Register it with "
-                "register_buffer() (or as an nn.Parameter)",
+                f"{where} ({tensor.dtype}, {tensor.device}) is not a registered parameter or buffer, so "
+                "module.to(device) and module.to(dtype) leave it behind. Register it with register_buffer() "
+                "(or as an nn.Parameter)",
                 where=where,
             )
-    ran_on_meta = _run_on_meta(v, applied)
-    return {"meta_run": ran_on_meta}
+    already_pinned = _pinned_devices(applied.original)
+    for name, device in _pinned_devices(result).items():
+        if already_pinned.get(name) != device:
+            raise Finding(
+                f"%{name} creates a tensor on the hard-coded device {device!r}: it stays there when the "
+                "module is moved. Derive the device from an input (x.device) instead",
+                node=f"%{name}",
+            )
+    return {"meta_run": _run_on_meta(v, applied)}
 
 
-def _stuck_tensors(module: nn.Module, dtype: torch.dtype, device: str) -> dict[str, torch.Tensor]:
-    """Tensors the graph reads that ``module.to(dtype/device)`` does not convert, by description."""
-    moved = copy.deepcopy(module).to(dtype if device == "cpu" else device)
-    stuck = {}
-    for qualname, sub in moved.named_modules():
+def _pinned_devices(module: fx.GraphModule) -> dict[str, str]:
+    """Nodes whose ``device=`` keyword is a literal rather than a value from the graph."""
+    return {
+        n.name: str(n.kwargs["device"])
+        for n in module.graph.nodes
+        if "device" in n.kwargs and isinstance(n.kwargs["device"], (str, torch.device))
+    }
+
+
+def _unmovable_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Tensors ``module.to(...)`` does not convert: plain tensor attributes (nn.Module keeps
+    parameters and buffers in its own tables, not in ``__dict__``) and tensor literals in node
+    arguments, by description."""
+    found = {}
+    for qualname, sub in module.named_modules():
         for attr, value in vars(sub).items():
-            if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter) and _left_behind(value, dtype, device):
-                stuck[f"tensor attribute {'.'.join(filter(None, (qualname, attr)))!r}"] = value
-    if isinstance(moved, fx.GraphModule):
-        for node in moved.graph.nodes:
-            values = []
+            if isinstance(value, torch.Tensor):
+                found[f"tensor attribute {'.'.join(filter(None, (qualname, attr)))!r}"] = value
+    if isinstance(module, fx.GraphModule):
+        for node in module.graph.nodes:
+            values: list[Any] = []
             fx.node.map_aggregate((node.args, node.kwargs), lambda a: values.append(a) or a)
             for value in values:
-                if isinstance(value, torch.Tensor) and _left_behind(value, dtype, device):
-                    stuck[f"a tensor literal in the arguments of %{node.name}"] = value
-    return stuck
-
-
-def _left_behind(t: torch.Tensor, dtype: torch.dtype, device: str) -> bool:
-    if device == "meta":
-        return t.device.type != "meta"
-    return t.is_floating_point() and t.dtype != dtype
+                if isinstance(value, torch.Tensor):
+                    found[f"a tensor literal in the arguments of %{node.name}"] = value
+    return found
 
 
 def _run_on_meta(v: Any, applied: Any) -> bool:

@@ -1,0 +1,140 @@
+"""Each check catches the realistic bugs it is for, through the library API,
+and passes the correct transforms."""
+
+from __future__ import annotations
+
+import pytest
+
+import fxverify
+from fxverify.verification import Verification
+from tests import mutations
+
+# Where a bug needs a particular architecture to show, say which model shows it.
+MODEL_FOR = {
+    mutations.set_ordered_schedule: "resnet18",  # needs branches: several nodes ready at once
+    mutations.hash_ordered_names: "resnet18",  # needs many named modules
+}
+
+
+@pytest.mark.parametrize("buggy", list(mutations.BUGGY), ids=lambda f: f.__name__)
+def test_each_bug_is_caught_by_its_check(buggy):
+    check = mutations.BUGGY[buggy]
+    model = MODEL_FOR.get(buggy, "edge_conv_bn_head")
+    result = fxverify.verify(buggy, model, checks=[check])[0]
+    assert result.outcome == "failed", f"{buggy.__name__} not caught by {check}"
+    message = result.message
+    assert f"fxverify {check} check failed" in message
+    assert f"model:      {model}" in message
+    assert buggy.__name__ in message
+    assert "reproduce:" not in message or f"assert_{check}" in message
+
+
+@pytest.mark.parametrize("correct", mutations.CORRECT + [mutations.bn_fold_correct, mutations.relu_to_clamp_in_place,
+                                                          mutations.retrace_with_tracer_class], ids=lambda f: f.__name__)
+def test_correct_transforms_pass_every_check(correct):
+    results = fxverify.verify(correct, "edge_conv_bn_head")
+    assert [r.check for r in results] == ["lint", "determinism", "numerics", "gradients", "devices", "cuda", "purity"]
+    failures = [r.message for r in results if not r.ok]
+    assert not failures, "\n\n".join(failures)
+
+
+def test_numerics_names_input_output_path_and_first_divergent_node():
+    result = fxverify.check_numerics(mutations.bn_fold_ignores_running_mean, "edge_conv_bn_head")
+    message = result.message
+    assert "input:      b2-3x16x16" in message
+    assert "first diff: output" in message
+    assert "max abs err" in message and "max rel err" in message
+    # bn1 was folded into conv1; relu kept its name and now reads conv1: the first wrong value
+    assert "first node: %relu " in message
+
+
+def test_fresh_init_would_hide_the_bn_fold_bug():
+    """With BN running_mean = 0 the buggy fold is exact: state randomisation is what catches it."""
+    from fxverify.cases import ModelCase
+
+    class FreshInit(ModelCase):
+        def build(self, *, training=False):
+            import torch
+
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(self.seed)
+                from fxverify.cases import _factory
+
+                return _factory(self.entry)().train(training)
+
+    fresh = FreshInit(fxverify.load_case("edge_conv_bn_head").entry)
+    assert fxverify.check_numerics(mutations.bn_fold_ignores_running_mean, fresh).ok
+    assert not fxverify.check_numerics(mutations.bn_fold_ignores_running_mean, "edge_conv_bn_head").ok
+
+
+def test_large_magnitude_inputs_reveal_unstable_rewrites():
+    message = fxverify.check_numerics(mutations.unstable_log_exp, "edge_conv_bn_head").message
+    assert "-large" in message and "inf positions differ" in message
+
+
+def test_batch_size_specialisation_is_caught_at_batch_one():
+    message = fxverify.check_numerics(mutations.specialises_batch_size, "edge_conv_bn_head").message
+    assert "input:      b1-3x16x16" in message
+
+
+def test_train_mode_is_checked_unless_the_contract_is_eval_only():
+    assert "train mode" in fxverify.check_numerics(mutations.bakes_eval_dropout_away, "edge_conv_bn_head").message
+    assert fxverify.check_numerics(fxverify.contract(modes=("eval",))(mutations.bakes_eval_dropout_away), "edge_conv_bn_head").ok
+
+
+def test_changed_parameters_need_a_declared_contract():
+    undeclared = mutations.bn_fold_correct.__wrapped__
+    message = fxverify.check_gradients(undeclared, "edge_conv_bn_head").message
+    assert "changes_parameters=True" in message
+    assert fxverify.check_gradients(mutations.bn_fold_correct, "edge_conv_bn_head").ok
+
+
+def test_devices_points_at_the_unmoved_tensor():
+    message = fxverify.check_devices(mutations.plain_tensor_constant, "edge_conv_bn_head").message
+    assert "tensor attribute 'scale'" in message and "register_buffer" in message
+    message = fxverify.check_devices(mutations.hardcodes_cpu_device, "edge_conv_bn_head").message
+    assert "hard-coded device 'cpu'" in message and "first node: %zeros" in message
+
+
+def test_determinism_across_processes_catches_hash_order():
+    result = fxverify.check_determinism(mutations.hash_ordered_names, "resnet18")
+    assert "PYTHONHASHSEED" in result.message
+
+
+def test_cuda_check_skips_with_a_reason_without_a_gpu():
+    import torch
+
+    result = fxverify.check_cuda(fxverify.examples.identity, "edge_conv_bn_head")
+    if torch.cuda.is_available():
+        assert result.outcome == "passed"
+    else:
+        assert result.outcome == "skipped" and "CUDA is not available" in result.message
+
+
+def test_transform_failures_fail_with_the_transform_traceback():
+    result = fxverify.check_lint(mutations.raises, "edge_conv_bn_head")
+    assert result.outcome == "failed"
+    assert "pattern matcher exploded" in result.message and "Traceback" in result.message
+    assert "edge_conv_bn_head" in result.message
+    wrong = fxverify.check_lint(mutations.returns_graph, "edge_conv_bn_head").message
+    assert "returned torch.fx.graph.Graph" in wrong and "accepted:" in wrong
+
+
+def test_no_op_is_reported_not_failed():
+    v = Verification(mutations.transformer_identity, "edge_conv_bn_head")
+    assert v.no_op is True and v.run("lint").ok
+    assert Verification(mutations.torch_fuse, "edge_conv_bn_head").no_op is False
+
+
+def test_assert_helpers_raise_readable_failures():
+    with pytest.raises(fxverify.CheckFailed, match="fxverify lint check failed"):
+        fxverify.assert_lint(mutations.forgets_recompile, "edge_conv_bn_head")
+    with pytest.raises(fxverify.CheckFailed, match="purity"):
+        fxverify.assert_transform_ok(mutations.mutates_input, "edge_conv_bn_head")
+    fxverify.assert_transform_ok(mutations.normalize_args, "edge_conv_bn_head")
+
+
+def test_the_reference_is_never_corrupted_by_a_mutating_transform():
+    v = Verification(mutations.mutates_input, "edge_conv_bn_head")
+    applied = v.applied()
+    assert all(not n.name.endswith("_seen") for n in applied.original.graph.nodes)

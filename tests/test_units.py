@@ -1,0 +1,204 @@
+"""Unit tests of the core pieces: transform loading, contracts, catalogue
+selection, comparison, canonical text, snapshots, summary formatting."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import fx, nn
+
+import fxverify
+from fxverify import catalogue
+from fxverify.compare import Tolerance, compare_trees
+from fxverify.errors import CorpusError, FxVerifyError, TransformFailed, TransformLoadError
+from fxverify.graph_text import canonical_text
+from fxverify.pytest_items import parse_nodeid
+from fxverify.summary import format_table
+from fxverify.transform import Transform
+
+
+def test_public_names_all_resolve():
+    for name in fxverify.__all__:
+        assert getattr(fxverify, name) is not None, name
+    assert callable(fxverify.contract) and fxverify.contract_of(fxverify.examples.fuse_conv_bn).modes == ("eval",)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("no_colon_here", "must look like"),
+        ("no_such_pkg_xyz.mod:fn", "cannot import module 'no_such_pkg_xyz.mod'"),
+        ("fxverify.examples:nope", "has no attribute 'nope'"),
+        ("fxverify.examples:annotations", "not a callable"),
+        ("/no/such/file.py:fn", "does not exist"),
+    ],
+)
+def test_bad_transform_specs_say_what_is_wrong(spec, message):
+    with pytest.raises(TransformLoadError, match=message):
+        Transform.load(spec)
+
+
+def test_file_spec_with_import_error_is_reported(tmp_path):
+    path = tmp_path / "broken.py"
+    path.write_text("import not_a_real_module_qq\n")
+    with pytest.raises(TransformLoadError, match="importing .*broken.py.* raised ModuleNotFoundError"):
+        Transform.load(f"{path}:fn")
+
+
+def test_signatures():
+    assert not Transform.from_callable(lambda gm: gm).takes_tracer_class
+    assert Transform.from_callable(lambda gm, tracer_class=fx.Tracer: gm).takes_tracer_class
+    assert Transform.from_callable(lambda gm, tracer: gm).takes_tracer_class
+    assert not Transform.from_callable(lambda gm, inplace=False: gm).takes_tracer_class
+    for bad in (lambda: None, lambda a, b, c: None, lambda gm, *, key: None):
+        with pytest.raises(TransformLoadError, match="fxverify calls transform"):
+            Transform.from_callable(bad)
+
+
+def test_return_values_are_normalised():
+    from torch.fx.passes.infra.pass_base import PassResult
+
+    gm = fx.symbolic_trace(nn.ReLU())
+    t = Transform.from_callable(lambda g: g)
+    assert t.normalize_result(None, gm) == (gm, True)
+    other = fx.symbolic_trace(nn.ReLU())
+    assert t.normalize_result(PassResult(other, True), gm) == (other, False)
+    with pytest.raises(TransformFailed, match=r"returned torch\.fx\.graph\.Graph .*accepted: an nn\.Module.*wrap it"):
+        t.normalize_result(gm.graph, gm)
+    with pytest.raises(TransformFailed, match=r"returned builtins\.int \(3\)"):
+        t.normalize_result(3, gm)
+
+
+def test_timeout_stops_a_hanging_transform():
+    def spin(gm):
+        while True:
+            pass
+
+    t = Transform.from_callable(spin)
+    with pytest.raises(TransformFailed, match="did not finish within 0.2 s"):
+        t.apply(fx.symbolic_trace(nn.ReLU()), fx.Tracer, timeout=0.2)
+
+
+def test_contract_decorator_wraps_and_validates():
+    def my_pass(gm):
+        return gm
+
+    wrapped = fxverify.contract(modes=("eval",), rtol=1e-3)(my_pass)
+    assert fxverify.contract_of(wrapped).modes == ("eval",)
+    assert fxverify.contract_of(my_pass) == fxverify.STRICT  # the original is untouched
+    assert "declared" in fxverify.contract_of(wrapped).describe()
+    with pytest.raises(FxVerifyError, match="modes must be"):
+        fxverify.contract(modes=("inference",))
+    with pytest.raises(FxVerifyError, match="rtol must be"):
+        fxverify.contract(rtol=-1)
+
+
+def test_selection_by_profile_name_and_glob():
+    smoke = [e.name for e in catalogue.select("smoke")]
+    assert 1 <= len(smoke) <= 8 and "resnet18" in smoke
+    assert len(catalogue.select("default")) >= 10
+    assert [e.name for e in catalogue.select("mobilenet_v*")] == ["mobilenet_v2", "mobilenet_v3_small"]
+    with pytest.raises(CorpusError, match="Did you mean resnet18"):
+        catalogue.select("resnet81")
+
+
+def test_starter_corpus_covers_the_architectures_asked_for():
+    tags = {t for e in catalogue.select("default") for t in e.tags}
+    for needed in ("residual", "depthwise", "squeeze-excite", "dense-concat", "channel-shuffle", "attention", "dict-output"):
+        assert needed in tags, needed
+    assert sum(e.source == "torchvision" for e in catalogue.select("default")) >= 10
+
+
+def test_registered_model_joins_the_default_profile(monkeypatch):
+    monkeypatch.setattr(catalogue, "_registered", {})
+    entry = fxverify.CorpusEntry(name="mine", source="user", factory="torch.nn:Identity", inputs=(fxverify.InputSpec((2, 4)),))
+    fxverify.register_model(entry)
+    assert entry in catalogue.select("default")
+    with pytest.raises(CorpusError, match="already exists"):
+        fxverify.register_model(fxverify.CorpusEntry(name="resnet18", source="user", factory="x:y", inputs=entry.inputs))
+
+
+def test_entry_validation():
+    with pytest.raises(CorpusError, match="tolerance_reason"):
+        fxverify.CorpusEntry(name="x", source="user", factory="a:b", inputs=(fxverify.InputSpec((1,)),), rtol=1e-3)
+    with pytest.raises(CorpusError, match="source must be"):
+        fxverify.CorpusEntry(name="x", source="hub", inputs=(fxverify.InputSpec((1,)),))
+
+
+def test_compare_reports_first_path_and_errors():
+    expected = {"a": torch.ones(3), "b": (torch.zeros(2), 5)}
+    assert compare_trees(expected, expected) is None
+    moved = {"a": torch.ones(3), "b": (torch.tensor([0.0, 0.5]), 5)}
+    found = compare_trees(moved, expected)
+    assert found.path == "output['b'][0]" and found.max_abs == pytest.approx(0.5) and found.index == (1,)
+    assert "structure differs" in compare_trees({"a": torch.ones(3)}, expected).reason
+    nan = torch.tensor([float("nan"), 1.0])
+    assert "NaN positions differ" in compare_trees(torch.tensor([1.0, 1.0]), nan).reason
+    assert "dtype differs" in compare_trees(torch.ones(2, dtype=torch.float64), torch.ones(2)).reason
+
+
+def test_float64_reference_rule_accepts_rounding_but_not_errors():
+    reference = torch.linspace(-1, 1, 4096, dtype=torch.float64) * 1000
+    original = reference.float()
+    as_accurate = (reference + 2e-5).float()  # off by about as much as float32 rounding
+    wrong = (reference * 1.001).float()
+    assert compare_trees(as_accurate, original, fp64_expected=lambda: reference) is None
+    assert compare_trees(as_accurate, original) is not None  # without the rule: not allclose
+    found = compare_trees(wrong, original, fp64_expected=lambda: reference)
+    assert found is not None and "rmse(result)" in found.detail
+    assert compare_trees(as_accurate, original, tolerance=Tolerance(rtol=1e-3)) is None
+
+
+def test_canonical_text_is_address_free_and_sensitive_to_order():
+    gm = fx.symbolic_trace(nn.Sequential(nn.Linear(2, 2), nn.ReLU()))
+    text = canonical_text(gm.graph)
+    assert "0x" not in text and "call_module _0 target=0" in text
+    relu = next(n for n in gm.graph.nodes if n.target == "1")
+    relu.name = "renamed"
+    assert canonical_text(gm.graph) != text
+
+
+def test_summary_table_lists_every_check_and_no_op():
+    table = format_table("p:f", "strict", {("m1", "lint"): "pass", ("m1", "numerics"): "FAIL", ("m2", "lint"): "skip"},
+                         ["lint", "numerics"], {"m1": False, "m2": True})
+    assert table.splitlines()[1].split() == ["model", "lint", "numerics", "changed"]
+    assert table.splitlines()[2].split() == ["m1", "pass", "FAIL", "yes"]
+    assert table.splitlines()[3].split() == ["m2", "skip", "-", "no-op"]
+
+
+def test_node_ids_group_by_transform_and_model():
+    assert parse_nodeid("a/b.py:fn::fxverify[my-model-gradients]") == ("a/b.py:fn", "my-model", "gradients")
+    assert parse_nodeid("tests/test_x.py::test_y[resnet18]") is None
+
+
+def test_input_configs_and_large_set():
+    case = fxverify.load_case("edge_conv_bn_head")
+    names = [c.name for c in case.configs]
+    assert names == ["b2-3x16x16", "b1-3x16x16", "b2-3x24x24", "b2-3x16x16-large"]
+    small, large = case.configs[0].make(), case.configs[-1].make()
+    assert large[0].abs().max() > 100 * small[0].abs().max()
+    assert torch.equal(case.configs[0].make(dtype=torch.float64)[0], small[0].double())
+
+
+def test_fresh_builds_are_identical_and_state_is_randomised():
+    case = fxverify.load_case("edge_conv_bn_head")
+    a, b = case.build(), case.build()
+    assert a is not b
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(x, y), name
+    assert (a.bn1.running_mean != 0).all() and (a.bn1.running_var != 1).all()
+    assert not (a.fc.bias == a.fc.bias[0]).all() or a.fc.bias.numel() == 1
+    assert not a.training and case.trace(training=True).training
+
+
+def test_case_from_module_for_notebooks():
+    case = fxverify.case_from_module("mlp", lambda: nn.Sequential(nn.Linear(4, 4), nn.ReLU()), [(2, 4)])
+    results = fxverify.verify(lambda gm: fx.Transformer(gm).transform(), case, checks=["lint", "numerics"])
+    assert [r.outcome for r in results] == ["passed", "passed"]
+
+
+def test_unknown_check_name():
+    with pytest.raises(FxVerifyError, match="unknown check 'numeric'"):
+        fxverify.Verification(lambda gm: gm, "edge_conv_bn_head").run("numeric")
+
+
