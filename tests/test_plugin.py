@@ -1,0 +1,183 @@
+"""The pytest plugin end to end, through pytester: items, exit codes, summary,
+start-up errors, per-model failures, timeouts, ini options and fixtures."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+MUTATIONS = Path(__file__).with_name("mutations.py")
+EDGE = "--fxverify-corpus=edge_conv_bn_head"
+
+
+def spec(name: str) -> str:
+    return f"{MUTATIONS}:{name}"
+
+
+def test_correct_transform_passes_with_readable_ids_and_summary(pytester):
+    result = pytester.runpytest("-p", "no:cacheprovider", "--fxverify", spec("torch_fuse"), EDGE, "-v")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines([
+        "*::fxverify[[]edge_conv_bn_head-lint[]] PASSED*",
+        "*::fxverify[[]edge_conv_bn_head-cuda[]] SKIPPED*",
+        "*fxverify summary*",
+        "transform *mutations.py:torch_fuse  [[]contract declared: modes=eval changes_parameters=yes[]]",
+        "model * lint * determinism * numerics * gradients * devices * cuda * purity * changed",
+        "edge_conv_bn_head * pass * pass * pass * pass * pass * skip * pass * yes",
+    ])
+
+
+def test_buggy_transform_fails_its_check_and_exits_1(pytester):
+    result = pytester.runpytest("-p", "no:cacheprovider", "--fxverify", spec("bn_fold_ignores_running_mean"), EDGE)
+    assert result.ret == 1
+    # wrong values also mean wrong gradients
+    result.assert_outcomes(passed=4, failed=2, skipped=1)
+    result.stdout.fnmatch_lines([
+        "*fxverify numerics check failed*",
+        "*model:      edge_conv_bn_head*",
+        "*first node: %relu*",
+        "edge_conv_bn_head * pass * pass * FAIL * FAIL * pass * skip * pass * yes",
+    ])
+
+
+def test_no_op_is_shown_in_the_summary(pytester):
+    result = pytester.runpytest("-p", "no:cacheprovider", "--fxverify", spec("transformer_identity"), EDGE,
+                                "--fxverify-checks=lint")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["edge_conv_bn_head * pass * no-op"])
+
+
+@pytest.mark.parametrize(
+    ("transform", "message"),
+    [
+        ("not_a_module_zz:fn", "*cannot import module 'not_a_module_zz'*"),
+        (f"{MUTATIONS}:no_such_function", "*has no attribute 'no_such_function'*"),
+        (f"{MUTATIONS}:BUGGY", "*names a dict, not a callable*"),
+        ("fxverify.examples:annotations", "*not a callable*"),
+    ],
+)
+def test_bad_transforms_stop_at_start_up_with_one_message(pytester, transform, message):
+    result = pytester.runpytest("-p", "no:cacheprovider", "--fxverify", transform, EDGE)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: fxverify: {message}"])
+    assert "passed" not in result.stdout.str() and "failed" not in result.stdout.str()
+
+
+def test_wrong_signature_stops_at_start_up(pytester):
+    pytester.makepyfile(bad_sig="def t(a, b, c):\n    return a\n")
+    result = pytester.runpytest("-p", "no:cacheprovider", "--fxverify", "bad_sig.py:t", EDGE)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*fxverify calls transform(gm) or transform(gm, tracer_class)*"])
+
+
+def test_a_transform_raising_on_one_model_fails_that_model_only(pytester):
+    pytester.makepyfile(picky="""
+        def t(gm):
+            if len(gm.graph.nodes) > 30:
+                raise ValueError("too big for me")
+            return gm
+    """)
+    result = pytester.runpytest("-p", "no:cacheprovider", "--fxverify", "picky.py:t",
+                                "--fxverify-corpus=edge_conv_bn_head,resnet18", "--fxverify-checks=lint,purity")
+    assert result.ret == 1
+    result.assert_outcomes(passed=2, failed=2)
+    result.stdout.fnmatch_lines([
+        "*model:      resnet18*",
+        "*transform picky.py:t raised ValueError: too big for me*",
+        "*Traceback*",
+    ])
+
+
+def test_wrong_return_type_says_what_was_returned(pytester):
+    result = pytester.runpytest("-p", "no:cacheprovider", "--fxverify", spec("returns_graph"), EDGE, "--fxverify-checks=lint")
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["*returned torch.fx.graph.Graph*accepted: an nn.Module*"])
+
+
+def test_hanging_transform_fails_after_the_timeout(pytester):
+    result = pytester.runpytest("-p", "no:cacheprovider", "--fxverify", spec("hangs"), EDGE,
+                                "--fxverify-checks=lint", "--fxverify-timeout=1")
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["*did not finish within 1 s*"])
+
+
+def test_ini_options_and_k_selection(pytester):
+    pytester.makeini(f"""
+        [pytest]
+        fxverify = {spec("normalize_args")}
+        fxverify_corpus = edge_conv_bn_head
+        fxverify_checks = lint,numerics,purity
+    """)
+    result = pytester.runpytest("-p", "no:cacheprovider", "-k", "numerics or purity")
+    assert result.ret == 0
+    result.assert_outcomes(passed=2, deselected=1)
+
+
+def test_several_transforms_are_verified_separately(pytester):
+    result = pytester.runpytest("-p", "no:cacheprovider", "--fxverify", spec("normalize_args"), "--fxverify",
+                                spec("forgets_recompile"), EDGE, "--fxverify-checks=lint")
+    assert result.ret == 1
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*did not call gm.recompile()*"])
+
+
+def test_in_place_and_tracer_class_conventions(pytester):
+    result = pytester.runpytest("-p", "no:cacheprovider", "--fxverify", spec("relu_to_clamp_in_place"), "--fxverify",
+                                spec("retrace_with_tracer_class"), EDGE)
+    assert result.ret == 0, result.stdout.str()
+
+
+def test_xdist_runs_each_models_items_on_one_worker(pytester):
+    result = pytester.runpytest("-p", "no:cacheprovider", "-n", "2", "--fxverify", spec("normalize_args"),
+                                "--fxverify-corpus=edge_conv_bn_head,squeezenet1_1", "--fxverify-checks=lint,purity", "-v")
+    assert result.ret == 0
+    workers = {}
+    for line in result.stdout.lines:
+        if "PASSED" in line and "fxverify[" in line:
+            worker = line.split("]")[0].strip("[ ")
+            model = line.split("fxverify[")[1].split("-")[0]
+            workers.setdefault(model, set()).add(worker)
+    assert set(workers) == {"edge_conv_bn_head", "squeezenet1_1"}
+    assert all(len(w) == 1 for w in workers.values()), workers
+    result.stdout.fnmatch_lines(["*fxverify summary*", "squeezenet1_1 * pass * pass *"])
+
+
+def test_fx_model_fixture_is_parametrized_over_the_corpus(pytester, monkeypatch):
+    pytester.makepyfile(test_mine=f"""
+        import fxverify
+        from tests import mutations
+
+        def test_pass(fx_model):
+            assert isinstance(fx_model, fxverify.ModelCase)
+            gm = fx_model.trace()
+            assert gm is not fx_model.trace()
+            fxverify.assert_transform_ok(mutations.normalize_args, fx_model, checks=["lint", "numerics"])
+    """)
+    monkeypatch.setenv("PYTHONPATH", str(MUTATIONS.parent.parent))
+    # in a subprocess: re-importing torch's operator libraries in-process is not allowed
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--fxverify-corpus=edge_conv_bn_head,squeezenet1_1", "-v")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["*test_pass[[]edge_conv_bn_head[]] PASSED*", "*test_pass[[]squeezenet1_1[]] PASSED*"])
+
+
+def test_a_run_without_fxverify_does_not_import_torch(pytester):
+    pytester.makeconftest("""
+        import sys
+
+        def pytest_sessionfinish(session):
+            print("TORCH_IMPORTED=%s" % ("torch" in sys.modules))
+    """)
+    pytester.makepyfile(test_plain="def test_nothing():\n    assert 1 + 1 == 2\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-s")
+    assert result.ret == 0
+    assert "fxverify" in result.stdout.str()  # the plugin was loaded...
+    result.stdout.fnmatch_lines(["*TORCH_IMPORTED=False*"])  # ...and stayed cheap
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="uses fork-free subprocess env only")
+def test_bad_corpus_selection_is_a_usage_error(pytester):
+    result = pytester.runpytest("-p", "no:cacheprovider", "--fxverify", spec("normalize_args"), "--fxverify-corpus=resnet81")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*matches no profile, model name or glob*Did you mean resnet18*"])
