@@ -159,7 +159,7 @@ def test_fx_model_fixture_is_parametrized_over_the_corpus(pytester, monkeypatch)
     # in a subprocess: re-importing torch's operator libraries in-process is not allowed
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--fxverify-corpus=edge_conv_bn_head,squeezenet1_1", "-v")
     assert result.ret == 0
-    result.stdout.fnmatch_lines(["*test_pass[[]edge_conv_bn_head[]] PASSED*", "*test_pass[[]squeezenet1_1[]] PASSED*"])
+    result.stdout.fnmatch_lines(["*test_pass[[]squeezenet1_1[]] PASSED*", "*test_pass[[]edge_conv_bn_head[]] PASSED*"])
 
 
 def test_a_run_without_fxverify_does_not_import_torch(pytester):
