@@ -76,8 +76,8 @@ def _pair(name: str) -> tuple[Callable[..., CheckResult], Callable[..., CheckRes
     assert_fn.__name__ = assert_fn.__qualname__ = f"assert_{name}"
     check_fn.__doc__ = (
         f"Run the {name} check: {summary}\n\n"
-        f"Returns a CheckResult; ``.ok`` is False when it failed, ``.message`` says why.\n\n"
-        f"    >>> fxverify.check_{name}(my_pass, 'resnet18').outcome   # doctest: +SKIP\n    'passed'\n"
+        f"Returns a CheckResult; ``.ok`` is False when it failed, ``.message`` says why::\n\n"
+        f"    fxverify.check_{name}(my_pass, 'resnet18').outcome   # 'passed', 'failed' or 'skipped'\n"
     )
     assert_fn.__doc__ = (
         f"Run the {name} check and raise CheckFailed with the finding when it fails.\n\n"

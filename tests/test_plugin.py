@@ -181,3 +181,20 @@ def test_bad_corpus_selection_is_a_usage_error(pytester):
     result = pytester.runpytest("-p", "no:cacheprovider", "--fxverify", spec("normalize_args"), "--fxverify-corpus=resnet81")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*matches no profile, model name or glob*Did you mean resnet18*"])
+
+
+def _bug_cases():
+    from tests import mutations
+    from tests.test_checks import MODEL_FOR
+
+    return [pytest.param(f.__name__, check, MODEL_FOR.get(f, "edge_conv_bn_head"), id=f.__name__)
+            for f, check in mutations.BUGGY.items()]
+
+
+@pytest.mark.parametrize(("name", "check", "model"), _bug_cases())
+def test_every_bug_fails_its_item_through_the_plugin(pytester, name, check, model):
+    result = pytester.runpytest("-p", "no:cacheprovider", "--fxverify", spec(name), f"--fxverify-corpus={model}",
+                                f"--fxverify-checks={check}")
+    assert result.ret == 1
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"*fxverify {check} check failed*", f"*model:      {model}*", f"{model} * FAIL *"])
