@@ -167,53 +167,38 @@ def specialises_batch_size(gm: fx.GraphModule) -> nn.Module:
     return gm
 
 
-def unstable_log_exp(gm: fx.GraphModule) -> nn.Module:
-    """Rewrites the output x as log(exp(x)): the identity on paper, inf once x > 88 in float32
-    (the numerically unstable rewrite only large inputs reveal)."""
+def _rewrite_output(gm: fx.GraphModule, build) -> fx.GraphModule:
+    """Copy ``gm`` and replace its (single tensor) output value by ``build(graph, value)``."""
     gm = copy.deepcopy(gm)
     output = next(n for n in gm.graph.nodes if n.op == "output")
     value = output.args[0]
-    if not isinstance(value, fx.Node):
-        return gm
-    with gm.graph.inserting_before(output):
-        # log(exp(x)) is the identity mathematically, inf for large x in float32
-        exp = gm.graph.call_function(torch.exp, (value,))
-        log = gm.graph.call_function(torch.log, (exp,))
-    output.args = (log,)
-    gm.recompile()
+    if isinstance(value, fx.Node):
+        with gm.graph.inserting_before(output):
+            output.args = (build(gm.graph, value),)
+        gm.recompile()
     return gm
+
+
+def unstable_log_exp(gm: fx.GraphModule) -> nn.Module:
+    """Rewrites the output x as log(exp(x)): the identity on paper, inf once x > 88 in float32
+    (the numerically unstable rewrite only large inputs reveal)."""
+    return _rewrite_output(gm, lambda g, x: g.call_function(torch.log, (g.call_function(torch.exp, (x,)),)))
 
 
 def plain_tensor_constant(gm: fx.GraphModule) -> nn.Module:
     """Multiplies the output by a scale stored as a plain tensor attribute: .to() leaves it behind."""
-    gm = copy.deepcopy(gm)
+    gm = _rewrite_output(gm, lambda g, x: g.call_function(operator.mul, (x, g.get_attr("scale"))))
     gm.scale = torch.ones(())  # not register_buffer
-    output = next(n for n in gm.graph.nodes if n.op == "output")
-    value = output.args[0]
-    if not isinstance(value, fx.Node):
-        return gm
-    with gm.graph.inserting_before(output):
-        scale = gm.graph.get_attr("scale")
-        scaled = gm.graph.call_function(operator.mul, (value, scale))
-    output.args = (scaled,)
-    gm.recompile()
     return gm
 
 
 def hardcodes_cpu_device(gm: fx.GraphModule) -> nn.Module:
     """Adds zeros created with device='cpu' to the output: fails once the model is moved."""
-    gm = copy.deepcopy(gm)
-    output = next(n for n in gm.graph.nodes if n.op == "output")
-    value = output.args[0]
-    if not isinstance(value, fx.Node):
-        return gm
-    with gm.graph.inserting_before(output):
-        size = gm.graph.call_method("size", (value,))
-        zeros = gm.graph.call_function(torch.zeros, (size,), {"device": "cpu"})
-        total = gm.graph.call_function(operator.add, (value, zeros))
-    output.args = (total,)
-    gm.recompile()
-    return gm
+    def build(g: fx.Graph, x: fx.Node) -> fx.Node:
+        zeros = g.call_function(torch.zeros, (g.call_method("size", (x,)),), {"device": "cpu"})
+        return g.call_function(operator.add, (x, zeros))
+
+    return _rewrite_output(gm, build)
 
 
 def freezes_parameters(gm: fx.GraphModule) -> nn.Module:
@@ -229,16 +214,7 @@ def freezes_parameters(gm: fx.GraphModule) -> nn.Module:
 
 def detaches_output(gm: fx.GraphModule) -> nn.Module:
     """Calls .detach() on the output: same values, no gradients."""
-    gm = copy.deepcopy(gm)
-    output = next(n for n in gm.graph.nodes if n.op == "output")
-    value = output.args[0]
-    if not isinstance(value, fx.Node):
-        return gm
-    with gm.graph.inserting_before(output):
-        detached = gm.graph.call_method("detach", (value,))
-    output.args = (detached,)
-    gm.recompile()
-    return gm
+    return _rewrite_output(gm, lambda g, x: g.call_method("detach", (x,)))
 
 
 def mutates_input(gm: fx.GraphModule) -> nn.Module:
@@ -252,18 +228,9 @@ def mutates_input(gm: fx.GraphModule) -> nn.Module:
 
 def transposes_output_layout(gm: fx.GraphModule) -> nn.Module:
     """Returns the output through .t().contiguous().t(): same values, transposed strides."""
-    gm = copy.deepcopy(gm)
-    output = next(n for n in gm.graph.nodes if n.op == "output")
-    value = output.args[0]
-    if not isinstance(value, fx.Node):
-        return gm
-    with gm.graph.inserting_before(output):
-        t1 = gm.graph.call_method("t", (value,))
-        c = gm.graph.call_method("contiguous", (t1,))
-        t2 = gm.graph.call_method("t", (c,))
-    output.args = (t2,)
-    gm.recompile()
-    return gm
+    return _rewrite_output(
+        gm, lambda g, x: g.call_method("t", (g.call_method("contiguous", (g.call_method("t", (x,)),)),))
+    )
 
 
 def drops_kept_parameter(gm: fx.GraphModule) -> nn.Module:
