@@ -3,7 +3,6 @@ start-up errors, per-model failures, timeouts, ini options and fixtures."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -145,7 +144,7 @@ def test_xdist_runs_each_models_items_on_one_worker(pytester):
 
 
 def test_fx_model_fixture_is_parametrized_over_the_corpus(pytester, monkeypatch):
-    pytester.makepyfile(test_mine=f"""
+    pytester.makepyfile(test_mine="""
         import fxverify
         from tests import mutations
 
@@ -176,7 +175,6 @@ def test_a_run_without_fxverify_does_not_import_torch(pytester):
     result.stdout.fnmatch_lines(["*TORCH_IMPORTED=False*"])  # ...and stayed cheap
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="uses fork-free subprocess env only")
 def test_bad_corpus_selection_is_a_usage_error(pytester):
     result = pytester.runpytest("-p", "no:cacheprovider", "--fxverify", spec("normalize_args"), "--fxverify-corpus=resnet81")
     assert result.ret == pytest.ExitCode.USAGE_ERROR

@@ -14,7 +14,7 @@ import copy
 from typing import Any
 
 import torch
-from torch import fx, nn
+from torch import fx
 
 from fxverify.compare import Mismatch, compare_trees, compare_values
 from fxverify.module_state import tensor_state
