@@ -77,15 +77,16 @@ class Snapshot:
                 return f"tensor {name!r} changed"
         if isinstance(module, fx.GraphModule):
             if self.graph != canonical_text(module.graph):
-                return "graph changed: " + _first_line_diff(self.graph or "", canonical_text(module.graph))
+                return "graph changed: " + first_line_difference(self.graph or "", canonical_text(module.graph))
             if code and self.code != module.code:
-                return "generated code changed: " + _first_line_diff(self.code or "", module.code)
+                return "generated code changed: " + first_line_difference(self.code or "", module.code)
         elif self.graph is not None:
             return "it is no longer a GraphModule"
         return None
 
 
-def _first_line_diff(before: str, after: str) -> str:
+def first_line_difference(before: str, after: str) -> str:
+    """Where two texts first differ, e.g. ``line 3: 'a' became 'b'``."""
     old, new = before.splitlines(), after.splitlines()
     for i, (a, b) in enumerate(zip(old, new)):
         if a != b:

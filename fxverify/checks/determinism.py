@@ -11,7 +11,6 @@ under a different hash seed (batched: one subprocess for many models, see
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import random
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 from torch import fx, nn
 
 from fxverify.graph_text import canonical_text
+from fxverify.module_state import first_line_difference
 from fxverify.result import Finding, Skip
 
 IN_PROCESS_RUNS = 2
@@ -46,7 +46,7 @@ def check(v: Any) -> dict[str, Any]:
             raise Finding(
                 "two fresh traces transformed in the same process gave different graphs "
                 "(node order, names or users depend on object addresses: is a set or id() iterated?)",
-                where=_first_difference(first, again),
+                where=first_line_difference(first, again),
             )
     if v.cross_process is None:
         return {"in_process_runs": IN_PROCESS_RUNS + 1, "cross_process": "not run (no cross-process runner)"}
@@ -68,11 +68,3 @@ def _perturb_allocator(run: int) -> list[object]:
     """Allocate a random number of objects of assorted sizes so new objects get other addresses."""
     rng = random.Random(run)
     return [object() if i % 3 else [0] * rng.randint(1, 64) for i in range(rng.randint(500, 5000))]
-
-
-def _first_difference(a: str, b: str) -> str:
-    changed = [
-        line for line in difflib.unified_diff(a.splitlines(), b.splitlines(), n=0, lineterm="")
-        if line.startswith(("-", "+")) and not line.startswith(("---", "+++"))
-    ]
-    return " | ".join(changed[:2]) or "(no line difference)"

@@ -15,7 +15,7 @@ import torch
 from torch import fx
 
 from fxverify.compare import leaves_with_paths
-from fxverify.module_state import resolve
+from fxverify.module_state import first_line_difference, resolve
 from fxverify.result import Finding, Skip
 
 
@@ -34,7 +34,7 @@ def check(v: Any) -> dict[str, Any]:
         raise Finding(
             "the generated code is out of sync with the graph: the transform changed the graph "
             "but did not call gm.recompile() afterwards",
-            where=_first_code_difference(result.code, regenerated),
+            where=first_line_difference(result.code, regenerated),
         )
     for node in graph.nodes:
         if node.op in ("get_attr", "call_module"):
@@ -72,7 +72,7 @@ def check(v: Any) -> dict[str, Any]:
     except Exception as exc:
         raise Finding(f"copy.deepcopy of the result raised {type(exc).__name__}: {_first_line(exc)}") from None
     if copied.code != result.code:
-        raise Finding("copy.deepcopy of the result generates different code", where=_first_code_difference(result.code, copied.code))
+        raise Finding("copy.deepcopy of the result generates different code", where=first_line_difference(result.code, copied.code))
     return {"nodes": len(graph.nodes)}
 
 
@@ -83,10 +83,3 @@ def _placeholders(graph: fx.Graph) -> list[str]:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _first_code_difference(stale: str, fresh: str) -> str:
-    for i, (a, b) in enumerate(zip(stale.splitlines(), fresh.splitlines())):
-        if a != b:
-            return f"code line {i + 1}: running {a.strip()!r}, graph says {b.strip()!r}"
-    return "code lengths differ"
