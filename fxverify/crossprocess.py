@@ -40,10 +40,9 @@ class CrossProcessDigests:
             if not self.transform.reloadable:
                 return f"skip: transform {self.transform.spec} cannot be imported by name in another process"
             names = [c.name for c in self.cases]
-            start = names.index(name) if name in names else 0
-            batch = [c for c in self.cases[start:] if c.name not in self._digests][: self.batch_size]
-            if name not in {c.name for c in batch}:
-                batch = [c for c in self.cases if c.name == name] or batch
+            if name not in names:
+                return f"error: {name} is not among the models this runner was given"
+            batch = [c for c in self.cases[names.index(name):] if c.name not in self._digests][: self.batch_size]
             self._digests.update(self._run(batch))
         return self._digests.get(name, f"error: no digest came back for {name}")
 

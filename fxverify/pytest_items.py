@@ -182,5 +182,3 @@ class XdistGrouping:
                 return f"{parsed[0]}::{parsed[1]}" if parsed else nodeid
 
         return ModelScheduling(config, log)
-
-

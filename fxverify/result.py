@@ -28,6 +28,16 @@ class Finding(Exception):
         self.details = details or {}
 
 
+def exception_summary(exc: BaseException) -> str:
+    r"""``Type: first line of the message`` (torch errors often append whole graphs).
+
+    >>> exception_summary(RuntimeError("bad node\n%x = ..."))
+    'RuntimeError: bad node'
+    """
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
 class Skip(Exception):
     """Raised by a check that does not apply; the message is the reason."""
 

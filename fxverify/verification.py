@@ -13,7 +13,6 @@ import copy
 import dataclasses
 import functools
 import textwrap
-import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +22,7 @@ from torch import fx, nn
 
 from fxverify.cases import ModelCase
 from fxverify.compare import Tolerance
+from fxverify.contracts import Contract
 from fxverify.errors import FxVerifyError, TransformFailed
 from fxverify.inputs import InputConfig
 from fxverify.module_state import Snapshot
@@ -47,7 +47,6 @@ class Applied:
     before: Snapshot
     result: nn.Module
     in_place: bool
-    seconds: float
 
 
 class Verification:
@@ -76,7 +75,7 @@ class Verification:
         self._float64: dict[str, nn.Module] = {}
 
     @property
-    def contract(self):  # -> Contract
+    def contract(self) -> Contract:
         return self.transform.contract
 
     @functools.cached_property
@@ -119,11 +118,9 @@ class Verification:
         original = self.case.trace(training=mode == "train")
         given = copy.deepcopy(original)
         before = Snapshot.take(given)
-        start = time.perf_counter()
         result, in_place = self.transform.apply(given, self.case.tracer_class, timeout=self.timeout)
-        seconds = time.perf_counter() - start
         result.train(mode == "train")
-        return Applied(mode, original, given, before, result, in_place, seconds)
+        return Applied(mode, original, given, before, result, in_place)
 
     @functools.cached_property
     def no_op(self) -> bool | None:

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from fxverify.compare import compare_trees
-from fxverify.result import Finding, Skip
+from fxverify.result import Finding, Skip, exception_summary
 
 
 def check(v: Any) -> dict[str, Any]:
@@ -29,7 +29,7 @@ def check(v: Any) -> dict[str, Any]:
             try:
                 actual = module(*config.make(v.case.seed, device="cuda"))
             except Exception as exc:
-                raise Finding(f"the result moved to CUDA raised {type(exc).__name__}: {exc}", input=where) from None
+                raise Finding(f"the result moved to CUDA raised {exception_summary(exc)}", input=where) from None
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
     actual = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.cpu(), actual)

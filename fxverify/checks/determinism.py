@@ -55,11 +55,12 @@ def check(v: Any) -> dict[str, Any]:
         raise Finding(f"the cross-process run (different PYTHONHASHSEED) failed: {other[6:].strip()}")
     if other.startswith("skip:"):
         return {"in_process_runs": IN_PROCESS_RUNS + 1, "cross_process": other}
-    if other != digest(v.applied().result):
+    here = digest(v.applied().result)
+    if other != here:
         raise Finding(
             "the transform gave a different graph in another process with a different PYTHONHASHSEED "
             "(node order depends on string hashing: is a set of names or targets iterated?)",
-            where=f"digest here {digest(v.applied().result)}, in the other process {other}",
+            where=f"digest here {here}, in the other process {other}",
         )
     return {"in_process_runs": IN_PROCESS_RUNS + 1, "cross_process": "same digest"}
 

@@ -17,7 +17,7 @@ import torch
 from torch import fx, nn
 
 from fxverify.recording import RecordingInterpreter
-from fxverify.result import Finding, Skip
+from fxverify.result import Finding, Skip, exception_summary
 
 
 def check(v: Any) -> dict[str, Any]:
@@ -91,9 +91,8 @@ def _run_on_meta(v: Any, applied: Any) -> bool:
         return False  # the original cannot run on meta (data-dependent ops): nothing to compare
     error, node = run(applied.result)
     if error is not None:
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise Finding(
-            f"the result moved to the meta device fails to run: {type(error).__name__}: {first}. "
+            f"the result moved to the meta device fails to run: {exception_summary(error)}. "
             "Look for a hard-coded device or a tensor created outside the graph",
             input=f"{config.describe()} on device 'meta'",
             node=f"%{node.name} ({node.op} {node.target})" if node is not None else None,

@@ -17,7 +17,7 @@ from torch.utils import _pytree as pytree
 
 from fxverify.compare import compare_values
 from fxverify.module_state import resolve, tensors_equal
-from fxverify.result import Finding, Skip
+from fxverify.result import Finding, Skip, exception_summary
 
 
 def check(v: Any) -> dict[str, Any]:
@@ -34,7 +34,7 @@ def check(v: Any) -> dict[str, Any]:
     try:
         actual = _gradients(result, config.make(v.case.seed, dtype=torch.float64), v.case.seed, kept)
     except Exception as exc:
-        raise Finding(f"backward through the result raised {type(exc).__name__}: {exc}", input=where) from None
+        raise Finding(f"backward through the result raised {exception_summary(exc)}", input=where) from None
     if actual is None:
         raise Finding("the result's outputs no longer require grad: gradients do not flow", input=where)
     for name, grad in expected.items():

@@ -16,7 +16,7 @@ from torch import fx
 
 from fxverify.compare import leaves_with_paths
 from fxverify.module_state import first_line_difference, resolve
-from fxverify.result import Finding, Skip
+from fxverify.result import Finding, Skip, exception_summary
 
 
 def check(v: Any) -> dict[str, Any]:
@@ -28,7 +28,7 @@ def check(v: Any) -> dict[str, Any]:
     try:
         graph.lint()
     except Exception as exc:  # lint raises RuntimeError/ValueError with the whole graph appended
-        raise Finding(f"graph.lint() failed: {_first_line(exc)}") from None
+        raise Finding(f"graph.lint() failed: {exception_summary(exc)}") from None
     regenerated = graph.python_code(root_module="self").src
     if regenerated != result.code:
         raise Finding(
@@ -55,7 +55,7 @@ def check(v: Any) -> dict[str, Any]:
             interpreted = fx.Interpreter(result).run(*inputs)
         except Exception as exc:
             raise Finding(
-                f"the result does not run under torch.fx.Interpreter: {type(exc).__name__}: {_first_line(exc)}",
+                f"the result does not run under torch.fx.Interpreter: {exception_summary(exc)}",
                 input=v.primary.describe(),
             ) from None
     _, expected_spec = leaves_with_paths(v.outputs("original"))
@@ -70,7 +70,7 @@ def check(v: Any) -> dict[str, Any]:
     try:
         copied = copy.deepcopy(result)
     except Exception as exc:
-        raise Finding(f"copy.deepcopy of the result raised {type(exc).__name__}: {_first_line(exc)}") from None
+        raise Finding(f"copy.deepcopy of the result raised {exception_summary(exc)}") from None
     if copied.code != result.code:
         raise Finding("copy.deepcopy of the result generates different code", where=first_line_difference(result.code, copied.code))
     return {"nodes": len(graph.nodes)}
@@ -78,8 +78,3 @@ def check(v: Any) -> dict[str, Any]:
 
 def _placeholders(graph: fx.Graph) -> list[str]:
     return [f"{n.target}={n.args[0]!r}" if n.args else str(n.target) for n in graph.find_nodes(op="placeholder")]
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

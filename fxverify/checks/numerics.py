@@ -20,7 +20,7 @@ from fxverify.compare import Mismatch, compare_trees, compare_values
 from fxverify.module_state import tensor_state
 from fxverify.node_map import kept_nodes
 from fxverify.recording import RecordingInterpreter
-from fxverify.result import Finding
+from fxverify.result import Finding, exception_summary
 
 
 def check(v: Any) -> dict[str, Any]:
@@ -111,9 +111,8 @@ def _compare_other_mode(v: Any, mode: str) -> None:
     if found is not None:
         raise _finding(found, where)
     before, after = tensor_state(original), tensor_state(result)
-    for name in sorted(before.keys() & after.keys()):
-        if name in dict(original.named_parameters()):
-            continue
+    parameters = {name for name, _ in original.named_parameters()}
+    for name in sorted((before.keys() & after.keys()) - parameters):
         found_buffer = compare_values(after[name], before[name], path=f"buffer {name!r} after the forward pass", tolerance=v.tolerance)
         if found_buffer is not None:
             raise Finding(
@@ -140,7 +139,4 @@ def _run(fn: Any, where: str) -> Any:
     try:
         return fn()
     except Exception as exc:
-        note = str(exc).strip().splitlines()
-        raise Finding(
-            f"the transformed module raised {type(exc).__name__} when run: {note[0] if note else ''}", input=where
-        ) from None
+        raise Finding(f"the transformed module raised when run: {exception_summary(exc)}", input=where) from None
