@@ -187,8 +187,23 @@ def test_fresh_builds_are_identical_and_state_is_randomised():
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
         assert torch.equal(x, y), name
     assert (a.bn1.running_mean != 0).all() and (a.bn1.running_var != 1).all()
-    assert not (a.fc.bias == a.fc.bias[0]).all() or a.fc.bias.numel() == 1
     assert not a.training and case.trace(training=True).training
+
+
+def test_constant_initialised_parameters_are_randomised():
+    from fxverify.state import randomize_state
+
+    head = nn.Linear(4, 3)
+    nn.init.zeros_(head.weight)
+    nn.init.zeros_(head.bias)
+    gamma = nn.Parameter(torch.full((8,), 1e-6))  # a layer-scale gamma
+    module = nn.Module()
+    module.head, module.gamma = head, gamma
+    randomize_state(module)
+    for p in (head.weight, head.bias, gamma):
+        assert not (p == p.reshape(-1)[0]).all()
+        assert p.abs().max() > 0.01  # large enough that the branch it scales matters
+    assert (gamma > 0).all()  # the sign of a positive constant is kept
 
 
 def test_case_from_module_for_notebooks():
