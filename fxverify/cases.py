@@ -63,7 +63,8 @@ class ModelCase:
 
     def trace(self, *, training: bool = False) -> fx.GraphModule:
         """A fresh ``GraphModule`` of a fresh instance, traced in the given mode."""
-        return tracing.trace(self.build(training=training), self.entry.tracer).train(training)
+        module = self.build(training=training)
+        return tracing.trace(module, self.entry.tracer, dict(self.entry.concrete_args)).train(training)
 
     def example_inputs(self) -> tuple[torch.Tensor, ...]:
         """The primary configuration's inputs."""

@@ -1,7 +1,8 @@
 """The model catalogue: corpus entries as plain data, and selection over them.
 
-Entries come from ``corpus/models.toml`` (shipped as ``fxverify.corpus``) and
-from :func:`register_model`. Nothing here imports torch, so the pytest plugin
+Entries come from the TOML files of ``corpus/`` (shipped as ``fxverify.corpus``:
+``models.toml`` the default zoo, ``edge.toml`` the FX edge cases, ``full.toml``
+the generated full zoo) and from :func:`register_model`. Nothing here imports torch, so the pytest plugin
 can collect items cheaply.
 
 >>> [e.name for e in select("resnet18")]
@@ -22,7 +23,9 @@ from typing import Any
 from fxverify.errors import CorpusError
 
 SOURCES = ("torchvision", "timm", "edge", "user")
-TRACERS = ("plain", "timm")
+TRACERS = ("plain", "timm")  # or "module:TracerClass", a torch.fx.Tracer subclass
+CATALOGUE_FILES = ("models.toml", "edge.toml", "full.toml")
+NONE = "None"  # TOML has no null: this string stands for None in concrete_args
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +72,7 @@ class CorpusEntry:
     batch_sizes: tuple[int, ...] = (1, 2)
     spatial_sizes: tuple[tuple[int, ...], ...] = ()
     tracer: str = "plain"
+    concrete_args: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     tags: tuple[str, ...] = ()
     profiles: tuple[str, ...] = ("default",)
     rtol: float | None = None
@@ -80,8 +84,10 @@ class CorpusEntry:
         where = f"corpus entry {self.name!r}"
         if self.source not in SOURCES:
             raise CorpusError(f"{where}: source must be one of {SOURCES}, got source={self.source!r}")
-        if self.tracer not in TRACERS:
-            raise CorpusError(f"{where}: tracer must be one of {TRACERS}, got tracer={self.tracer!r}")
+        if self.tracer not in TRACERS and ":" not in self.tracer:
+            raise CorpusError(
+                f"{where}: tracer must be one of {TRACERS} or 'module:TracerClass', got tracer={self.tracer!r}"
+            )
         if not self.inputs:
             raise CorpusError(f"{where}: needs at least one input spec")
         if self.source in ("edge", "user") and self.factory is None:
@@ -103,6 +109,8 @@ class CorpusEntry:
         fields = dict(data)
         fields["inputs"] = tuple(InputSpec.from_data(i) for i in data.get("inputs", ()))
         fields["spatial_sizes"] = tuple(tuple(s) for s in data.get("spatial_sizes", ()))
+        if "concrete_args" in data:
+            fields["concrete_args"] = {k: None if v == NONE else v for k, v in data["concrete_args"].items()}
         for name in ("batch_sizes", "tags", "profiles"):
             if name in data:
                 fields[name] = tuple(data[name])
@@ -111,11 +119,16 @@ class CorpusEntry:
 
 @functools.cache
 def catalogue() -> tuple[CorpusEntry, ...]:
-    """The shipped catalogue, in file order."""
-    text = resources.files("fxverify.corpus").joinpath("models.toml").read_text(encoding="utf-8")
-    entries = tuple(CorpusEntry.from_data(m) for m in tomllib.loads(text).get("model", []))
+    """The shipped catalogue, in file order (``CATALOGUE_FILES``, then entries within a file)."""
+    folder = resources.files("fxverify.corpus")
+    entries: list[CorpusEntry] = []
+    for filename in CATALOGUE_FILES:
+        path = folder.joinpath(filename)
+        if path.is_file():
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+            entries.extend(CorpusEntry.from_data(m) for m in data.get("model", []))
     _check_unique(entries)
-    return entries
+    return tuple(entries)
 
 
 _registered: dict[str, CorpusEntry] = {}

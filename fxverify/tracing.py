@@ -1,4 +1,5 @@
-"""Tracers used to capture corpus models: plain ``torch.fx.Tracer`` or timm's.
+"""Tracers used to capture corpus models: plain ``torch.fx.Tracer``, timm's, or a
+``torch.fx.Tracer`` subclass named ``"module:Class"`` (custom leaf modules).
 
 timm registers modules and functions that must stay opaque to FX
 (``timm.layers.get_notrace_modules()`` / ``get_notrace_functions()``); the
@@ -8,6 +9,7 @@ timm registers modules and functions that must stay opaque to FX
 from __future__ import annotations
 
 import functools
+import importlib
 from typing import Any
 
 from torch import fx, nn
@@ -15,7 +17,7 @@ from torch import fx, nn
 
 @functools.cache
 def tracer_class(kind: str) -> type[fx.Tracer]:
-    """The tracer class for ``kind`` ("plain" or "timm").
+    """The tracer class for ``kind`` ("plain", "timm" or "module:TracerClass").
 
     >>> tracer_class("plain") is fx.Tracer
     True
@@ -39,7 +41,13 @@ def tracer_class(kind: str) -> type[fx.Tracer]:
                 return isinstance(m, leaves) or super().is_leaf_module(m, qualname)
 
         return TimmTracer
-    raise ValueError(f"unknown tracer {kind!r}; expected 'plain' or 'timm'")
+    module_name, sep, attr = kind.partition(":")
+    if sep:
+        cls = getattr(importlib.import_module(module_name), attr, None)
+        if isinstance(cls, type) and issubclass(cls, fx.Tracer):
+            return cls
+        raise ValueError(f"tracer {kind!r} is not a torch.fx.Tracer subclass")
+    raise ValueError(f"unknown tracer {kind!r}; expected 'plain', 'timm' or 'module:TracerClass'")
 
 
 def trace(module: nn.Module, kind: str = "plain", concrete_args: dict[str, Any] | None = None) -> fx.GraphModule:
@@ -48,7 +56,7 @@ def trace(module: nn.Module, kind: str = "plain", concrete_args: dict[str, Any] 
     >>> trace(nn.Sequential(nn.Linear(2, 2))).graph.find_nodes(op="call_module")[0].target
     '0'
     """
-    graph = tracer_class(kind)().trace(module, concrete_args=concrete_args)
+    graph = tracer_class(kind)().trace(module, concrete_args=concrete_args or None)
     name = module.__class__.__name__ if isinstance(module, nn.Module) else module.__name__
     return fx.GraphModule(module, graph, class_name=name)
 
