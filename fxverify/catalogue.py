@@ -159,32 +159,74 @@ def profiles(entries: Iterable[CorpusEntry] | None = None) -> list[str]:
     return sorted({p for e in (entries or all_entries()) for p in e.profiles})
 
 
-def select(selection: str | Iterable[str]) -> list[CorpusEntry]:
-    """Entries matching a comma-separated selection of profiles, names and globs.
+def select(
+    selection: str | Iterable[str],
+    *,
+    exclude: str | Iterable[str] = (),
+    tags: str | Iterable[str] = (),
+) -> list[CorpusEntry]:
+    """Entries matching a comma-separated selection of profiles, names and globs,
+    less those matching ``exclude`` (same syntax), keeping only entries carrying
+    at least one of ``tags`` when given.
 
     Order follows the catalogue, whatever the order of the selection.
 
     >>> [e.name for e in select("resnet*")][:1]
     ['resnet18']
+    >>> [e.name for e in select("default", exclude="*", tags="")]
+    []
     """
-    tokens = [t.strip() for t in (selection.split(",") if isinstance(selection, str) else selection)]
-    tokens = [t for t in tokens if t]
+    tokens = _tokens(selection)
     if not tokens:
         raise CorpusError("empty corpus selection; name a profile (e.g. 'default'), a model or a glob")
     entries = all_entries()
-    chosen: set[str] = set()
-    for token in tokens:
-        matched = {e.name for e in entries if token in e.profiles or fnmatch.fnmatchcase(e.name, token)}
-        if not matched:
-            choices = profiles(entries) + [e.name for e in entries]
-            close = difflib.get_close_matches(token, choices, n=3)
-            hint = f" Did you mean {', '.join(close)}?" if close else ""
-            raise CorpusError(
-                f"corpus selection {token!r} matches no profile, model name or glob.{hint} "
-                f"Profiles: {', '.join(profiles(entries))}"
-            )
-        chosen |= matched
+    chosen = set().union(*(_matching(token, entries, "corpus selection") for token in tokens))
+    for token in _tokens(exclude):
+        chosen -= _matching(token, entries, "corpus exclusion")
+    wanted = _tokens(tags)
+    if wanted:
+        known = {t for e in entries for t in e.tags}
+        for tag in wanted:
+            if tag not in known:
+                close = difflib.get_close_matches(tag, sorted(known), n=3)
+                hint = f" Did you mean {', '.join(close)}?" if close else ""
+                raise CorpusError(f"no corpus entry has the tag {tag!r}.{hint} Tags: {', '.join(sorted(known))}")
+        chosen = {e.name for e in entries if e.name in chosen and set(e.tags) & set(wanted)}
     return [e for e in entries if e.name in chosen]
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"I/N"`` as ``(I, N)``, 1 <= I <= N.
+
+    >>> parse_shard("2/4")
+    (2, 4)
+    """
+    index, sep, count = text.partition("/")
+    try:
+        i, n = int(index), int(count)
+    except ValueError:
+        i = n = 0
+    if not sep or not 1 <= i <= n:
+        raise CorpusError(f"shard must be I/N with 1 <= I <= N (for example 1/4), got {text!r}")
+    return i, n
+
+
+def shard(entries: Iterable[CorpusEntry], index: int, count: int) -> list[CorpusEntry]:
+    """Shard ``index`` of ``count`` (1-based): every ``count``-th entry in catalogue order.
+
+    The shards partition the entries exactly, differ in size by at most one,
+    and depend only on the selection, so they agree across machines and runs.
+
+    >>> [e.name for e in shard(select("resnet18,mobilenet_v2,mobilenet_v3_small"), 2, 2)]
+    ['mobilenet_v2']
+    """
+    return [entry for position, entry in enumerate(entries) if position % count == index - 1]
+
+
+def choose(corpus: str, *, exclude: str = "", tags: str = "", shard_spec: str = "") -> list[CorpusEntry]:
+    """What the pytest options select: :func:`select` then, with ``shard_spec`` "I/N", :func:`shard`."""
+    entries = select(corpus, exclude=exclude, tags=tags)
+    return shard(entries, *parse_shard(shard_spec)) if shard_spec else entries
 
 
 def find(name: str) -> CorpusEntry:
@@ -194,6 +236,24 @@ def find(name: str) -> CorpusEntry:
             return entry
     close = difflib.get_close_matches(name, [e.name for e in all_entries()], n=3)
     raise CorpusError(f"no corpus entry named {name!r}" + (f"; did you mean {', '.join(close)}?" if close else ""))
+
+
+def _tokens(text: str | Iterable[str]) -> list[str]:
+    parts = text.split(",") if isinstance(text, str) else text
+    return [t.strip() for t in parts if t.strip()]
+
+
+def _matching(token: str, entries: tuple[CorpusEntry, ...], what: str) -> set[str]:
+    """Names of the entries a profile, name or glob matches; an error naming close matches if none."""
+    matched = {e.name for e in entries if token in e.profiles or fnmatch.fnmatchcase(e.name, token)}
+    if not matched:
+        choices = profiles(entries) + [e.name for e in entries]
+        close = difflib.get_close_matches(token, choices, n=3)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise CorpusError(
+            f"{what} {token!r} matches no profile, model name or glob.{hint} Profiles: {', '.join(profiles(entries))}"
+        )
+    return matched
 
 
 def _check_unique(entries: Iterable[CorpusEntry]) -> None:

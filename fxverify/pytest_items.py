@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from fxverify import catalogue
 from fxverify.cases import ModelCase
+from fxverify.catalogue import CorpusEntry
 from fxverify.checks import CHECKS
 from fxverify.crossprocess import CrossProcessDigests
 from fxverify.errors import CheckFailed, FxVerifyError
-from fxverify.result import FAILED, SKIPPED
+from fxverify.result import FAILED, SKIPPED, XFAILED
 from fxverify.summary import format_table
 from fxverify.transform import Transform
 from fxverify.verification import Verification
@@ -47,10 +47,12 @@ class FxVerifyRun:
         self._no_op: dict[str, dict[str, bool | None]] = defaultdict(dict)
 
     @classmethod
-    def from_options(cls, specs: list[str], *, corpus: str, checks: str, timeout: float) -> FxVerifyRun:
-        """Load every transform and resolve the selection; raises FxVerifyError on bad input."""
+    def from_options(
+        cls, specs: list[str], *, entries: list[CorpusEntry], checks: str, timeout: float
+    ) -> FxVerifyRun:
+        """Load every transform and check the options; raises FxVerifyError on bad input."""
         transforms = [Transform.load(spec.strip()) for spec in dict.fromkeys(specs)]
-        cases = [ModelCase(entry) for entry in catalogue.select(corpus)]
+        cases = [ModelCase(entry) for entry in entries]
         chosen = [c.strip() for c in checks.split(",") if c.strip()] if checks else list(CHECKS)
         unknown = [c for c in chosen if c not in CHECKS]
         if unknown:
@@ -86,7 +88,7 @@ class FxVerifyRun:
             return
         spec, model, check = parsed
         if hasattr(report, "wasxfail"):
-            outcome = "xfail" if report.skipped else "XPASS"
+            outcome = "xfail"
         else:
             outcome = {"passed": "pass", "failed": "FAIL", "skipped": "skip"}[report.outcome]
         self._outcomes[spec][(model, check)] = outcome
@@ -121,8 +123,6 @@ class TransformCollector(pytest.Collector):
                 item.add_marker(pytest.mark.fxverify)
                 for tag in case.entry.tags:
                     item.extra_keyword_matches.add(tag)
-                if case.entry.xfail:
-                    item.add_marker(pytest.mark.xfail(reason=case.entry.xfail, strict=True))
                 items.append(item)
         return items
 
@@ -138,9 +138,12 @@ class CheckItem(pytest.Item):
         assert isinstance(parent, TransformCollector)
         v = parent.run.verification(parent.transform, self.case)
         result = v.run(self.check)
-        self.user_properties.append(("fxverify_no_op", v.no_op))
+        if not self.case.entry.xfail:
+            self.user_properties.append(("fxverify_no_op", v.no_op))
         if result.outcome == SKIPPED:
             pytest.skip(result.message)
+        if result.outcome == XFAILED:
+            pytest.xfail(result.message)
         if result.outcome == FAILED:
             raise CheckFailed(result.message)
 

@@ -26,10 +26,19 @@ from fxverify.contracts import Contract
 from fxverify.errors import FxVerifyError, TransformFailed
 from fxverify.inputs import InputConfig
 from fxverify.module_state import Snapshot
-from fxverify.result import FAILED, PASSED, SKIPPED, CheckResult, Finding, Skip
+from fxverify.result import FAILED, PASSED, SKIPPED, XFAILED, CheckResult, Finding, Skip, exception_summary
 from fxverify.transform import Transform, as_transform
 
 DEFAULT_TIMEOUT = 300.0
+
+
+def library_versions(source: str) -> str:
+    """The versions that decide whether a model of ``source`` traces, e.g. ``torch 2.14.1, timm 1.0.31``."""
+    versions = [f"torch {torch.__version__}"]
+    if source in ("torchvision", "timm"):
+        module = __import__(source)
+        versions.append(f"{source} {module.__version__}")
+    return ", ".join(versions)
 
 
 @dataclasses.dataclass
@@ -160,6 +169,8 @@ class Verification:
 
         if check not in CHECKS:
             raise FxVerifyError(f"unknown check {check!r}; known checks: {', '.join(CHECKS)}")
+        if self.case.entry.xfail:
+            return self._expected_failure(check)
         try:
             details = CHECKS[check](self) or {}
         except Skip as skip:
@@ -174,6 +185,29 @@ class Verification:
             finding = Finding(f"running the check raised {type(exc).__name__}: {exc}\n{tb}")
             return self._result(check, FAILED, self._failure_message(check, finding))
         return self._result(check, PASSED, "", details)
+
+    @functools.cached_property
+    def model_error(self) -> str | None:
+        """Why the untransformed model fails to trace or run on its primary inputs (None if it works)."""
+        try:
+            traced = self.case.trace()
+            with torch.no_grad():
+                traced(*self.primary.make(self.case.seed))
+        except Exception as exc:  # any failure to trace or run is what an xfail entry records
+            return exception_summary(exc)
+        return None
+
+    def _expected_failure(self, check: str) -> CheckResult:
+        """A catalogue entry marked ``xfail``: no check runs; the model must still fail to trace or run."""
+        entry = self.case.entry
+        if self.model_error is not None:
+            return self._result(check, XFAILED, f"expected failure: {entry.xfail} (now: {self.model_error})")
+        message = (
+            f"corpus entry {entry.name!r} is listed as an expected failure ({entry.xfail}), but it now "
+            f"traces and runs with {library_versions(entry.source)}: remove `xfail` from its catalogue "
+            "entry so the checks run on it"
+        )
+        return self._result(check, FAILED, message)
 
     def run_all(self, checks: list[str] | None = None) -> list[CheckResult]:
         """Every check (or the named ones), in the canonical order."""

@@ -1,8 +1,12 @@
 """Shared setup of fxverify's own tests."""
 
-# pytester's in-process runs drop modules first imported inside a run; import
-# fxverify's modules up front so exception classes stay the same objects
-# across runs (an `except FxVerifyError` must match what a check raised).
-import fxverify.api  # noqa: F401
-import fxverify.examples  # noqa: F401
+# pytester's in-process runs drop the modules first imported inside a run, and
+# torch cannot import some of its modules twice (operator libraries register
+# once; dynamo and the meta device are imported lazily by the checks). Import
+# fxverify and run every check once up front, so all of them are loaded before
+# any in-process run, and exception classes stay the same objects across runs.
+import fxverify.api
+import fxverify.examples
 import fxverify.pytest_items  # noqa: F401
+
+fxverify.api.verify(fxverify.examples.identity, "edge_conv_bn_head")
