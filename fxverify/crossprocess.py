@@ -30,7 +30,7 @@ class CrossProcessDigests:
 
     def __init__(self, transform: Transform, cases: Sequence[ModelCase], *, timeout: float, batch_size: int = BATCH_SIZE) -> None:
         self.transform = transform
-        self.cases = list(cases)
+        self.cases = [c for c in cases if not c.entry.xfail]  # known failures get no check
         self.timeout = timeout
         self.batch_size = batch_size
         self._digests: dict[str, str] = {}
@@ -80,7 +80,7 @@ class CrossProcessDigests:
 def _main(payload_path: str, out_path: str) -> None:
     from fxverify.checks.determinism import digest
     from fxverify.errors import TransformFailed
-    from fxverify.result import Skip
+    from fxverify.result import Skip, exception_summary
     from fxverify.verification import Verification
 
     payload = pickle.loads(Path(payload_path).read_bytes())
@@ -94,6 +94,8 @@ def _main(payload_path: str, out_path: str) -> None:
             digests[entry.name] = f"error: {exc}"
         except Skip as exc:
             digests[entry.name] = f"skip: {exc}"
+        except Exception as exc:  # a model that fails to build or trace must not cost the others their digest
+            digests[entry.name] = f"error: building or tracing the model failed: {exception_summary(exc)}"
     Path(out_path).write_text(json.dumps(digests))
 
 
