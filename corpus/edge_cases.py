@@ -1,14 +1,18 @@
 """Small hand-written modules that exercise what breaks FX passes.
 
-Each is cheap to build and run, so the project's own tests and quick local
-runs use them; the catalogue (``models.toml``) lists them as ``edge`` entries.
+Each is cheap to build and run (a few milliseconds), so the project's own
+tests and quick local runs use them; the catalogue (``edge.toml``) lists them
+as ``edge`` entries. The last few cannot be traced or run once traced; their
+entries carry ``xfail`` with the reason.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import fx, nn
 
 
 class ConvBnHead(nn.Module):
@@ -29,3 +33,541 @@ class ConvBnHead(nn.Module):
         x = F.relu(self.bn2(self.conv2(x)))
         x = F.adaptive_avg_pool2d(x, 1)
         return self.fc(self.drop(torch.flatten(x, 1)))
+
+
+# -- static structure -------------------------------------------------------------
+
+
+class StaticConfigFlow(nn.Module):
+    """Python control flow on hyper-parameters, resolved at trace time: a loop over a
+    config list of widths, a residual only at configured depths, an activation picked
+    from an ``nn.ModuleDict`` by a string, an ``if self.use_norm:`` branch and a
+    built-in ``sum()`` over a list of Proxies (``0 + proxy``). The graph holds only
+    the branch taken; a pass that re-derives structure from the module's attributes,
+    or expects one node per submodule, sees a different model than the graph."""
+
+    def __init__(self, widths: tuple[int, ...] = (16, 12, 12), residual_at: tuple[int, ...] = (2,),
+                 use_norm: bool = True, activation: str = "gelu") -> None:
+        super().__init__()
+        self.residual_at = residual_at
+        self.use_norm = use_norm
+        self.activation = activation
+        ins = (16,) + tuple(widths[:-1])
+        self.blocks = nn.ModuleList(nn.Linear(a, b) for a, b in zip(ins, widths))
+        self.acts = nn.ModuleDict({"gelu": nn.GELU(), "relu": nn.ReLU()})
+        self.norm = nn.LayerNorm(widths[-1]) if use_norm else nn.Identity()
+        self.unused = nn.Linear(4, 4)  # configured away: never called
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        taps = []
+        for i, block in enumerate(self.blocks):
+            y = self.acts[self.activation](block(x))
+            x = x + y if i in self.residual_at else y
+            taps.append(x)
+        if self.use_norm:
+            x = self.norm(x)
+        return x + sum(t.mean(dim=-1, keepdim=True) for t in taps)
+
+
+class ConcreteFlag(nn.Module):
+    """Optional arguments specialised with ``concrete_args``: ``residual: bool`` and
+    ``pool: str`` are fixed at trace time, so the graph has no branch on them, only
+    torch.fx's guard (``residual_1 == True`` then ``torch._assert``) on placeholders
+    that keep their defaults. A pass must keep those placeholders and guards; the
+    specialised value must equal the default, since the traced module is called
+    with the tensors alone. (``mask=None`` specialisation is left out on purpose:
+    retracing such a GraphModule with ``symbolic_trace``, as torch's ``fuse`` and
+    ``remove_dropout`` do, registers a bogus ``torch.fx.wrap`` name that makes every
+    later trace in the process raise ``KeyError``.)"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.proj = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x: torch.Tensor, residual: bool = True, pool: str = "mean") -> torch.Tensor:
+        y = F.relu(self.conv(x))
+        if residual:
+            y = y + self.proj(x)
+        if pool == "mean":
+            return y.mean(dim=(2, 3))
+        return y.amax(dim=(2, 3))
+
+
+def pad_to_multiple(x: torch.Tensor, multiple: int) -> torch.Tensor:
+    """Right-pad the last dimension to a multiple: Python control flow on a shape value,
+    which symbolic tracing cannot follow, hence ``torch.fx.wrap`` below."""
+    pad = -x.shape[-1] % multiple
+    if pad:
+        x = F.pad(x, (0, pad))
+    return x
+
+
+torch.fx.wrap("pad_to_multiple")
+
+
+class WrappedFunction(nn.Module):
+    """A ``torch.fx.wrap``-ed module-level function (``pad_to_multiple``, which branches
+    on a shape value) stays one opaque ``call_function`` node, decided anew at every
+    call: the output width depends on the input width. A pass that retraces the
+    GraphModule must keep it wrapped (the generated code re-registers the wrap), and
+    one that specialises shapes at trace time would pad the wrong amount."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 4, 3, padding=1)
+        self.conv2 = nn.Conv2d(4, 4, (1, 3), padding=(0, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.conv1(x))
+        return self.conv2(pad_to_multiple(h, 4))
+
+
+class ChannelGate(nn.Module):
+    """A custom op kept opaque by :class:`EdgeLeafTracer`: x * sigmoid(logit) per channel."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.logit = nn.Parameter(torch.zeros(channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(self.logit).view(1, -1, 1, 1)
+
+
+class EdgeLeafTracer(fx.Tracer):
+    """Keeps :class:`ChannelGate` a leaf: one ``call_module`` node."""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return isinstance(m, ChannelGate) or super().is_leaf_module(m, module_qualified_name)
+
+
+class CustomLeaf(nn.Module):
+    """A custom leaf module: traced with :class:`EdgeLeafTracer`, the ``ChannelGate``
+    stays a ``call_module`` node whose target is not a ``torch.nn`` class, holding its
+    own parameter. Passes that only know torch.nn modules must leave it alone, and
+    passes that retrace with the default tracer (torch's ``fuse`` and
+    ``remove_dropout`` do) inline it, which must not change the numbers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 4, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(4)
+        self.gate = ChannelGate(4)
+        self.conv2 = nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv2(F.relu(self.gate(self.bn1(self.conv1(x)))))
+
+
+class NestedSequential(nn.Module):
+    """``nn.Sequential`` flattening: Sequentials nested three deep, an empty one and an
+    ``nn.Identity`` trace to ``call_module`` targets such as ``features.2.0.1``; a
+    conv/BN pair inside a nested Sequential is a fusion target whose modules must be
+    replaced by dotted path, and the empty Sequential leaves no node at all."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4)),
+            nn.Sequential(nn.ReLU(), nn.Sequential()),
+            nn.Sequential(
+                nn.Sequential(nn.Conv2d(4, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4)),
+                nn.Identity(),
+                nn.ReLU(),
+            ),
+        )
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+class SharedSubmodule(nn.Module):
+    """One submodule called twice: two ``call_module`` nodes with the same target and
+    the same parameters. A pass that rewrites the module behind one call (a fusion,
+    a quantisation observer) changes the other call too; one that numbers modules by
+    node, or assumes a target has one user, miscounts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+        self.act = nn.GELU()
+        self.out = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.act(self.proj(x))
+        h = self.act(self.proj(h)) + x
+        return self.out(h)
+
+
+class TiedWeights(nn.Module):
+    """Tied weights: two ``nn.Linear`` layers share one weight ``Parameter``, which the
+    root forward also reads directly (a ``get_attr`` of ``a.weight``). ``parameters()``
+    lists it once; a pass that copies or replaces one layer's weight silently unties
+    them, and gradients of the shared weight sum over all three uses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+        self.b = nn.Linear(16, 16)
+        self.b.weight = self.a.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.a(x))
+        return self.b(h) + F.linear(x, self.a.weight) * 0.5
+
+
+class FunctionalDropout(nn.Module):
+    """Dropout three ways: ``F.dropout(x, p, training=self.training)`` (the mode is
+    read at trace time and baked into the call's keyword), positional
+    ``F.dropout(x, 0.1, self.training)``, and an ``nn.Dropout`` module. A dropout
+    remover that only looks for ``nn.Dropout`` modules leaves the functional ones;
+    one that removes them in a train-mode graph changes the numbers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.p = 0.25
+        self.fc1 = nn.Linear(16, 16)
+        self.drop = nn.Dropout(0.5)
+        self.fc2 = nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.dropout(self.fc1(x), p=self.p, training=self.training)
+        h = self.drop(F.relu(h))
+        h = F.dropout(h, 0.1, self.training)
+        return self.fc2(h)
+
+
+# -- in-place ops, outputs, calls ----------------------------------------------------------------------
+
+
+class InplaceOps(nn.Module):
+    """In-place ops: a write through a view, ``y[:, 0].copy_(...)`` (the traceable
+    spelling of slice assignment: a ``getitem`` view and a ``copy_`` node with no
+    users, while later readers of ``y`` do not depend on it in the graph),
+    ``relu_()`` whose result is unused, ``add_`` whose result is used,
+    ``nn.ReLU(inplace=True)`` after a conv/BN fusion target and
+    ``F.relu(inplace=True)``. Dead-code elimination that drops unused nodes, or a
+    reordering that moves a read past a write, changes the numbers; all mutations
+    hit intermediate tensors, so autograd is fine."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 4, 3, padding=1)
+        self.conv2 = nn.Conv2d(4, 4, 3, padding=1)
+        self.bn2 = nn.BatchNorm2d(4)
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv1(x)
+        y[:, 0].copy_(y[:, 1] * 0.5)
+        y.relu_()
+        z = (x[:, :1] * 0.5).add_(1.0)
+        y = self.act(self.bn2(self.conv2(y)))
+        return F.relu(y - z, inplace=True)
+
+
+class NestedOutputs(nn.Module):
+    """Several outputs in a nested structure: a tuple holding a dict (with a list and a
+    nested dict), a 0-dim tensor, chunk views and the input itself passed through
+    unchanged (an output that is a placeholder). A pass must keep the output
+    structure (pytree spec), the key order, and the pass-through."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 6)
+
+    def forward(self, x: torch.Tensor) -> tuple[dict[str, object], torch.Tensor]:
+        h = self.fc(x)
+        a, b = h.chunk(2, dim=-1)
+        out = {
+            "logits": h,
+            "parts": [a, b.relu()],
+            "stats": {"mean": h.mean(), "max": (h.amax(dim=-1), h.argmax(dim=-1))},
+        }
+        return out, x
+
+
+class KwargsHeavy(nn.Module):
+    """Keyword-heavy calls: ``sum(dim=..., keepdim=...)``, ``clamp(min=...)``,
+    ``flatten(start_dim=1)``, ``cat(tensors=..., dim=...)``, ``interpolate`` with
+    ``scale_factor``/``mode``/``align_corners``, ``softmax(dim=)``. Argument
+    normalisation must map each keyword to the right schema slot, and a pattern
+    matcher that reads ``node.args[1]`` misses the keyword form."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1, stride=2)
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.clamp(self.conv(x), min=-1.0)
+        h = F.interpolate(h, scale_factor=2.0, mode="bilinear", align_corners=False)
+        s = h.sum(dim=(2, 3), keepdim=True)
+        h = torch.cat(tensors=(h.mean(dim=[2, 3], keepdim=True), s.clamp(min=0.0, max=50.0)), dim=1)
+        h = torch.flatten(h, start_dim=1)
+        return F.softmax(self.fc(h), dim=-1)
+
+
+class SameOpThreeWays(nn.Module):
+    """The same op as ``call_module``, ``call_function`` and ``call_method`` nodes:
+    ``nn.ReLU()``, ``F.relu``/``torch.relu`` and ``x.relu()``; likewise flatten and
+    softmax. A pass that matches only one spelling misses the others; one that
+    rewrites them must keep each node's kind of target consistent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.relu = nn.ReLU()
+        self.flatten = nn.Flatten()
+        self.softmax = nn.Softmax(dim=-1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.relu(x) + F.relu(x - 0.5) + torch.relu(x * 2.0) + (x + 0.5).relu()
+        f = self.flatten(a) + torch.flatten(a, 1) + a.flatten(1)
+        return self.softmax(f) + F.softmax(f, dim=-1) + f.softmax(-1)
+
+
+class TupleGetitem(nn.Module):
+    """``getitem`` on op results: tuple unpacking of ``max(dim=)`` (a named tuple),
+    attribute access ``topk(...).values``/``.indices`` (a ``getattr`` node),
+    ``torch.split`` with sizes and ``chunk``. Integer index outputs are taken on the
+    raw input, so they are exact. A pass that treats every node as one tensor, or
+    drops ``getitem`` users when rewriting the producer, breaks these."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        values, indices = x.max(dim=1)
+        top = torch.topk(x, 2, dim=-1)
+        h = self.fc(x)
+        first, rest = torch.split(h, [3, 5], dim=1)
+        left, right = rest.chunk(2, dim=1)
+        mixed = first.sum(1) + left.mean(1) * right[:, 0] + values + top.values[:, 1]
+        return mixed, indices, top.indices
+
+
+# -- state and dtypes --------------------------------------------------------------
+
+
+class BuffersAndConstants(nn.Module):
+    """State read through ``get_attr``: a persistent float buffer, a non-persistent one
+    (absent from ``state_dict``), an int64 permutation buffer (``index_select``), a bool
+    buffer (``torch.where``), and a Python float constant baked into the code. The
+    buffers must move with ``.to(device)``; only the float ones change with
+    ``.to(float64)``, the integer and bool ones keep their dtypes. (Buffers are real
+    tensors while tracing: ``~self.keep`` would be computed then and stored as a plain
+    ``_tensor_constant`` attribute that ``.to(device)`` leaves behind, so each buffer
+    is used directly in a traced op.)"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.register_buffer("scale", torch.linspace(0.5, 1.5, 8))
+        self.register_buffer("shift", torch.full((8,), 0.1), persistent=False)
+        self.register_buffer("perm", torch.randperm(8))
+        self.register_buffer("keep", torch.arange(8) % 3 != 0)
+        self.eps = 1e-3
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x) * self.scale + self.shift
+        h = torch.where(self.keep, h.index_select(1, self.perm), 0.0)
+        return h / (h.abs().mean(dim=-1, keepdim=True) + self.eps)
+
+
+class IntegerInputs(nn.Module):
+    """An int64 index input first, a float input second: ``nn.Embedding`` lookup,
+    ``gather`` and ``index_select`` by the indices, and the indices cast with
+    ``.to(x.dtype)``. Inputs must not be scaled or cast to float64 when they are
+    integers, nor have gradients; the sequence length (trailing size of the first
+    input) varies between configurations."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(8, 4)
+        self.fc = nn.Linear(4, 1)
+
+    def forward(self, tokens: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        emb = self.fc(self.embed(tokens)).squeeze(-1)
+        g = torch.gather(x, 1, tokens)
+        sel = x.index_select(1, tokens[0])
+        return emb + g * sel + tokens.to(x.dtype) * 0.1
+
+
+class BoolMaskInputs(nn.Module):
+    """A bool mask input: ``masked_fill`` with a large negative before ``softmax``,
+    ``torch.where``, logical not (``~``) and a ``sum`` of the mask, returned as an int64
+    output. A bool input must not be scaled, cast to float or asked for gradients."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = self.fc(x).masked_fill(mask.unsqueeze(1), -1e4).softmax(dim=-1)
+        mixed = torch.where(~mask.unsqueeze(1), x, -x)
+        return scores + mixed, mask.sum(dim=-1)
+
+
+class ShapeFactories(nn.Module):
+    """Tensors created from traced shapes: ``b, c, n = x.shape`` (a Proxy unpacked),
+    ``torch.arange``/``torch.zeros`` with ``device=x.device, dtype=x.dtype`` (sizes as
+    one tuple: varargs sizes holding Proxies do not trace), ``new_ones`` and a Python
+    int output computed from a size. Nothing may bake the shape, device or dtype seen
+    at trace time; the length varies between configurations."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(5, 3)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        b, c, n = x.shape
+        pos = torch.arange(n, device=x.device, dtype=x.dtype) / n
+        zeros = torch.zeros((b, 1, n), device=x.device, dtype=x.dtype)
+        h = torch.cat([x + pos, zeros + x.new_ones((b, 1, n))], dim=1)
+        return self.fc(h.transpose(1, 2)), c * n
+
+
+class ScalarOutput(nn.Module):
+    """Returns a single 0-dim tensor (a loss-like mean of squares): no batch dimension,
+    no strides to keep, and the gradient seed is a scalar."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x).pow(2).mean()
+
+
+# -- layers that fusion and rewriting passes target -------------------------------------------------
+
+
+class LinearBn(nn.Module):
+    """``BatchNorm1d`` after ``nn.Linear`` twice (one Linear without bias): the
+    linear/BN fusion target, whose fold must use the running statistics and the
+    missing bias correctly; in train mode the running statistics update."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(16, 12)
+        self.bn1 = nn.BatchNorm1d(12)
+        self.fc2 = nn.Linear(12, 6, bias=False)
+        self.bn2 = nn.BatchNorm1d(6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn2(self.fc2(F.relu(self.bn1(self.fc1(x)))))
+
+
+class ConvVariants(nn.Module):
+    """Convolutions with non-default arguments, each before a BN or a stride: circular
+    ``padding_mode`` (padding done outside the conv op), grouped and dilated, depthwise
+    with ``padding="same"`` and reflect padding, and a strided conv on odd sizes. A
+    fold or rewrite that rebuilds the conv from weight and bias alone loses these."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.circular = nn.Conv2d(4, 8, 3, padding=1, padding_mode="circular")
+        self.bn1 = nn.BatchNorm2d(8)
+        self.grouped = nn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=4, bias=False)
+        self.bn2 = nn.BatchNorm2d(8)
+        self.depthwise = nn.Conv2d(8, 8, 3, padding="same", padding_mode="reflect", groups=8)
+        self.strided = nn.Conv2d(8, 4, 2, stride=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.bn1(self.circular(x)))
+        h = F.relu(self.bn2(self.grouped(h)))
+        return self.strided(self.depthwise(h) + h)
+
+
+class MultiHeadAttention(nn.Module):
+    """Self-attention by hand: q/k/v ``nn.Linear``, a multi-head reshape with sizes
+    unpacked from ``x.shape`` and ``-1``, ``transpose``/``permute``, ``@`` and
+    ``torch.matmul``, a scale from ``math.sqrt``, a causal bool buffer cut to the
+    traced length with ``narrow`` (slicing a buffer, a real tensor while tracing, by
+    a Proxy does not trace) and ``masked_fill(-inf)``, ``softmax``. The sequence
+    length varies between configurations, so no size may be baked in."""
+
+    def __init__(self, dim: int = 16, heads: int = 2, max_len: int = 16) -> None:
+        super().__init__()
+        self.heads = heads
+        self.head_dim = dim // heads
+        self.scale = 1.0 / math.sqrt(self.head_dim)
+        self.q = nn.Linear(dim, dim)
+        self.k = nn.Linear(dim, dim)
+        self.v = nn.Linear(dim, dim)
+        self.o = nn.Linear(dim, dim)
+        self.register_buffer("causal", torch.ones(max_len, max_len).tril().bool(), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q = self.q(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k(x).reshape(b, t, self.heads, -1).permute(0, 2, 3, 1)
+        v = self.v(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        attn = (q @ k) * self.scale
+        causal = self.causal.narrow(0, 0, t).narrow(1, 0, t)
+        attn = attn.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+        out = torch.matmul(attn, v).transpose(1, 2).reshape(b, t, c)
+        return self.o(out)
+
+
+# -- expected failures: untraceable, or wrong once traced --------------------------------------------
+
+
+class DataDependentFlow(nn.Module):
+    """Data-dependent control flow, ``if x.sum() > 0:``: the condition is a Proxy, so
+    symbolic tracing raises ``TraceError`` (expected failure)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:
+            return self.fc(x)
+        return -x
+
+
+class LenOfProxy(nn.Module):
+    """``len()`` on a Proxy: ``len(x)`` needs a concrete size, so symbolic tracing raises
+    (``'len' is not supported in symbolic tracing by default``; expected failure)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) / len(x)
+
+
+class SliceAssignment(nn.Module):
+    """Slice assignment ``y[:, 0] = ...`` on a traced value: a Proxy has no
+    ``__setitem__``, so symbolic tracing raises ``TypeError`` (expected failure;
+    :class:`InplaceOps` writes through a view with ``copy_`` instead)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(x)
+        y[:, 0] = 0.0
+        return y
+
+
+class OptionalMaskUnspecialised(nn.Module):
+    """An optional ``mask=None`` traced without ``concrete_args``: the mask placeholder
+    is a Proxy, never ``None``, so ``if mask is not None`` is taken at trace time and
+    the traced module always applies the mask; called without one it raises
+    (expected failure at run time, not at trace time)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.fc(x)
+        if mask is not None:
+            h = h.masked_fill(mask, 0.0)
+        return h

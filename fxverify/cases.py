@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,6 +21,7 @@ from torch import fx, nn
 
 from fxverify import catalogue, tracing
 from fxverify.catalogue import CorpusEntry, InputSpec
+from fxverify.errors import CorpusError
 from fxverify.inputs import InputConfig, input_configs
 from fxverify.state import randomize_state
 
@@ -64,6 +66,7 @@ class ModelCase:
     def trace(self, *, training: bool = False) -> fx.GraphModule:
         """A fresh ``GraphModule`` of a fresh instance, traced in the given mode."""
         module = self.build(training=training)
+        _check_concrete_args(self.entry, module)
         return tracing.trace(module, self.entry.tracer, dict(self.entry.concrete_args)).train(training)
 
     def example_inputs(self) -> tuple[torch.Tensor, ...]:
@@ -96,6 +99,24 @@ def case_from_module(
     return ModelCase(CorpusEntry(name=name, source="user", factory=factory, inputs=specs, **entry_fields))
 
 
+def _check_concrete_args(entry: CorpusEntry, module: nn.Module) -> None:
+    """Each concrete arg must be a ``forward`` parameter whose default it equals: the
+    checks call the traced module with the tensor inputs alone."""
+    parameters = inspect.signature(module.forward).parameters
+    for name, value in entry.concrete_args.items():
+        parameter = parameters.get(name)
+        if parameter is None:
+            raise CorpusError(
+                f"corpus entry {entry.name!r}: concrete_args names {name!r}, but forward() takes {list(parameters)}"
+            )
+        if parameter.default is inspect.Parameter.empty or parameter.default != value:
+            default = "no default" if parameter.default is inspect.Parameter.empty else f"default {parameter.default!r}"
+            raise CorpusError(
+                f"corpus entry {entry.name!r}: concrete_args sets {name}={value!r}, but forward() has {default}; "
+                "the traced module is called with the tensor inputs alone, so specialise an argument to its default"
+            )
+
+
 def _factory(entry: CorpusEntry) -> Callable[[], nn.Module]:
     if callable(entry.factory):
         return lambda: entry.factory(**entry.kwargs)  # type: ignore[misc,operator]
@@ -118,8 +139,6 @@ def _factory(entry: CorpusEntry) -> Callable[[], nn.Module]:
 
 
 def _tv_params(name: str) -> set[str]:
-    import inspect
-
     import torchvision
 
     return set(inspect.signature(torchvision.models.get_model_builder(name)).parameters)

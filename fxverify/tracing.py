@@ -8,6 +8,7 @@ timm registers modules and functions that must stay opaque to FX
 
 from __future__ import annotations
 
+import builtins
 import functools
 import importlib
 from typing import Any
@@ -56,7 +57,28 @@ def trace(module: nn.Module, kind: str = "plain", concrete_args: dict[str, Any] 
     >>> trace(nn.Sequential(nn.Linear(2, 2))).graph.find_nodes(op="call_module")[0].target
     '0'
     """
+    forget_unpatchable_wraps()
     graph = tracer_class(kind)().trace(module, concrete_args=concrete_args or None)
     name = module.__class__.__name__ if isinstance(module, nn.Module) else module.__name__
     return fx.GraphModule(module, graph, class_name=name)
 
+
+
+def forget_unpatchable_wraps() -> None:
+    """Drop ``torch.fx.wrap`` registrations that would make every later trace raise ``KeyError``.
+
+    Retracing a GraphModule that was traced with a ``None`` concrete arg (as
+    torch's ``fuse`` and ``remove_dropout`` do) runs its generated
+    ``wrap("torch.fx._symbolic_trace._assert_is_none")``, which registers a
+    dotted name that no module's globals hold; from then on torch's tracer fails
+    on every trace in the process (torch 2.14). One model must not break the
+    models checked after it, so fxverify forgets such registrations before each
+    trace and after each transform.
+    """
+    from torch.fx import _symbolic_trace
+
+    registry = _symbolic_trace._wrapped_fns_to_patch
+    for key, frame_dict in list(registry.items()):
+        name = key[1]
+        if name not in frame_dict and not hasattr(builtins, name):
+            del registry[key]

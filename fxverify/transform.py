@@ -96,6 +96,8 @@ class Transform:
         Raises :class:`TransformFailed` when it raises, hangs past ``timeout``
         seconds or returns an unusable value.
         """
+        from fxverify.tracing import forget_unpatchable_wraps
+
         args = (gm, tracer_class) if self.takes_tracer_class else (gm,)
         try:
             returned = call_with_timeout(self.fn, args, timeout)
@@ -107,6 +109,8 @@ class Transform:
         except Exception as exc:  # the user's own error, reported with its traceback
             tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
             raise TransformFailed(f"transform {self.spec} raised {type(exc).__name__}: {exc}\n{tb}") from exc
+        finally:
+            forget_unpatchable_wraps()
         return self.normalize_result(returned, gm)
 
     def normalize_result(self, returned: Any, given: Any) -> tuple[Any, bool]:

@@ -4,6 +4,7 @@ and passes the correct transforms."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 import fxverify
 from fxverify.verification import Verification
@@ -138,3 +139,13 @@ def test_the_reference_is_never_corrupted_by_a_mutating_transform():
     v = Verification(mutations.mutates_input, "edge_conv_bn_head")
     applied = v.applied()
     assert all(not n.name.endswith("_seen") for n in applied.original.graph.nodes)
+
+
+def test_a_result_that_raises_when_run_is_a_finding_of_every_check_that_runs_it():
+    def breaks_at_run_time(gm):
+        return mutations._rewrite_output(gm, lambda g, x: g.call_function(torch.mm, (x, x)))  # (2, 10) @ (2, 10)
+
+    for check in ("numerics", "purity"):
+        result = fxverify.verify(breaks_at_run_time, "edge_conv_bn_head", checks=[check])[0]
+        assert result.outcome == "failed"
+        assert "raised when run: RuntimeError" in result.message and "running the check raised" not in result.message

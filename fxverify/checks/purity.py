@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from fxverify.compare import leaves_with_paths
-from fxverify.result import Finding
+from fxverify.result import Finding, exception_summary
 
 
 def check(v: Any) -> dict[str, Any]:
@@ -31,8 +31,11 @@ def check(v: Any) -> dict[str, Any]:
     layouts = []
     for module in (applied.original, applied.result):
         inputs = config.make(v.case.seed)
-        with torch.no_grad():
-            outputs = module(*inputs)
+        try:
+            with torch.no_grad():
+                outputs = module(*inputs)
+        except Exception as exc:
+            raise Finding(f"the module raised when run: {exception_summary(exc)}", input=where) from None
         layouts.append(_layout(outputs, inputs))
     expected, actual = layouts
     for (path, old), (_, new) in zip(expected, actual):

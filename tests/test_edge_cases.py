@@ -1,0 +1,286 @@
+"""The FX edge-case corpus (``corpus/edge_cases.py``, ``corpus/edge.toml``): every
+entry builds and runs, traces to what it computes eagerly (or honestly fails to,
+when marked ``xfail``), and each module really exercises its hazard."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+from torch import fx, nn
+from torch.utils import _pytree as pytree
+
+import fxverify
+from fxverify import catalogue
+from fxverify.corpus import edge_cases
+
+EDGE = catalogue.select("edge")
+TRACEABLE = [e for e in EDGE if not e.xfail]
+XFAIL = [e for e in EDGE if e.xfail]
+HELPERS = {"ChannelGate"}  # modules that only serve as parts of an entry
+
+
+def names(entries):
+    return [e.name for e in entries]
+
+
+def trace_and_inputs(name, **kwargs):
+    case = fxverify.load_case(name)
+    return case, case.trace(**kwargs), case.example_inputs()
+
+
+def nodes(gm, op):
+    return [n for n in gm.graph.nodes if n.op == op]
+
+
+# -- the catalogue ---------------------------------------------------------------
+
+
+def test_edge_profile_is_large_and_well_formed():
+    assert len(EDGE) >= 20
+    assert len(XFAIL) >= 3
+    for entry in EDGE:
+        assert entry.source == "edge" and entry.name.startswith("edge_"), entry.name
+        assert "edge" in entry.tags, entry.name
+        assert isinstance(entry.factory, str) and entry.factory.startswith("fxverify.corpus.edge_cases:"), entry.name
+
+
+def test_every_edge_module_has_one_entry_and_a_docstring():
+    classes = {
+        name for name, obj in vars(edge_cases).items()
+        if inspect.isclass(obj) and issubclass(obj, nn.Module) and obj.__module__ == edge_cases.__name__
+    }
+    listed = [e.factory.partition(":")[2] for e in EDGE]
+    assert sorted(listed) == sorted(set(listed)), "a module is listed twice"
+    assert classes - HELPERS == set(listed)
+    for name in classes:
+        assert len((getattr(edge_cases, name).__doc__ or "").split()) >= 10, f"{name} needs a docstring"
+
+
+def test_integer_inputs_have_bounds():
+    for entry in EDGE:
+        for spec in entry.inputs:
+            if not getattr(torch, spec.dtype).is_floating_point and spec.dtype != "bool":
+                assert spec.low is not None and spec.high is not None, entry.name
+
+
+# -- every entry ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", names(EDGE))
+def test_builds_and_runs_eagerly_on_every_config(name):
+    case = fxverify.load_case(name)
+    module = case.build()
+    with torch.no_grad():
+        for config in case.configs:
+            module(*config.make(case.seed))
+
+
+@pytest.mark.parametrize("name", names(TRACEABLE))
+def test_traced_equals_eager_on_every_config(name):
+    case = fxverify.load_case(name)
+    module, gm = case.build(), case.trace()
+    assert isinstance(gm, fx.GraphModule)
+    with torch.no_grad():
+        for config in case.configs:
+            torch.testing.assert_close(gm(*config.make(case.seed)), module(*config.make(case.seed)), equal_nan=True)
+
+
+@pytest.mark.parametrize("name", names(TRACEABLE))
+def test_traced_state_all_moves_with_to(name):
+    """No plain tensor attributes (``_tensor_constant*`` from eager work on a buffer at
+    trace time): everything the graph reads follows ``.to(device)``."""
+    gm = fxverify.load_case(name).trace()
+    plain = [f"{q}.{a}" for q, sub in gm.named_modules() for a, v in vars(sub).items() if isinstance(v, torch.Tensor)]
+    assert not plain
+
+
+@pytest.mark.parametrize("name", names(XFAIL))
+def test_expected_failures_really_fail_to_trace_or_run(name):
+    case = fxverify.load_case(name)
+    with pytest.raises(Exception):
+        case.trace()(*case.example_inputs())
+
+
+# -- hazard by hazard --------------------------------------------------------------
+
+
+def test_static_config_flow_keeps_only_the_configured_structure():
+    _, gm, _ = trace_and_inputs("edge_static_config_flow")
+    targets = [n.target for n in nodes(gm, "call_module")]
+    assert targets.count("acts.gelu") == 3 and "acts.relu" not in targets
+    assert "norm" in targets and "unused" not in targets
+
+
+def test_concrete_args_specialise_without_a_branch():
+    entry = catalogue.find("edge_concrete_flag")
+    assert entry.concrete_args == {"residual": True, "pool": "mean"}
+    _, gm, (x,) = trace_and_inputs("edge_concrete_flag")
+    placeholders = {str(n.target): n for n in nodes(gm, "placeholder")}
+    for flag in ("residual_1", "pool_1"):
+        (guard,) = placeholders[flag].users  # only torch.fx's specialisation guard reads it
+        assert guard.target.__name__ == "eq" and {u.target for u in guard.users} == {torch._assert}
+    assert "amax" not in gm.code  # the pool branch not taken is gone
+    with pytest.raises(AssertionError, match="specialized"):
+        gm(x, False)
+
+
+def test_wrapped_function_stays_one_opaque_node():
+    _, gm, _ = trace_and_inputs("edge_wrapped_function")
+    assert [n.target for n in nodes(gm, "call_function")] == [torch.nn.functional.relu, edge_cases.pad_to_multiple]
+    with torch.no_grad():
+        assert gm(torch.randn(1, 3, 8, 6)).shape[-1] == gm(torch.randn(1, 3, 8, 8)).shape[-1] == 8
+        assert gm(torch.randn(1, 3, 8, 9)).shape[-1] == 12
+
+
+def test_custom_leaf_is_a_call_module_only_under_its_tracer():
+    _, gm, _ = trace_and_inputs("edge_custom_leaf")
+    leaves = [n for n in nodes(gm, "call_module") if n.target == "gate"]
+    assert len(leaves) == 1 and isinstance(gm.get_submodule("gate"), edge_cases.ChannelGate)
+    plain = fx.symbolic_trace(edge_cases.CustomLeaf())
+    assert "gate" not in [n.target for n in nodes(plain, "call_module")]
+
+
+def test_nested_sequential_flattens_to_dotted_targets():
+    _, gm, _ = trace_and_inputs("edge_nested_sequential")
+    targets = [n.target for n in nodes(gm, "call_module")]
+    assert targets[:4] == ["features.0.0", "features.0.1", "features.1.0", "features.2.0.0"]
+    assert "features.2.1" in targets  # the Identity
+    assert not any(t.startswith("features.1.1") for t in targets)  # the empty Sequential
+
+
+def test_shared_submodule_is_called_twice():
+    _, gm, _ = trace_and_inputs("edge_shared_submodule")
+    targets = [n.target for n in nodes(gm, "call_module")]
+    assert targets.count("proj") == 2 and targets.count("act") == 2
+
+
+def test_tied_weights_stay_one_parameter_after_tracing():
+    _, gm, x = trace_and_inputs("edge_tied_weights")
+    assert gm.a.weight is gm.b.weight
+    assert len(list(gm.parameters())) == 3  # a.weight (shared), a.bias, b.bias
+    assert [n.target for n in nodes(gm, "get_attr")] == ["a.weight"]
+    gm.b.weight.data.zero_()  # writes through the shared tensor
+    assert not gm.a.weight.any()
+
+
+def test_functional_dropout_bakes_the_mode_at_trace_time():
+    for training in (False, True):
+        _, gm, _ = trace_and_inputs("edge_functional_dropout", training=training)
+        dropouts = [n for n in nodes(gm, "call_function") if n.target is torch.nn.functional.dropout]
+        assert len(dropouts) == 2
+        assert [n.kwargs["training"] for n in dropouts] == [training, training]
+        assert [n.target for n in nodes(gm, "call_module")].count("drop") == 1
+
+
+def test_inplace_ops_with_unused_results_matter():
+    case, gm, (x,) = trace_and_inputs("edge_inplace_ops")
+    unused = [n for n in nodes(gm, "call_method") if n.target in ("copy_", "relu_")]
+    assert len(unused) == 2 and all(not n.users for n in unused)
+    with torch.no_grad():
+        expected = gm(x)
+        for node in unused:
+            gm.graph.erase_node(node)
+        gm.recompile()
+        assert not torch.allclose(gm(x), expected)  # dropping them changes the numbers
+
+
+def test_nested_outputs_keep_structure_and_pass_the_input_through():
+    case, gm, (x,) = trace_and_inputs("edge_nested_outputs")
+    with torch.no_grad():
+        out, eager = gm(x), case.build()(x)
+    assert pytree.tree_structure(out) == pytree.tree_structure(eager)
+    assert list(out[0]) == ["logits", "parts", "stats"] and out[1] is x
+    assert out[0]["stats"]["max"][1].dtype == torch.int64
+
+
+def test_kwargs_survive_tracing_as_keywords():
+    _, gm, _ = trace_and_inputs("edge_kwargs_heavy")
+    kwargs = [(n.op, getattr(n.target, "__name__", n.target), n.kwargs) for n in gm.graph.nodes]
+    assert ("call_function", "clamp", {"min": -1.0}) in kwargs
+    assert ("call_method", "clamp", {"min": 0.0, "max": 50.0}) in kwargs
+    assert ("call_method", "sum", {"dim": (2, 3), "keepdim": True}) in kwargs
+    assert ("call_function", "flatten", {"start_dim": 1}) in kwargs
+    assert any(name == "cat" and set(kw) == {"tensors", "dim"} for _, name, kw in kwargs)
+
+
+def test_same_op_appears_as_module_function_and_method():
+    _, gm, _ = trace_and_inputs("edge_same_op_three_ways")
+    kinds = {(n.op, getattr(n.target, "__name__", n.target)) for n in gm.graph.nodes}
+    assert {("call_module", "relu"), ("call_function", "relu"), ("call_method", "relu")} <= kinds
+    assert {("call_module", "flatten"), ("call_function", "flatten"), ("call_method", "flatten")} <= kinds
+    assert {("call_module", "softmax"), ("call_function", "softmax"), ("call_method", "softmax")} <= kinds
+
+
+def test_tuple_results_are_read_through_getitem():
+    _, gm, (x,) = trace_and_inputs("edge_tuple_getitem")
+    getitems = [n for n in nodes(gm, "call_function") if getattr(n.target, "__name__", "") == "getitem"]
+    assert len(getitems) >= 6
+    _, indices, top = gm(x)
+    assert indices.dtype == top.dtype == torch.int64
+    torch.testing.assert_close(indices, x.argmax(dim=1))
+
+
+def test_buffers_keep_integer_and_bool_dtypes_through_float64():
+    _, gm, _ = trace_and_inputs("edge_buffers_and_constants")
+    assert sorted(n.target for n in nodes(gm, "get_attr")) == ["keep", "perm", "scale", "shift"]
+    assert "shift" not in gm.state_dict()  # non-persistent
+    gm.to(torch.float64)
+    assert (gm.scale.dtype, gm.shift.dtype, gm.perm.dtype, gm.keep.dtype) == (
+        torch.float64, torch.float64, torch.int64, torch.bool)
+    gm(torch.randn(2, 8, dtype=torch.float64))
+
+
+def test_integer_and_bool_inputs_are_never_scaled_or_cast():
+    for name, dtype in (("edge_integer_inputs", torch.int64), ("edge_bool_mask_inputs", torch.bool)):
+        case = fxverify.load_case(name)
+        index = next(i for i, s in enumerate(case.entry.inputs) if getattr(torch, s.dtype) == dtype)
+        assert any(config.scale != 1.0 for config in case.configs)  # a large-magnitude set exists
+        for config in case.configs:
+            for cast in (None, torch.float64):
+                inputs = config.make(case.seed, dtype=cast)
+                assert inputs[index].dtype == dtype
+                assert all(t.dtype == (cast or torch.float32) for i, t in enumerate(inputs) if i != index)
+                if dtype == torch.int64:  # within [low, high) even in the large set: not scaled
+                    assert 0 <= int(inputs[index].min()) and int(inputs[index].max()) < 8
+
+
+@pytest.mark.parametrize(("name", "axis"), [("edge_shape_factories", -1), ("edge_multi_head_attention", -2)])
+def test_traced_shapes_follow_the_input_length(name, axis):
+    case = fxverify.load_case(name)
+    gm = case.trace()
+    assert len({config.specs[0].shape[axis] for config in case.configs}) >= 2
+    with torch.no_grad():
+        for config in case.configs:
+            (x,) = config.make(case.seed)
+            out = gm(x)
+            out = out[0] if isinstance(out, tuple) else out
+            assert out.shape[1] == x.shape[axis]
+
+
+def test_shape_factories_take_device_and_dtype_from_the_input():
+    _, gm, (x,) = trace_and_inputs("edge_shape_factories")
+    factories = [n for n in nodes(gm, "call_function") if n.target in (torch.arange, torch.zeros)]
+    assert len(factories) == 2
+    assert all(isinstance(n.kwargs["device"], fx.Node) and isinstance(n.kwargs["dtype"], fx.Node) for n in factories)
+    out, size = gm.to(torch.float64)(x.double())
+    assert out.dtype == torch.float64 and size == x.shape[1] * x.shape[2]
+    assert gm.to("meta")(x.to("meta"))[0].device.type == "meta"
+
+
+def test_scalar_output_is_zero_dim():
+    _, gm, (x,) = trace_and_inputs("edge_scalar_output")
+    assert gm(x).shape == ()
+
+
+def test_fusion_targets_are_fused_by_torch_fuse():
+    from torch.fx.experimental.optimization import fuse
+
+    for name, bns in (("edge_linear_bn", 2), ("edge_conv_variants", 2), ("edge_nested_sequential", 2)):
+        _, gm, inputs = trace_and_inputs(name)
+        assert sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in gm.modules()) == bns
+        fused = fuse(gm)
+        assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in fused.modules()), name
+        with torch.no_grad():
+            torch.testing.assert_close(fused(*inputs), gm(*inputs), rtol=1e-4, atol=1e-5)
