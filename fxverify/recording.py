@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch.fx.immutable_collections import immutable_dict, immutable_list
 from torch.utils import _pytree as pytree
 
 
@@ -26,6 +27,12 @@ class RecordingInterpreter(fx.Interpreter):
         self.values: dict[str, Any] = {}
         self.current: fx.Node | None = None
 
+    def fetch_args_kwargs_from_env(self, n: fx.Node) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        # generated code builds fresh lists and dicts on every call, and some callees
+        # mutate them (torchvision's swin3d pads a window-size list in place)
+        args, kwargs = super().fetch_args_kwargs_from_env(n)
+        return _mutable(args), _mutable(kwargs)
+
     def run_node(self, n: fx.Node) -> Any:
         self.current = n
         value = super().run_node(n)
@@ -33,3 +40,16 @@ class RecordingInterpreter(fx.Interpreter):
             # later in-place ops must not change what was recorded
             self.values[n.name] = pytree.tree_map_only(torch.Tensor, lambda t: t.detach().clone(), value)
         return value
+
+
+def _mutable(value: Any) -> Any:
+    """``value`` with FX's immutable lists and dicts replaced by plain ones, recursively."""
+    if isinstance(value, immutable_list):
+        return [_mutable(v) for v in value]
+    if isinstance(value, immutable_dict):
+        return {k: _mutable(v) for k, v in value.items()}
+    if type(value) in (tuple, list):
+        return type(value)(_mutable(v) for v in value)
+    if type(value) is dict:
+        return {k: _mutable(v) for k, v in value.items()}
+    return value

@@ -149,3 +149,34 @@ def test_a_result_that_raises_when_run_is_a_finding_of_every_check_that_runs_it(
         result = fxverify.verify(breaks_at_run_time, "edge_conv_bn_head", checks=[check])[0]
         assert result.outcome == "failed"
         assert "raised when run: RuntimeError" in result.message and "running the check raised" not in result.message
+
+
+def grow_in_place(x, sizes):
+    sizes.append(1)  # mutates the list it was given, as torchvision's swin3d does
+    return x * len(sizes)
+
+
+torch.fx.wrap("grow_in_place")
+
+
+class MutatesItsListArgument(torch.nn.Module):
+    def forward(self, x):
+        return grow_in_place(x, [1, 2])
+
+
+def test_modules_whose_callees_mutate_list_arguments_are_checked_not_blamed():
+    # torch.fx.Interpreter passes the node's immutable list: the original fails there too
+    case = fxverify.case_from_module("mutates_list", MutatesItsListArgument, [(2, 3)])
+    results = fxverify.verify(mutations.transformer_identity, case, checks=["lint", "numerics"])
+    assert [r.outcome for r in results] == ["passed", "passed"], [r.message for r in results]
+    assert "does not run under torch.fx.Interpreter either" in results[0].details["interpreter"]
+    assert results[1].details["kept_nodes_compared"] == 1  # the recording interpreter ran it
+
+
+def test_an_original_that_cannot_run_a_configuration_is_not_blamed_on_the_transform():
+    # BatchNorm1d cannot train on a batch of one
+    case = fxverify.case_from_module("bn_b1", lambda: torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)),
+                                     [(1, 4)], batch_sizes=(1,))
+    message = fxverify.check_numerics(mutations.transformer_identity, case).message
+    assert "the original model itself raised when run, before any transform" in message
+    assert "train mode" in message and "fix its inputs" in message

@@ -26,7 +26,7 @@ from fxverify.result import Finding, exception_summary
 def check(v: Any) -> dict[str, Any]:
     compared = []
     for config in v.case.configs:
-        expected = v.outputs("original", config)
+        expected = _run_original(lambda: v.outputs("original", config), config.describe() + ", float32")
         actual = _run(lambda: v.outputs("result", config), config.describe() + ", float32")
         found = compare_trees(
             actual,
@@ -100,11 +100,11 @@ def _compare_other_mode(v: Any, mode: str) -> None:
     config = v.primary
     where = f"{config.describe()}, float32, {mode} mode (RNG reseeded per run)"
     runs = []
-    for module in (applied.original, applied.result):
+    for module, run in ((applied.original, _run_original), (applied.result, _run)):
         module = copy.deepcopy(module).train(mode == "train")
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             torch.manual_seed(v.case.seed + 1)
-            outputs = _run(lambda: module(*config.make(v.case.seed)), where)
+            outputs = run(lambda: module(*config.make(v.case.seed)), where)
         runs.append((outputs, module))
     (expected, original), (actual, result) = runs
     found = compare_trees(actual, expected, tolerance=v.tolerance)
@@ -133,6 +133,18 @@ def _numbers(found: Mismatch | None) -> dict[str, Any]:
 def _node_text(node: fx.Node, found: Mismatch) -> str:
     target = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
     return f"%{node.name} ({node.op} {target}): {found.describe()}"
+
+
+def _run_original(fn: Any, where: str) -> Any:
+    try:
+        return fn()
+    except Exception as exc:
+        raise Finding(
+            f"the original model itself raised when run, before any transform: {exception_summary(exc)}. "
+            "Not the transform's doing: the corpus entry cannot run this configuration; fix its inputs, "
+            "batch_sizes or spatial_sizes",
+            input=where,
+        ) from None
 
 
 def _run(fn: Any, where: str) -> Any:
