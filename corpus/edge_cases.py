@@ -75,10 +75,9 @@ class ConcreteFlag(nn.Module):
     torch.fx's guard (``residual_1 == True`` then ``torch._assert``) on placeholders
     that keep their defaults. A pass must keep those placeholders and guards; the
     specialised value must equal the default, since the traced module is called
-    with the tensors alone. (``mask=None`` specialisation is left out on purpose:
-    retracing such a GraphModule with ``symbolic_trace``, as torch's ``fuse`` and
-    ``remove_dropout`` do, registers a bogus ``torch.fx.wrap`` name that makes every
-    later trace in the process raise ``KeyError``.)"""
+    with the tensors alone. (``mask=None`` specialisation is covered by
+    ``hiera_tiny_224`` in the default zoo; see ``fxverify.tracing.forget_unpatchable_wraps``
+    for the torch bug that retracing such a GraphModule triggers.)"""
 
     def __init__(self) -> None:
         super().__init__()
