@@ -45,17 +45,18 @@ def library_versions(source: str) -> str:
 class Applied:
     """The transform applied to a fresh trace in one mode.
 
-    ``original`` is a trace the transform never saw; ``given`` is the
-    identical copy it was handed, ``before`` that copy's snapshot, and
-    ``result`` what the transform produced.
+    ``original`` is a trace the transform never saw; ``result`` is what the
+    transform produced from an identical copy; ``input_change`` the first change
+    the transform made to that copy, seen as it returned (None: untouched or in
+    place). Running the result later may legitimately change state it shares with
+    the copy (a leaf module caching by input size), so that is not compared.
     """
 
     mode: str
     original: fx.GraphModule
-    given: fx.GraphModule
-    before: Snapshot
     result: nn.Module
     in_place: bool
+    input_change: str | None
 
 
 class Verification:
@@ -128,8 +129,9 @@ class Verification:
         given = copy.deepcopy(original)
         before = Snapshot.take(given)
         result, in_place = self.transform.apply(given, self.case.tracer_class, timeout=self.timeout)
+        input_change = None if in_place else before.first_difference(given)
         result.train(mode == "train")
-        return Applied(mode, original, given, before, result, in_place)
+        return Applied(mode, original, result, in_place, input_change)
 
     @functools.cached_property
     def no_op(self) -> bool | None:

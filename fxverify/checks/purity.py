@@ -18,14 +18,12 @@ from fxverify.result import Finding, exception_summary
 
 def check(v: Any) -> dict[str, Any]:
     applied = v.applied()
-    if not applied.in_place:
-        changed = applied.before.first_difference(applied.given)
-        if changed is not None:
-            raise Finding(
-                f"the transform returned a new module but also mutated the GraphModule it was given: {changed}. "
-                "Work on a copy (copy.deepcopy) or return None to declare an in-place transform",
-                where="the transform's input module",
-            )
+    if applied.input_change is not None:
+        raise Finding(
+            f"the transform returned a new module but also mutated the GraphModule it was given: {applied.input_change}. "
+            "Work on a copy (copy.deepcopy) or return None to declare an in-place transform",
+            where="the transform's input module",
+        )
     config = v.primary
     where = f"{config.describe()}, float32, {applied.mode} mode"
     layouts = []
