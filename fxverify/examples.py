@@ -21,7 +21,7 @@ def fuse_conv_bn(gm: fx.GraphModule) -> nn.Module:
     """Fold eval-mode BatchNorm into the preceding Conv (torch's ``fuse``)."""
     from torch.fx.experimental.optimization import fuse
 
-    return fuse(gm)
+    return fuse(gm, no_trace=True)  # gm is already traced, maybe with a custom tracer: do not retrace
 
 
 def identity(gm: fx.GraphModule) -> fx.GraphModule:

@@ -83,6 +83,7 @@ class Verification:
         self._applied: dict[str, Applied | TransformFailed] = {}
         self._outputs: dict[tuple[str, str, str], Any] = {}
         self._float64: dict[str, nn.Module] = {}
+        self._float64_exact = True
 
     @property
     def contract(self) -> Contract:
@@ -95,9 +96,10 @@ class Verification:
 
     @functools.cached_property
     def float64_tolerance(self) -> Tolerance:
-        """Tolerance for float64 runs: tight, unless the transform rewrites parameters,
-        which it computed in float32, so they carry float32 rounding."""
-        if not self.contract.changes_parameters:
+        """Tolerance for float64 runs: tight, unless the transform rewrites parameters and
+        could only be applied in float32, so its new parameters carry float32 rounding."""
+        self.module("result", torch.float64)  # decides how the float64 result is made
+        if self._float64_exact:
             return self.tolerance
         rtol, atol = self.tolerance.for_dtype(torch.float32)
         return Tolerance(rtol, atol)
@@ -154,15 +156,31 @@ class Verification:
         return self._outputs[key]
 
     def module(self, which: str, dtype: torch.dtype = torch.float32) -> nn.Module:
-        """The primary-mode ``original`` or ``result`` module, converted to ``dtype`` (a copy, cached)."""
+        """The primary-mode ``original`` or ``result`` module in ``dtype`` (other dtypes: a copy, cached)."""
         applied = self.applied()
         module = applied.original if which == "original" else applied.result
         if dtype == torch.float32:
             return module
         key = f"{which}-{dtype}"
         if key not in self._float64:
-            self._float64[key] = copy.deepcopy(module).to(dtype)
+            if which == "result" and self.contract.changes_parameters:
+                self._float64[key] = self._transformed_in(dtype)
+            else:
+                self._float64[key] = copy.deepcopy(module).to(dtype)
         return self._float64[key]
+
+    def _transformed_in(self, dtype: torch.dtype) -> nn.Module:
+        """The transform applied to a ``dtype`` copy of the original: a pass that rewrites
+        parameters computes them in the module's dtype, so float64 comparisons stay tight.
+        Falls back to converting the float32 result when the transform fails on it."""
+        applied = self.applied()
+        try:
+            result, _ = self.transform.apply(copy.deepcopy(applied.original).to(dtype), self.case.tracer_class,
+                                             timeout=self.timeout)
+        except TransformFailed:
+            self._float64_exact = False
+            return copy.deepcopy(applied.result).to(dtype)
+        return result.to(dtype).train(applied.mode == "train")
 
     # -- checks ----------------------------------------------------------------
     def run(self, check: str) -> CheckResult:
