@@ -89,7 +89,7 @@ def _main(payload_path: str, out_path: str) -> None:
     for entry, seed in payload["entries"]:
         verification = Verification(transform, ModelCase(entry, seed), timeout=payload["timeout"])
         try:
-            digests[entry.name] = digest(verification.apply_fresh(transform.contract.primary_mode).result)
+            digests[entry.name] = digest(verification.transformed_fresh(transform.contract.primary_mode))
         except TransformFailed as exc:
             digests[entry.name] = f"error: {exc}"
         except Skip as exc:

@@ -135,6 +135,13 @@ class Verification:
         result.train(mode == "train")
         return Applied(mode, original, result, in_place, input_change)
 
+    def transformed_fresh(self, mode: str) -> nn.Module:
+        """Only the result of the transform applied to a fresh trace in ``mode``, for work that
+        needs no reference or snapshot (determinism reruns, train mode, the cross-process digest)."""
+        traced = self.case.trace(training=mode == "train")
+        result, _ = self.transform.apply(traced, self.case.tracer_class, timeout=self.timeout)
+        return result.train(mode == "train")
+
     @functools.cached_property
     def no_op(self) -> bool | None:
         """True when the transform changed nothing (graph and state), None if it failed."""

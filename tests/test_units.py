@@ -217,3 +217,22 @@ def test_unknown_check_name():
         fxverify.Verification(lambda gm: gm, "edge_conv_bn_head").run("numeric")
 
 
+
+
+def test_kept_nodes_need_the_same_inputs_and_constants_not_just_the_same_name():
+    from torch import fx
+
+    from fxverify.node_map import kept_nodes
+
+    class First(torch.nn.Module):
+        def forward(self, x, y):
+            return x.shape[0] + y.shape[1]
+
+    class Swapped(torch.nn.Module):  # a retrace-like renumbering: getattr now reads y
+        def forward(self, x, y):
+            return y.shape[1] + x.shape[0]
+
+    pairs = kept_nodes(fx.symbolic_trace(First()), fx.symbolic_trace(Swapped()))
+    assert [old.name for old, _ in pairs] == []
+    same = kept_nodes(fx.symbolic_trace(First()), fx.symbolic_trace(First()))
+    assert [old.name for old, _ in same] == ["getattr_1", "getitem", "getattr_2", "getitem_1", "add"]

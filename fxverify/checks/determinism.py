@@ -40,7 +40,7 @@ def check(v: Any) -> dict[str, Any]:
     first = fingerprint(v.applied().result)
     for run in range(IN_PROCESS_RUNS):
         ballast = _perturb_allocator(run)
-        again = fingerprint(v.apply_fresh(v.contract.primary_mode).result)
+        again = fingerprint(v.transformed_fresh(v.contract.primary_mode))
         del ballast
         if again != first:
             raise Finding(

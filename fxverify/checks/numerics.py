@@ -10,7 +10,6 @@ as BatchNorm running statistics.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
@@ -96,12 +95,12 @@ def _float64_divergence(v: Any) -> tuple[Mismatch | None, str, int]:
 
 def _compare_other_mode(v: Any, mode: str) -> None:
     """Trace, transform and run in ``mode`` (train): outputs and buffers after one step."""
-    applied = v.applied(mode)
+    original = v.case.trace(training=mode == "train")
+    result = v.transformed_fresh(mode)
     config = v.primary
     where = f"{config.describe()}, float32, {mode} mode (RNG reseeded per run)"
     runs = []
-    for module, run in ((applied.original, _run_original), (applied.result, _run)):
-        module = copy.deepcopy(module).train(mode == "train")
+    for module, run in ((original, _run_original), (result, _run)):
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             torch.manual_seed(v.case.seed + 1)
             outputs = run(lambda: module(*config.make(v.case.seed)), where)
