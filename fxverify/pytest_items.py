@@ -10,6 +10,7 @@ they are scheduled together on one worker.
 from __future__ import annotations
 
 import dataclasses
+import gc
 from collections import defaultdict
 from typing import Any
 
@@ -65,7 +66,8 @@ class FxVerifyRun:
         """The shared Verification of (transform, case); only the latest is kept in memory."""
         key = (transform.spec, case.name)
         if self._verification is None or self._verification[0] != key:
-            self._verification = None  # release the previous model before building the next
+            self._verification = None  # release the previous model before building the next;
+            gc.collect()  # GraphModules hold reference cycles: without this, big models pile up
             v = Verification(transform, case, timeout=self.timeout, cross_process=self._digests[transform.spec])
             self._verification = (key, v)
         return self._verification[1]
