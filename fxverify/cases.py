@@ -59,7 +59,7 @@ class ModelCase:
         """A fresh instance with random init and randomised state, in the given mode."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
-            module = _factory(self.entry)()
+            module = factory_of(self.entry)()
         randomize_state(module, self.seed)
         return module.train(training)
 
@@ -117,7 +117,12 @@ def _check_concrete_args(entry: CorpusEntry, module: nn.Module) -> None:
             )
 
 
-def _factory(entry: CorpusEntry) -> Callable[[], nn.Module]:
+def factory_of(entry: CorpusEntry) -> Callable[[], nn.Module]:
+    """A callable building ``entry``'s model with random init (no seeding, no state randomisation).
+
+    >>> factory_of(catalogue.find("edge_conv_bn_head"))().__class__.__name__
+    'ConvBnHead'
+    """
     if callable(entry.factory):
         return lambda: entry.factory(**entry.kwargs)  # type: ignore[misc,operator]
     if isinstance(entry.factory, str):
