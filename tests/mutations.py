@@ -3,18 +3,24 @@ pass, and realistic buggy ones, each a bug class transform authors really
 make, with the check that must catch it.
 
 ``BUGGY`` maps each buggy transform to that check; ``CORRECT`` lists the
-correct ones. Tests (and later benchmarks) reuse both from here.
+correct ones. The tests and ``benchmarks/detection.py`` reuse both from here.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 import operator
+import unittest.mock
+from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import fx, nn
-from torch.fx.experimental.normalize import NormalizeArgs
+from torch.fx.experimental.normalize import NormalizeArgs, NormalizeOperators
 from torch.fx.experimental.optimization import fuse, remove_dropout
+from torch.fx.passes.split_module import split_module
+from torch.fx.passes.tools_common import legalize_graph
 
 import fxverify
 
@@ -24,13 +30,19 @@ import fxverify
 @fxverify.contract(modes=("eval",), changes_parameters=True)
 def torch_fuse(gm: fx.GraphModule) -> nn.Module:
     """torch's conv/BN (and linear/BN) fusion: inference only, rewrites parameters."""
-    return fuse(gm)
+    return fuse(gm, no_trace=True)  # gm is already traced, maybe with a custom tracer: do not retrace
 
 
 @fxverify.contract(modes=("eval",))
-def torch_remove_dropout(gm: fx.GraphModule) -> nn.Module:
-    """torch's remove_dropout: dropout is an identity in eval mode only."""
-    return remove_dropout(gm)
+def torch_remove_dropout(gm: fx.GraphModule, tracer_class: type[fx.Tracer] = fx.Tracer) -> nn.Module:
+    """torch's remove_dropout: dropout is an identity in eval mode only. It retraces its
+    input with ``symbolic_trace``, which models that need their own tracer (timm's leaf
+    modules) do not survive, so its retrace uses the model's tracer class."""
+    def retrace(module: nn.Module) -> fx.GraphModule:
+        return fx.GraphModule(module, tracer_class().trace(module))
+
+    with unittest.mock.patch.object(torch.fx, "symbolic_trace", retrace):
+        return remove_dropout(gm)
 
 
 def normalize_args(gm: fx.GraphModule) -> nn.Module:
@@ -58,7 +70,96 @@ def retrace_with_tracer_class(m: nn.Module, tracer_class: type = fx.Tracer) -> n
     return fx.GraphModule(m, tracer_class().trace(m))
 
 
-CORRECT = [torch_fuse, torch_remove_dropout, normalize_args, transformer_identity]
+def torch_normalize_operators(gm: fx.GraphModule) -> nn.Module:
+    """torch's NormalizeOperators: torch.add / torch.mul / ... respelled as operator.add / ..."""
+    return NormalizeOperators(gm).transform()
+
+
+def _flatten_pattern(x: torch.Tensor) -> torch.Tensor:
+    return torch.flatten(x, 1)
+
+
+def _flatten_replacement(x: torch.Tensor) -> torch.Tensor:
+    return x.flatten(1)
+
+
+def _relu_pattern(x: torch.Tensor) -> torch.Tensor:
+    return F.relu(x)
+
+
+def _relu_replacement(x: torch.Tensor) -> torch.Tensor:
+    return torch.relu(x)
+
+
+def _add_pattern(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.add(x, y)
+
+
+def _add_replacement(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return x + y
+
+
+def replace_pattern_respellings(gm: fx.GraphModule) -> None:
+    """torch.fx.replace_pattern with exactly equivalent rules, in place: torch.flatten(x, 1) ->
+    x.flatten(1), F.relu(x) -> torch.relu(x), torch.add(x, y) -> x + y."""
+    for pattern, replacement in ((_flatten_pattern, _flatten_replacement), (_relu_pattern, _relu_replacement),
+                                 (_add_pattern, _add_replacement)):
+        fx.replace_pattern(gm, pattern, replacement)
+
+
+_INPLACE_OPERATORS = {getattr(operator, name) for name in fx.graph.inplace_methods}
+
+
+def _mutates(node: fx.Node) -> bool:
+    """Whether ``node`` writes to a tensor: x.add_(), operator.iadd, F.relu(inplace=True), nn.ReLU(inplace=True)."""
+    if node.op == "call_module":
+        return getattr(node.graph.owning_module.get_submodule(str(node.target)), "inplace", False) is True
+    if node.op not in ("call_function", "call_method"):
+        return False
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    return (name.endswith("_") and not name.endswith("__")) or node.target in _INPLACE_OPERATORS \
+        or node.kwargs.get("inplace") is True
+
+
+def eliminate_dead_code_keeping_mutations(gm: fx.GraphModule) -> nn.Module:
+    """torch's Graph.eliminate_dead_code with an is_impure_node that keeps in-place ops, then recompile."""
+    gm = copy.deepcopy(gm)
+    gm.graph.eliminate_dead_code(is_impure_node=lambda node: node.is_impure() or _mutates(node))
+    gm.recompile()
+    return gm
+
+
+def split_module_restitched(gm: fx.GraphModule) -> nn.Module:
+    """torch's split_module cuts the graph into three partitions (a partitioner's round trip); the
+    partitions are inlined back into one graph whose targets resolve in the original module."""
+    body = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    partition = {node: 3 * i // max(1, len(body)) for i, node in enumerate(body)}
+    qualnames: dict[str, str] = {}  # "submod_0.features_0_0" -> "features.0.0"
+    split = split_module(gm, gm, lambda node: partition[node], qualnames, keep_original_order=True,
+                         keep_original_node_name=True)
+    graph = fx.Graph()
+    env: dict[fx.Node, Any] = {}  # a node of the split graph -> its value in the new graph
+    placeholders = iter(gm.graph.find_nodes(op="placeholder"))
+    for node in split.graph.nodes:
+        sub = getattr(split, str(node.target)) if node.op == "call_module" else None
+        if node.op == "placeholder":  # the original's: split_module names them after node.name ('input_1')
+            env[node] = graph.node_copy(next(placeholders))
+        elif isinstance(sub, fx.GraphModule):  # a partition: copy its nodes in, its inputs bound to the call's
+            inner: dict[fx.Node, Any] = dict(zip(sub.graph.find_nodes(op="placeholder"),
+                                                 fx.node.map_arg(node.args, lambda a: env[a])))
+            for sub_node in sub.graph.nodes:
+                if sub_node.op == "output":
+                    env[node] = fx.node.map_arg(sub_node.args[0], lambda a: inner[a])
+                elif sub_node.op != "placeholder":
+                    copied = inner[sub_node] = graph.node_copy(sub_node, lambda a: inner[a])
+                    if copied.op in ("call_module", "get_attr"):
+                        copied.target = qualnames.get(f"{node.target}.{sub_node.target}", sub_node.target)
+        elif node.target is operator.getitem and isinstance(node.args[0], fx.Node) and isinstance(env[node.args[0]], tuple):
+            env[node] = env[node.args[0]][node.args[1]]  # one output of a multi-output partition
+        else:
+            env[node] = graph.node_copy(node, lambda a: env[a])
+    return fx.GraphModule(gm, graph)
+
 
 # -- buggy transforms ------------------------------------------------------------------
 
@@ -88,8 +189,9 @@ def _fold_bn(gm: fx.GraphModule, fold_weights) -> fx.GraphModule:
     return gm
 
 
-def _correct_fold(conv: nn.Conv2d, bn: nn.BatchNorm2d, *, use_mean: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)
+def _correct_fold(conv: nn.Conv2d, bn: nn.BatchNorm2d, *, use_mean: bool = True,
+                  eps: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    scale = bn.weight / torch.sqrt(bn.running_var + (bn.eps if eps is None else eps))
     conv_bias = conv.bias if conv.bias is not None else torch.zeros_like(bn.running_mean)
     mean = bn.running_mean if use_mean else torch.zeros_like(bn.running_mean)
     weight = conv.weight * scale.reshape(-1, 1, 1, 1)
@@ -242,6 +344,99 @@ def drops_kept_parameter(gm: fx.GraphModule) -> nn.Module:
     return gm
 
 
+@fxverify.contract(modes=("eval",), changes_parameters=True)
+def bn_fold_default_eps(gm: fx.GraphModule) -> nn.Module:
+    """BN fold that hard-codes eps=1e-5 (BatchNorm's default) instead of reading bn.eps: exact on
+    most models, wrong on those built with another eps (MobileNetV3 and EfficientNet use 1e-3)."""
+    return _fold_bn(gm, lambda conv, bn: _correct_fold(conv, bn, eps=1e-5))
+
+
+_BINARY_OPS = {operator.add, operator.mul, operator.sub, operator.truediv, torch.add, torch.mul, torch.sub, torch.div}
+
+
+def canonicalises_operand_order(gm: fx.GraphModule) -> nn.Module:
+    """A CSE canonicalisation that orders the operands of binary ops by definition order, so that
+    a + b and b + a hash alike, and treats sub and truediv as commutative too: a - b becomes b - a."""
+    gm = copy.deepcopy(gm)
+    position = {node: i for i, node in enumerate(gm.graph.nodes)}
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in _BINARY_OPS and len(node.args) == 2 and not node.kwargs:
+            a, b = node.args
+            if isinstance(a, fx.Node) and isinstance(b, fx.Node) and position[b] < position[a]:
+                node.args = (b, a)
+    gm.recompile()
+    return gm
+
+
+def _gelu_tanh(graph: fx.Graph, x: fx.Node) -> fx.Node:
+    """0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3))) as graph nodes."""
+    cube = graph.call_function(torch.pow, (x, 3))
+    inner = graph.call_function(operator.add, (x, graph.call_function(operator.mul, (cube, 0.044715))))
+    tanh = graph.call_function(torch.tanh, (graph.call_function(operator.mul, (inner, math.sqrt(2 / math.pi))),))
+    half_x = graph.call_function(operator.mul, (x, 0.5))
+    return graph.call_function(operator.mul, (half_x, graph.call_function(operator.add, (tanh, 1.0))))
+
+
+def gelu_tanh_decomposition(gm: fx.GraphModule) -> nn.Module:
+    """Decomposes exact (erf) GELU, F.gelu or nn.GELU, into the tanh approximation, for a backend
+    without erf: off by up to 3e-4, far beyond float32 tolerance."""
+    gm = copy.deepcopy(gm)
+    modules = dict(gm.named_modules())
+    for node in list(gm.graph.nodes):
+        exact = (node.op == "call_function" and node.target is F.gelu and node.kwargs.get("approximate", "none") == "none"
+                 and len(node.args) == 1) or (node.op == "call_module" and isinstance(modules.get(node.target), nn.GELU)
+                                              and modules[node.target].approximate == "none")
+        if exact:
+            with gm.graph.inserting_before(node):
+                node.replace_all_uses_with(_gelu_tanh(gm.graph, node.args[0]))
+            gm.graph.erase_node(node)
+    gm.recompile()
+    return gm
+
+
+def dead_code_elimination_drops_mutations(gm: fx.GraphModule) -> nn.Module:
+    """torch's Graph.eliminate_dead_code as is: Node.is_impure does not see in-place methods, so an
+    unused y[:, 0].copy_(...) or y.relu_() is deleted with its side effect."""
+    gm = copy.deepcopy(gm)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return gm
+
+
+def legalize_graph_reorders_mutations(gm: fx.GraphModule) -> nn.Module:
+    """torch's legalize_graph (a breadth-first topological re-sort) after a rewrite: data edges
+    only, so an in-place write with no users moves past the reads it must precede."""
+    return legalize_graph(copy.deepcopy(gm))
+
+
+def unties_tied_weights(gm: fx.GraphModule) -> nn.Module:
+    """Gives every module its own copy of its parameters (as a per-layer weight quantisation prep
+    might): a weight shared by two layers is silently untied, so it no longer gets both gradients."""
+    gm = copy.deepcopy(gm)
+    for module in gm.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            setattr(module, name, nn.Parameter(param.detach().clone()))
+    return gm
+
+
+def replace_uses_makes_a_cycle(gm: fx.GraphModule) -> nn.Module:
+    """Inserts a clone after the first module call and redirects with node.replace_all_uses_with(clone)
+    without delete_user_cb: the clone's own argument is replaced too, so it reads itself."""
+    gm = copy.deepcopy(gm)
+    node = next(n for n in gm.graph.nodes if n.op == "call_module")
+    with gm.graph.inserting_after(node):
+        clone = gm.graph.call_method("clone", (node,))
+    node.replace_all_uses_with(clone)
+    gm.recompile()
+    return gm
+
+
+def casts_output_to_float32(gm: fx.GraphModule) -> nn.Module:
+    """A mixed-precision pass that restores the output dtype with .float(), assuming the model runs
+    in float32: a model moved to float64 (or bfloat16) returns float32."""
+    return _rewrite_output(gm, lambda g, x: g.call_method("float", (x,)))
+
+
 def returns_graph(gm: fx.GraphModule) -> fx.Graph:
     """Returns the Graph instead of a GraphModule."""
     return copy.deepcopy(gm).graph
@@ -258,6 +453,21 @@ def hangs(gm: fx.GraphModule) -> nn.Module:
         pass
 
 
+# every check must pass these on every model
+CORRECT = [
+    torch_fuse,
+    torch_remove_dropout,
+    normalize_args,
+    transformer_identity,
+    relu_to_clamp_in_place,
+    retrace_with_tracer_class,
+    torch_normalize_operators,
+    replace_pattern_respellings,
+    eliminate_dead_code_keeping_mutations,
+    split_module_restitched,
+    bn_fold_correct,
+]
+
 BUGGY = {
     bn_fold_ignores_running_mean: "numerics",
     forgets_recompile: "lint",
@@ -273,4 +483,12 @@ BUGGY = {
     mutates_input: "purity",
     transposes_output_layout: "purity",
     drops_kept_parameter: "gradients",
+    bn_fold_default_eps: "numerics",
+    canonicalises_operand_order: "numerics",
+    gelu_tanh_decomposition: "numerics",
+    dead_code_elimination_drops_mutations: "numerics",
+    legalize_graph_reorders_mutations: "numerics",
+    unties_tied_weights: "gradients",
+    replace_uses_makes_a_cycle: "lint",
+    casts_output_to_float32: "numerics",
 }

@@ -1,0 +1,187 @@
+"""Detection rate of fxverify over the mutation suite of `tests/mutations.py`.
+
+    python benchmarks/detection.py [--corpus default] [--workers 2] [--only NAME,...] [--catalogue-order]
+
+Each buggy transform (`BUGGY`) runs as `pytest -x -n WORKERS --fxverify tests.mutations:NAME
+--fxverify-corpus CORPUS`; it is detected when pytest fails a fxverify item (exit 1, or 2 when
+pytest-xdist stops the run for -x). Printed: the first failure reported (check@model) and the
+time to it, in seconds from starting pytest (interpreter start-up, collection and xdist workers
+included) until that failure's report reaches the controller; `run s` is the whole run, which
+-x ends once the workers finish their current items. Each correct transform (`CORRECT`) runs
+the same way without -x; every failed item is a false positive.
+
+The corpus is exactly the one given. Within it, the edge-case modules (milliseconds each,
+written to expose what breaks FX passes) run first and the zoo models after them in catalogue
+order, the same order for every transform, so that a bug that shows on a cheap module is
+reported early; `--catalogue-order` keeps pytest's order (the catalogue's, zoo models first).
+The runs happen in a scratch directory with the repository on PYTHONPATH (so that
+`tests.mutations` imports, while pytest does not also collect fxverify's own test suite), and
+this module is loaded into them as a small pytest plugin (`-p benchmarks.detection`) that does
+the reordering and timestamps failures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+EVENTS_ENV = "FXVERIFY_DETECTION_EVENTS"
+ORDER_ENV = "FXVERIFY_DETECTION_EDGE_FIRST"
+
+# -- the pytest plugin loaded into each run -----------------------------------------------------
+
+_controller = True
+
+
+def pytest_configure(config: Any) -> None:
+    global _controller
+    _controller = not hasattr(config, "workerinput")
+
+
+def pytest_collection_modifyitems(items: list[Any]) -> None:
+    """Edge-case modules first, then the rest in catalogue order (a stable sort: each model's
+    checks keep their order). Every xdist worker computes the same order."""
+    def edge_case(item: Any) -> bool:
+        case = getattr(item, "case", None)  # fxverify's items carry their ModelCase
+        return case is not None and case.entry.source == "edge"
+
+    if os.environ.get(ORDER_ENV) == "1":
+        items.sort(key=lambda item: not edge_case(item))
+
+
+def pytest_runtest_logreport(report: Any) -> None:
+    """On the controller, append each failed report (node id and wall-clock time) to the events file."""
+    path = os.environ.get(EVENTS_ENV)
+    if path and _controller and report.failed:
+        with open(path, "a") as events:
+            events.write(json.dumps({"nodeid": report.nodeid, "time": time.time()}) + "\n")
+
+
+# -- the benchmark --------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What one pytest run over the corpus showed for one transform."""
+
+    name: str
+    kind: str  # "bug" or "correct"
+    expected: str  # the check that must catch the bug; "-" for correct transforms
+    exit_code: int
+    failed: list[tuple[str, str]]  # (check, model) of the failed fxverify items, in the order reported
+    failed_items: int  # failed or erroring items of any kind, from the JUnit XML
+    first_failure_s: float | None
+    run_s: float
+    last_line: str
+
+    @property
+    def first(self) -> str:
+        return "-" if not self.failed else f"{self.failed[0][0]}@{self.failed[0][1]}"
+
+    @property
+    def verdict(self) -> str:
+        # 1: tests failed; 2: interrupted, which is how pytest-xdist ends a run stopped by -x
+        stopped_by_x = self.kind == "bug" and self.exit_code == 2 and bool(self.failed)
+        if not stopped_by_x and (self.exit_code not in (0, 1) or (self.exit_code == 1 and not self.failed)):
+            return f"ERROR (exit {self.exit_code}: {self.last_line})"
+        if self.kind == "bug":
+            return "detected" if self.failed else "MISSED"
+        return f"FALSE POSITIVE ({self.failed_items} items)" if self.failed else "ok"
+
+
+def run_pytest(name: str, kind: str, expected: str, corpus: str, workers: int, edge_first: bool) -> Outcome:
+    """Verify ``tests.mutations:name`` over ``corpus`` in a pytest subprocess (``-x`` for bugs)."""
+    from fxverify.pytest_items import parse_nodeid
+
+    with tempfile.TemporaryDirectory(prefix="fxverify-detection-") as tmp:
+        junit, events = Path(tmp) / "junit.xml", Path(tmp) / "events.jsonl"
+        command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-p", "benchmarks.detection",
+                   "--fxverify", f"tests.mutations:{name}", f"--fxverify-corpus={corpus}", f"--junitxml={junit}"]
+        command += ["-x"] if kind == "bug" else []
+        command += ["-n", str(workers)] if workers > 1 else []
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+        env[EVENTS_ENV], env[ORDER_ENV] = str(events), "1" if edge_first else "0"
+        start = time.time()
+        proc = subprocess.run(command, cwd=tmp, env=env, capture_output=True, text=True)
+        run_s = time.time() - start
+        reported = [json.loads(line) for line in events.read_text().splitlines()] if events.exists() else []
+        suite = ET.parse(junit).getroot().find("testsuite") if junit.exists() else None
+    failed = [(parsed[2], parsed[1]) for parsed in (parse_nodeid(e["nodeid"]) for e in reported) if parsed is not None]
+    failed_items = len(reported) if suite is None else int(suite.get("failures", 0)) + int(suite.get("errors", 0))
+    lines = (proc.stdout.strip() or proc.stderr.strip()).splitlines()
+    return Outcome(name, kind, expected, proc.returncode, failed, failed_items,
+                   reported[0]["time"] - start if reported else None, run_s, lines[-1] if lines else "")
+
+
+ROW = "{:40s} {:7s} {:12s} {:38s} {:>12s} {:>6s}  {}"
+
+
+def print_row(o: Outcome) -> None:
+    first_s = "-" if o.first_failure_s is None else f"{o.first_failure_s:.1f}"
+    print(ROW.format(o.name, o.kind, o.expected, o.first, first_s, f"{o.run_s:.0f}", o.verdict), flush=True)
+
+
+def print_totals(outcomes: list[Outcome]) -> None:
+    bugs = [o for o in outcomes if o.kind == "bug"]
+    correct = [o for o in outcomes if o.kind == "correct"]
+    detected = [o for o in bugs if o.verdict == "detected"]
+    missed = [o for o in bugs if o.verdict == "MISSED"]
+    expected = [o for o in detected if o.failed[0][0] == o.expected]
+    positives = [o for o in correct if o.failed]
+    errors = [o for o in outcomes if o.verdict.startswith("ERROR")]
+    print()
+    if bugs:
+        print(f"bugs:    {len(detected)} detected, {len(missed)} missed, of {len(bugs)}; "
+              f"first caught by the expected check: {len(expected)} of {len(detected)}")
+    if correct:
+        print(f"correct: {len(correct) - len(positives)} clean, {len(positives)} with false positives "
+              f"({sum(o.failed_items for o in positives)} failed items), of {len(correct)}")
+    if errors:
+        print(f"errors:  {', '.join(o.name for o in errors)}")
+    for o in missed + positives:
+        print(f"  {o.name}: {o.verdict}; {', '.join(f'{c}@{m}' for c, m in o.failed[:8]) or o.last_line}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--corpus", default="default", help="corpus selection (profiles, names, globs)")
+    parser.add_argument("--workers", type=int, default=2, help="pytest-xdist workers (-n); 1 runs in-process")
+    parser.add_argument("--only", default="", help="comma-separated transform names (buggy or correct)")
+    parser.add_argument("--catalogue-order", action="store_true", help="do not run the edge-case modules first")
+    args = parser.parse_args()
+
+    sys.path.insert(0, str(ROOT))
+    from tests.mutations import BUGGY, CORRECT
+
+    planned: list[tuple[Callable[..., Any], str, str]] = [(f, "bug", check) for f, check in BUGGY.items()]
+    planned += [(f, "correct", "-") for f in CORRECT]
+    wanted = [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = sorted(set(wanted) - {f.__name__ for f, _, _ in planned})
+    if unknown:
+        parser.error(f"unknown transforms {unknown}; known: {', '.join(f.__name__ for f, _, _ in planned)}")
+    planned = [p for p in planned if not wanted or p[0].__name__ in wanted]
+
+    print(f"corpus {args.corpus}, -n {args.workers}, {'catalogue order' if args.catalogue_order else 'edge cases first'}; "
+          "first fail s: pytest start to the first failed item's report")
+    print(ROW.format("transform", "kind", "expected", "first failing check@model", "first fail s", "run s", "verdict"))
+    outcomes = []
+    for transform, kind, expected in planned:
+        outcome = run_pytest(transform.__name__, kind, expected, args.corpus, args.workers, not args.catalogue_order)
+        print_row(outcome)
+        outcomes.append(outcome)
+    print_totals(outcomes)
+
+
+if __name__ == "__main__":
+    main()
