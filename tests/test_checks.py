@@ -64,9 +64,9 @@ def test_fresh_init_would_hide_the_bn_fold_bug():
 
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(self.seed)
-                from fxverify.cases import _factory
+                from fxverify.cases import factory_of
 
-                return _factory(self.entry)().train(training)
+                return factory_of(self.entry)().train(training)
 
     fresh = FreshInit(fxverify.load_case("edge_conv_bn_head").entry)
     assert fxverify.check_numerics(mutations.bn_fold_ignores_running_mean, fresh).ok
