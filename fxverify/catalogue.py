@@ -188,8 +188,7 @@ def select(
         known = {t for e in entries for t in e.tags}
         for tag in wanted:
             if tag not in known:
-                close = difflib.get_close_matches(tag, sorted(known), n=3)
-                hint = f" Did you mean {', '.join(close)}?" if close else ""
+                hint = _did_you_mean(tag, sorted(known))
                 raise CorpusError(f"no corpus entry has the tag {tag!r}.{hint} Tags: {', '.join(sorted(known))}")
         chosen = {e.name for e in entries if e.name in chosen and set(e.tags) & set(wanted)}
     return [e for e in entries if e.name in chosen]
@@ -243,13 +242,16 @@ def _tokens(text: str | Iterable[str]) -> list[str]:
     return [t.strip() for t in parts if t.strip()]
 
 
+def _did_you_mean(token: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(token, choices, n=3)
+    return f" Did you mean {', '.join(close)}?" if close else ""
+
+
 def _matching(token: str, entries: tuple[CorpusEntry, ...], what: str) -> set[str]:
     """Names of the entries a profile, name or glob matches; an error naming close matches if none."""
     matched = {e.name for e in entries if token in e.profiles or fnmatch.fnmatchcase(e.name, token)}
     if not matched:
-        choices = profiles(entries) + [e.name for e in entries]
-        close = difflib.get_close_matches(token, choices, n=3)
-        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        hint = _did_you_mean(token, profiles(entries) + [e.name for e in entries])
         raise CorpusError(
             f"{what} {token!r} matches no profile, model name or glob.{hint} Profiles: {', '.join(profiles(entries))}"
         )

@@ -134,20 +134,19 @@ def _node_text(node: fx.Node, found: Mismatch) -> str:
     return f"%{node.name} ({node.op} {target}): {found.describe()}"
 
 
+ORIGINAL_RAISED = (
+    "the original model itself raised when run, before any transform: {error}. Not the transform's doing: "
+    "the corpus entry cannot run this configuration; fix its inputs, batch_sizes or spatial_sizes"
+)
+RESULT_RAISED = "the transformed module raised when run: {error}"
+
+
 def _run_original(fn: Any, where: str) -> Any:
+    return _run(fn, where, ORIGINAL_RAISED)
+
+
+def _run(fn: Any, where: str, message: str = RESULT_RAISED) -> Any:
     try:
         return fn()
     except Exception as exc:
-        raise Finding(
-            f"the original model itself raised when run, before any transform: {exception_summary(exc)}. "
-            "Not the transform's doing: the corpus entry cannot run this configuration; fix its inputs, "
-            "batch_sizes or spatial_sizes",
-            input=where,
-        ) from None
-
-
-def _run(fn: Any, where: str) -> Any:
-    try:
-        return fn()
-    except Exception as exc:
-        raise Finding(f"the transformed module raised when run: {exception_summary(exc)}", input=where) from None
+        raise Finding(message.format(error=exception_summary(exc)), input=where) from None
