@@ -40,8 +40,12 @@ def verify(
     from fxverify.crossprocess import CrossProcessDigests
 
     v = Verification(transform, case, timeout=timeout)
-    v.cross_process = CrossProcessDigests(v.transform, [v.case], timeout=timeout or DEFAULT_TIMEOUT)
-    return v.run_all(list(checks) if checks else None)
+    digests = CrossProcessDigests(v.transform, [v.case], timeout=timeout or DEFAULT_TIMEOUT)
+    v.cross_process = digests
+    try:
+        return v.run_all(list(checks) if checks else None)
+    finally:
+        digests.close()
 
 
 def assert_transform_ok(

@@ -1,103 +1,198 @@
 """Digests of transform results computed in another process, under another
-``PYTHONHASHSEED``, in batches: one subprocess serves many models.
+``PYTHONHASHSEED``, by one long-lived server process per transform.
 
-The determinism check asks for one model's digest; the first request starts a
-subprocess for that model and the next ones in collection order, so a run
-over N models costs about N / batch_size subprocesses.
+The server starts on the first request and then serves every model of the run:
+torch and the corpus libraries are imported once, not once per model. A request
+can be sent ahead (:meth:`CrossProcessDigests.request`, done when a model's items
+start), so the server builds, traces and transforms the model on another core
+while this process runs the other checks; the determinism check then only
+collects the answer.
 
-    python -m fxverify.crossprocess PAYLOAD OUT     # run by CrossProcessDigests
+    python -m fxverify.crossprocess SPEC TIMEOUT    # the server, started by CrossProcessDigests
+
+Protocol: one request per line on the server's stdin (a base64 pickle of
+``(entry, seed)``), one JSON answer ``[name, digest]`` per line on the file
+descriptor that was its stdout; the transform's own prints go to stderr.
 """
 
 from __future__ import annotations
 
+import atexit
+import base64
 import json
 import os
 import pickle
+import queue
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Sequence
-from pathlib import Path
+from typing import IO
 
 from fxverify.cases import ModelCase
 from fxverify.transform import Transform
 
-BATCH_SIZE = 8
+SERVER_START_SECONDS = 120.0  # imports, on a loaded machine
 
 
 class CrossProcessDigests:
-    """Callable: ``digests(model_name) -> digest | 'skip: why' | 'error: why'``."""
+    """Callable: ``digests(model_name) -> digest | 'skip: why' | 'error: why'``.
 
-    def __init__(self, transform: Transform, cases: Sequence[ModelCase], *, timeout: float, batch_size: int = BATCH_SIZE) -> None:
+    >>> from fxverify.transform import as_transform
+    >>> digests = CrossProcessDigests(as_transform(lambda gm: gm), [], timeout=10)
+    >>> digests("resnet18")[:5]
+    'skip:'
+    """
+
+    def __init__(self, transform: Transform, cases: Sequence[ModelCase], *, timeout: float) -> None:
         self.transform = transform
-        self.cases = [c for c in cases if not c.entry.xfail]  # known failures get no check
+        self.cases = {c.name: c for c in cases if not c.entry.xfail}  # known failures get no check
         self.timeout = timeout
-        self.batch_size = batch_size
         self._digests: dict[str, str] = {}
+        self._pending: list[str] = []
+        self._server: _Server | None = None
+
+    def request(self, name: str) -> None:
+        """Have the server start on ``name`` now, without waiting for the answer."""
+        if name in self._digests or name in self._pending:
+            return
+        problem = self._cannot_send(name)
+        if problem is not None:
+            self._digests[name] = problem
+            return
+        case = self.cases[name]
+        if self._server is None:
+            self._server = _Server(self.transform.spec, self.timeout)
+        try:
+            self._server.send((case.entry, case.seed))
+        except OSError:  # the server died; the answer says why
+            pass
+        self._pending.append(name)
 
     def __call__(self, name: str) -> str:
-        if name not in self._digests:
-            if not self.transform.reloadable:
-                return f"skip: transform {self.transform.spec} cannot be imported by name in another process"
-            names = [c.name for c in self.cases]
-            if name not in names:
-                return f"error: {name} is not among the models this runner was given"
-            batch = [c for c in self.cases[names.index(name):] if c.name not in self._digests][: self.batch_size]
-            self._digests.update(self._run(batch))
-        return self._digests.get(name, f"error: no digest came back for {name}")
+        self.request(name)
+        if name in self._pending:
+            self._collect(name)
+        return self._digests[name]
 
-    def _run(self, batch: list[ModelCase]) -> dict[str, str]:
-        results: dict[str, str] = {}
-        payload_entries = []
-        for case in batch:
+    def close(self) -> None:
+        """Stop the server (it also stops by itself when this process exits)."""
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    def _cannot_send(self, name: str) -> str | None:
+        if not self.transform.reloadable:
+            return f"skip: transform {self.transform.spec} cannot be imported by name in another process"
+        if name not in self.cases:
+            return f"error: {name} is not among the models this runner was given"
+        try:
+            pickle.dumps(self.cases[name].entry)
+        except Exception as exc:
+            return f"skip: corpus entry cannot be sent to another process ({type(exc).__name__}: {exc})"
+        return None
+
+    def _collect(self, name: str) -> None:
+        """Read answers until ``name``'s arrives; on a timeout or a dead server every pending
+        model gets the error, and the next request starts a fresh server."""
+        assert self._server is not None
+        ahead = self._pending.index(name) + 1
+        deadline = time.monotonic() + SERVER_START_SECONDS + self.timeout * ahead
+        while name in self._pending:
+            answer = self._server.receive(deadline - time.monotonic())
+            if isinstance(answer, str):  # the server is gone or too slow
+                for pending in self._pending:
+                    self._digests[pending] = f"error: {answer}"
+                self._pending.clear()
+                self._server.close(grace=0.0)
+                self._server = None
+                return
+            done, digest = answer
+            self._digests[done] = digest
+            if done in self._pending:
+                self._pending.remove(done)
+
+
+class _Server:
+    """The subprocess and a thread that reads its answers into a queue."""
+
+    def __init__(self, spec: str, timeout: float) -> None:
+        env = dict(os.environ)
+        env["PYTHONHASHSEED"] = "1" if os.environ.get("PYTHONHASHSEED") == "0" else "0"
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        self._stderr = tempfile.TemporaryFile()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "fxverify.crossprocess", spec, str(timeout)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env, text=True,
+        )
+        self._answers: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, args=(self.process.stdout,), daemon=True).start()
+        atexit.register(self.close)
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
+            self._answers.put(line)
+        self._answers.put(None)
+
+    def send(self, request: tuple[object, int]) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(base64.b64encode(pickle.dumps(request)).decode() + "\n")
+        self.process.stdin.flush()
+
+    def receive(self, seconds: float) -> tuple[str, str] | str:
+        """The next ``(name, digest)``, or why none will come."""
+        try:
+            line = self._answers.get(timeout=max(seconds, 0.0))
+        except queue.Empty:
+            return "the cross-process run timed out"
+        if line is None:
+            code = self.process.wait()
+            self._stderr.seek(0)
+            tail = self._stderr.read().decode(errors="replace").strip()[-2000:]
+            return f"the cross-process server exited {code}: {tail}"
+        name, digest = json.loads(line)
+        return name, digest
+
+    def close(self, grace: float = 5.0) -> None:
+        """Close its stdin and give it ``grace`` seconds to finish, then kill it."""
+        if self.process.poll() is None:
             try:
-                pickle.dumps(case.entry)
-            except Exception as exc:
-                results[case.name] = f"skip: corpus entry cannot be sent to another process ({type(exc).__name__}: {exc})"
-                continue
-            payload_entries.append((case.entry, case.seed))
-        if not payload_entries:
-            return results
-        with tempfile.TemporaryDirectory(prefix="fxverify-") as tmp:
-            payload, out = Path(tmp) / "payload.pkl", Path(tmp) / "out.json"
-            payload.write_bytes(pickle.dumps({"spec": self.transform.spec, "entries": payload_entries, "timeout": self.timeout}))
-            env = dict(os.environ)
-            env["PYTHONHASHSEED"] = "1" if os.environ.get("PYTHONHASHSEED") == "0" else "0"
-            env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-            try:
-                proc = subprocess.run(
-                    [sys.executable, "-m", "fxverify.crossprocess", str(payload), str(out)],
-                    env=env, capture_output=True, text=True, timeout=self.timeout * len(payload_entries) + 120,
-                )
-            except subprocess.TimeoutExpired:
-                return results | {e.name: "error: the cross-process run timed out" for e, _ in payload_entries}
-            if proc.returncode != 0 or not out.exists():
-                tail = (proc.stderr or proc.stdout).strip()[-2000:]
-                return results | {e.name: f"error: subprocess exited {proc.returncode}: {tail}" for e, _ in payload_entries}
-            return results | json.loads(out.read_text())
+                self.process.stdin.close()  # type: ignore[union-attr]
+                self.process.wait(timeout=grace)
+            except (OSError, subprocess.TimeoutExpired):
+                self.process.kill()
+                self.process.wait()
+        self._stderr.close()
+        atexit.unregister(self.close)
 
 
-def _main(payload_path: str, out_path: str) -> None:
+def _serve(spec: str, timeout: float) -> None:
+    """Answer requests until stdin closes."""
+    protocol = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # the transform's prints must not mix in
+
     from fxverify.checks.determinism import digest
     from fxverify.errors import TransformFailed
     from fxverify.result import Skip, exception_summary
     from fxverify.verification import Verification
 
-    payload = pickle.loads(Path(payload_path).read_bytes())
-    transform = Transform.load(payload["spec"])
-    digests = {}
-    for entry, seed in payload["entries"]:
-        verification = Verification(transform, ModelCase(entry, seed), timeout=payload["timeout"])
+    transform = Transform.load(spec)
+    for line in sys.stdin:
+        entry, seed = pickle.loads(base64.b64decode(line))
+        verification = Verification(transform, ModelCase(entry, seed), timeout=timeout)
         try:
-            digests[entry.name] = digest(verification.transformed_fresh(transform.contract.primary_mode))
+            answer = digest(verification.transformed_fresh(transform.contract.primary_mode))
         except TransformFailed as exc:
-            digests[entry.name] = f"error: {exc}"
+            answer = f"error: {exc}"
         except Skip as exc:
-            digests[entry.name] = f"skip: {exc}"
+            answer = f"skip: {exc}"
         except Exception as exc:  # a model that fails to build or trace must not cost the others their digest
-            digests[entry.name] = f"error: building or tracing the model failed: {exception_summary(exc)}"
-    Path(out_path).write_text(json.dumps(digests))
+            answer = f"error: building or tracing the model failed: {exception_summary(exc)}"
+        protocol.write(json.dumps([entry.name, answer]) + "\n")
+        protocol.flush()
 
 
 if __name__ == "__main__":
-    _main(*sys.argv[1:3])
+    _serve(sys.argv[1], float(sys.argv[2]))

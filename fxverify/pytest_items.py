@@ -68,11 +68,18 @@ class FxVerifyRun:
         if self._verification is None or self._verification[0] != key:
             self._verification = None  # release the previous model before building the next;
             gc.collect()  # GraphModules hold reference cycles: without this, big models pile up
-            v = Verification(transform, case, timeout=self.timeout, cross_process=self._digests[transform.spec])
+            digests = self._digests[transform.spec]
+            if "determinism" in self.checks:
+                digests.request(case.name)  # the server works on it while the other checks run
+            v = Verification(transform, case, timeout=self.timeout, cross_process=digests)
             self._verification = (key, v)
         return self._verification[1]
 
     # -- pytest hooks ------------------------------------------------------------
+    def pytest_unconfigure(self) -> None:
+        for digests in self._digests.values():
+            digests.close()
+
     @pytest.hookimpl(wrapper=True)
     def pytest_make_collect_report(self, collector: pytest.Collector) -> Any:
         """Add one collector per transform next to what the session collected from its arguments."""

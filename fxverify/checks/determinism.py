@@ -5,8 +5,8 @@ A pass that iterates a ``set`` of nodes orders its output by object address
 ``PYTHONHASHSEED``). The transform is applied to independent fresh traces in
 this process, with the allocator perturbed between runs, and the canonical
 graph and code are compared; then with a digest computed in another process
-under a different hash seed (batched: one subprocess for many models, see
-:mod:`fxverify.crossprocess`).
+under a different hash seed (one long-lived server process for the whole run,
+see :mod:`fxverify.crossprocess`).
 """
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ def _run_on_meta(v: Any, applied: Any) -> bool:
     inputs = config.make(v.case.seed, device="meta")
 
     def run(module: fx.GraphModule) -> tuple[Exception | None, fx.Node | None]:
-        interpreter = RecordingInterpreter(copy.deepcopy(module).to("meta"))
+        interpreter = RecordingInterpreter(_meta_copy(module))
         try:
             with torch.no_grad():
                 interpreter.run(*inputs)
@@ -98,3 +98,13 @@ def _run_on_meta(v: Any, applied: Any) -> bool:
             node=f"%{node.name} ({node.op} {node.target})" if node is not None else None,
         )
     return True
+
+
+def _meta_copy(module: nn.Module) -> nn.Module:
+    """A copy of ``module`` on the meta device, without copying its parameters' and
+    buffers' data first (``deepcopy(module).to("meta")`` would)."""
+    memo: dict[int, Any] = {}
+    for tensor in [*module.parameters(), *module.buffers()]:
+        meta = tensor.to("meta")
+        memo[id(tensor)] = nn.Parameter(meta, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else meta
+    return copy.deepcopy(module, memo).to("meta")

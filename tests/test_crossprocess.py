@@ -1,0 +1,88 @@
+"""The cross-process digest server: one process for many models, prints kept
+off the protocol, and a dead or stuck server reported, not hung on."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+
+from fxverify import crossprocess
+from fxverify.cases import load_case
+from fxverify.checks.determinism import digest
+from fxverify.crossprocess import CrossProcessDigests
+from fxverify.transform import Transform
+
+MODELS = ["edge_conv_bn_head", "edge_nested_outputs"]
+
+
+def transform_file(tmp_path: Path, body: str) -> Transform:
+    path = tmp_path / "server_transform.py"
+    path.write_text(textwrap.dedent(body))
+    return Transform.load(f"{path}:fn")
+
+
+def test_one_server_answers_every_model_and_the_transforms_prints_stay_out(tmp_path):
+    pids = tmp_path / "pids.txt"
+    transform = transform_file(tmp_path, f"""
+        import os
+        def fn(gm):
+            print("a transform that prints", ["not", "json"])
+            with open({str(pids)!r}, "a") as f:
+                f.write(f"{{os.getpid()}}\\n")
+            return gm
+    """)
+    digests = CrossProcessDigests(transform, [load_case(name) for name in MODELS], timeout=60)
+    try:
+        for name in MODELS:
+            digests.request(name)  # both sent ahead; answers collected below
+        for name in MODELS:
+            here, _ = transform.apply(load_case(name).trace(), load_case(name).tracer_class)
+            assert digests(name) == digest(here)
+    finally:
+        digests.close()
+    server_runs = [pid for pid in pids.read_text().split() if pid != str(os.getpid())]
+    assert len(server_runs) == 2 and len(set(server_runs)) == 1, server_runs  # one server did both
+
+
+def test_a_server_that_dies_is_reported_with_its_error(tmp_path, monkeypatch):
+    transform = transform_file(tmp_path, """
+        import os
+        if os.environ.get("FXVERIFY_TEST_BREAK_SERVER"):
+            raise ImportError("only importable in the parent")
+        def fn(gm):
+            return gm
+    """)
+    monkeypatch.setenv("FXVERIFY_TEST_BREAK_SERVER", "1")  # after the parent loaded it
+    digests = CrossProcessDigests(transform, [load_case(MODELS[0])], timeout=60)
+    try:
+        answer = digests(MODELS[0])
+    finally:
+        digests.close()
+    assert answer.startswith("error: the cross-process server exited 1")
+    assert "only importable in the parent" in answer
+
+
+def test_a_stuck_server_times_out_and_the_next_request_gets_a_fresh_one(tmp_path, monkeypatch):
+    transform = transform_file(tmp_path, """
+        import os, time
+        if os.environ.get("FXVERIFY_TEST_SLOW_SERVER"):
+            time.sleep(60)
+        def fn(gm):
+            return gm
+    """)
+    monkeypatch.setattr(crossprocess, "SERVER_START_SECONDS", 1.0)
+    digests = CrossProcessDigests(transform, [load_case(name) for name in MODELS], timeout=1)
+    try:
+        monkeypatch.setenv("FXVERIFY_TEST_SLOW_SERVER", "1")
+        assert digests(MODELS[0]) == "error: the cross-process run timed out"
+        monkeypatch.delenv("FXVERIFY_TEST_SLOW_SERVER")
+        monkeypatch.setattr(crossprocess, "SERVER_START_SECONDS", 120.0)
+        assert len(digests(MODELS[1])) == 16  # a digest, from a new server
+    finally:
+        digests.close()
+
+
+def test_a_model_the_runner_was_not_given_is_an_error():
+    digests = CrossProcessDigests(Transform.load("fxverify.examples:identity"), [], timeout=10)
+    assert digests("resnet18") == "error: resnet18 is not among the models this runner was given"
