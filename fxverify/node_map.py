@@ -1,14 +1,31 @@
-"""Which nodes a transform kept: same name, opcode and target, the same input
-nodes (by name), the same constant arguments (when the positional arguments are
-as many), and for ``call_module`` / ``get_attr`` the same parameters and
-buffers. An input may be rewired around a node the transform removed (after a
-BN fold, the relu reads the conv directly), but the value must not change: the
-values of kept nodes must agree between the original and the transformed
-module, which is how fxverify finds the first node where things went wrong. A
-retrace renumbers nodes, so a name alone says little.
+"""Which nodes of a transform's result correspond to which nodes of the original,
+and which of them the transform kept.
+
+Correspondence (:func:`correspondence`) is tried three ways, in order:
+
+- ``name``: same name, opcode and target;
+- ``provenance``: what the transform left in ``node.meta`` names the original node:
+  ``from_node`` (``torch.fx.Transformer`` and ``preserve_node_meta`` record it),
+  ``original_aten``, ``nn_module_stack`` or ``stack_trace`` with the same opcode
+  and target, when exactly one original node fits;
+- ``position``: the remaining nodes aligned in topological order by opcode and
+  target (``difflib.SequenceMatcher``), placeholders by their order.
+
+A corresponding node is *kept* (:func:`kept_nodes`) when it computes the same
+thing: same opcode and target, the same constant arguments (when the positional
+arguments are as many), inputs that are kept nodes corresponding to its original
+inputs, and for ``call_module`` / ``get_attr`` the same parameters and buffers.
+An input may be rewired around a node the transform removed (after a BN fold,
+the relu reads the conv directly), but the value must not change: the values of
+kept nodes must agree between the original and the transformed module, which is
+how fxverify finds the first node where things went wrong.
 """
 
 from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
 
 from torch import fx, nn
 from torch.utils import _pytree as pytree
@@ -17,24 +34,76 @@ from fxverify.graph_text import target_name
 from fxverify.module_state import resolve, tensors_equal
 
 
-def kept_nodes(original: fx.GraphModule, result: fx.GraphModule) -> list[tuple[fx.Node, fx.Node]]:
+class Match(NamedTuple):
+    """The original node a result node corresponds to, and how that was decided."""
+
+    original: fx.Node
+    how: str  # "name", "provenance" or "position"
+
+
+def correspondence(original: fx.GraphModule, result: fx.GraphModule) -> dict[fx.Node, Match]:
+    """Map result nodes to original nodes by name, then provenance, then position.
+
+    >>> import torch
+    >>> gm = fx.symbolic_trace(torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Tanh()))
+    >>> renamed = fx.symbolic_trace(torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Tanh()))
+    >>> for i, node in enumerate(renamed.graph.find_nodes(op="call_module")):
+    ...     node.name = f"n{i}"
+    >>> matches = correspondence(gm, renamed)
+    >>> [(new.name, matches[new].original.name, matches[new].how) for new in renamed.graph.nodes][1:]
+    [('n0', '_0', 'provenance'), ('n1', '_1', 'provenance'), ('output', 'output', 'name')]
+    """
+    matches: dict[fx.Node, Match] = {}
+    taken: set[fx.Node] = set()
+
+    def take(new: fx.Node, old: fx.Node, how: str) -> None:
+        matches[new] = Match(old, how)
+        taken.add(old)
+
+    old_inputs, new_inputs = (list(gm.graph.find_nodes(op="placeholder")) for gm in (original, result))
+    for old, new in zip(old_inputs, new_inputs):
+        take(new, old, "name" if old.name == new.name else "position")
+    by_name = {n.name: n for n in original.graph.nodes}
+    for new in result.graph.nodes:
+        old = by_name.get(new.name)
+        if new not in matches and old is not None and old not in taken and _signature(old) == _signature(new):
+            take(new, old, "name")
+    for key in _PROVENANCE:
+        index = _unique_index(original.graph.nodes, key, taken)
+        for new in result.graph.nodes:
+            if new in matches:
+                continue
+            old = next((index[k] for k in key(new) if k in index and index[k] not in taken), None)
+            if old is not None:
+                take(new, old, "provenance")
+    left_old = [n for n in original.graph.nodes if n not in taken]
+    left_new = [n for n in result.graph.nodes if n not in matches]
+    aligner = difflib.SequenceMatcher(None, [_signature(n) for n in left_old], [_signature(n) for n in left_new],
+                                      autojunk=False)
+    for block in aligner.get_matching_blocks():
+        for i in range(block.size):
+            take(left_new[block.b + i], left_old[block.a + i], "position")
+    return matches
+
+
+def kept_nodes(original: fx.GraphModule, result: fx.GraphModule,
+               matches: dict[fx.Node, Match] | None = None) -> list[tuple[fx.Node, fx.Node]]:
     """Pairs ``(original_node, result_node)`` the transform kept, in result order.
 
     A fused conv keeps its node name but not its weights, so it is not kept;
     the relu after the removed BN is, and must see the same value.
     """
-    by_name = {n.name: n for n in original.graph.nodes}
-    result_names = {n.name for n in result.graph.nodes}
+    matches = correspondence(original, result) if matches is None else matches
+    counterpart = {m.original: new for new, m in matches.items()}
     same_state: dict[str, bool] = {}
     pairs = []
-    kept = {n.name for n in result.graph.find_nodes(op="placeholder")}
+    kept = {n for n in result.graph.find_nodes(op="placeholder")}
     for node in result.graph.nodes:
-        old = by_name.get(node.name)
-        if old is None or old.op != node.op or node.op in ("placeholder", "output"):
+        match = matches.get(node)
+        if match is None or node.op in ("placeholder", "output"):
             continue
-        if target_name(old) != target_name(node) or not _same_constants(old, node):
-            continue
-        if not _same_inputs(old, node, result_names, kept):
+        old = match.original
+        if not _same_constants(old, node) or not _same_inputs(old, node, counterpart, kept):
             continue
         if node.op in ("call_module", "get_attr"):
             target = str(node.target)
@@ -43,16 +112,65 @@ def kept_nodes(original: fx.GraphModule, result: fx.GraphModule) -> list[tuple[f
             if not same_state[target]:
                 continue
         pairs.append((old, node))
-        kept.add(node.name)
+        kept.add(node)
     return pairs
 
 
-def _same_inputs(old: fx.Node, new: fx.Node, result_names: set[str], kept: set[str]) -> bool:
-    """Each input is a kept node of the same name, unless the old input is gone from the
-    result (rewired around a removed node, as after a BN fold)."""
+def _signature(node: fx.Node) -> tuple[str, str]:
+    return node.op, target_name(node)
+
+
+def _from_node(node: fx.Node) -> list[tuple[Any, ...]]:
+    """Names in the node's ``from_node`` chain, most recent pass first (``NodeSource`` objects)."""
+    keys, sources = [], list(node.meta.get("from_node") or ())
+    while sources:
+        source = sources.pop(0)
+        keys.append((*_signature(node), getattr(source, "name", None)))
+        sources.extend(getattr(source, "from_node", None) or ())
+    return keys
+
+
+def _meta_key(field: str) -> Callable[[fx.Node], list[tuple[Any, ...]]]:
+    def key(node: fx.Node) -> list[tuple[Any, ...]]:
+        value = node.meta.get(field)
+        if value is None:
+            return []
+        if isinstance(value, dict):  # nn_module_stack: the module path the node was traced in
+            value = tuple(value)
+        return [(*_signature(node), str(value))]
+
+    return key
+
+
+def _own_name(node: fx.Node) -> list[tuple[Any, ...]]:
+    return [(*_signature(node), node.name)]
+
+
+# a result node's provenance keys, matched against the original nodes' own keys
+_PROVENANCE: list[Callable[[fx.Node], list[tuple[Any, ...]]]] = [
+    _from_node, _meta_key("original_aten"), _meta_key("nn_module_stack"), _meta_key("stack_trace"),
+]
+
+
+def _unique_index(nodes: Iterable[fx.Node], key: Callable[[fx.Node], list[tuple[Any, ...]]],
+                  taken: set[fx.Node]) -> dict[tuple[Any, ...], fx.Node]:
+    """Original nodes by the keys ``key`` gives them, keeping only keys that name exactly one node.
+    ``from_node`` names an original node by its own name."""
+    own = _own_name if key is _from_node else key
+    seen: dict[tuple[Any, ...], list[fx.Node]] = {}
+    for node in nodes:
+        if node not in taken:
+            for k in own(node):
+                seen.setdefault(k, []).append(node)
+    return {k: found[0] for k, found in seen.items() if len(found) == 1}
+
+
+def _same_inputs(old: fx.Node, new: fx.Node, counterpart: dict[fx.Node, fx.Node], kept: set[fx.Node]) -> bool:
+    """Each input is the kept counterpart of the original input, unless the original input
+    has no counterpart in the result (rewired around a removed node, as after a BN fold)."""
     before, after = old.all_input_nodes, new.all_input_nodes
     return len(before) == len(after) and all(
-        (a.name == b.name and b.name in kept) or a.name not in result_names for a, b in zip(before, after)
+        (counterpart.get(a) is b and b in kept) or a not in counterpart for a, b in zip(before, after)
     )
 
 

@@ -12,18 +12,25 @@ from torch.utils import _pytree as pytree
 
 class RecordingInterpreter(fx.Interpreter):
     """Runs a GraphModule and keeps a copy of each recorded node's value;
-    ``current`` is the node being run (the culprit when a run raises).
+    ``current`` is the node being run (the culprit when a run raises). With
+    ``retain_grad``, the live values are kept instead, with their ``.grad`` retained,
+    so a backward pass fills in each recorded node's gradient.
 
     >>> gm = fx.symbolic_trace(torch.nn.Sequential(torch.nn.ReLU()))
     >>> rec = RecordingInterpreter(gm, {"_0"})
     >>> _ = rec.run(torch.tensor([-1.0, 2.0]))
     >>> rec.values["_0"]
     tensor([0., 2.])
+    >>> rec = RecordingInterpreter(gm, {"_0"}, retain_grad=True)
+    >>> rec.run(torch.tensor([-1.0, 2.0], requires_grad=True)).sum().backward()
+    >>> rec.values["_0"].grad
+    tensor([1., 1.])
     """
 
-    def __init__(self, module: fx.GraphModule, record: set[str] = frozenset()) -> None:
+    def __init__(self, module: fx.GraphModule, record: set[str] = frozenset(), *, retain_grad: bool = False) -> None:
         super().__init__(module)
         self.record = record
+        self.retain_grad = retain_grad
         self.values: dict[str, Any] = {}
         self.current: fx.Node | None = None
 
@@ -36,7 +43,12 @@ class RecordingInterpreter(fx.Interpreter):
     def run_node(self, n: fx.Node) -> Any:
         self.current = n
         value = super().run_node(n)
-        if n.name in self.record:
+        if n.name in self.record and self.retain_grad:
+            for t in pytree.tree_leaves(value):
+                if isinstance(t, torch.Tensor) and t.requires_grad:
+                    t.retain_grad()
+            self.values[n.name] = value
+        elif n.name in self.record:
             # later in-place ops must not change what was recorded
             self.values[n.name] = pytree.tree_map_only(torch.Tensor, lambda t: t.detach().clone(), value)
         return value

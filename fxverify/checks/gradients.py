@@ -4,11 +4,14 @@ Gradients with respect to the inputs, and to every parameter the transform
 kept unchanged, are compared in float64. Unless the contract says
 ``changes_parameters=True``, every parameter must be kept. A parameter of the
 original that survives in the result as a tensor must still be a trainable
-``nn.Parameter``.
+``nn.Parameter``. A gradient difference names the first kept node whose value
+differs, or else the kept node nearest the outputs whose gradient differs
+(:mod:`fxverify.localise`; ``details["divergence"]``).
 """
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 import torch
@@ -16,6 +19,7 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from fxverify.compare import compare_values
+from fxverify.localise import localise, localise_gradients
 from fxverify.module_state import resolve, tensors_equal
 from fxverify.result import Finding, Skip, exception_summary
 
@@ -42,8 +46,30 @@ def check(v: Any) -> dict[str, Any]:
             continue  # a kept parameter the rewritten graph no longer reads (a folded BN)
         found = compare_values(actual.get(name), grad, path=f"grad of {name}", tolerance=v.float64_tolerance)
         if found is not None:
-            raise Finding(f"gradients differ: {found.describe()}", input=where, where=found.path)
+            finding = Finding(f"gradients differ: {found.describe()}", input=where, where=found.path)
+            _localise_into(v, finding, original, result, config.make(v.case.seed, dtype=torch.float64))
+            raise finding
     return {"inputs_and_parameters_compared": len(expected)}
+
+
+def _localise_into(v: Any, finding: Finding, original: nn.Module, result: nn.Module, inputs: tuple[Any, ...]) -> None:
+    """Name the first kept node whose value differs, else the kept node nearest the outputs
+    whose gradient differs (see :mod:`fxverify.localise`)."""
+    if not isinstance(original, fx.GraphModule) or not isinstance(result, fx.GraphModule):
+        return
+    try:
+        divergence = localise(original, result, inputs, v.float64_tolerance).divergence
+        note = " [float64 values]"
+        if divergence is None:
+            divergence = localise_gradients(original, result, inputs, v.float64_tolerance,
+                                            lambda out: _loss(out, v.case.seed))
+            note = " [float64 gradients, the kept node nearest the outputs]"
+    except Exception as exc:  # the check's own finding stands; say why it has no node
+        finding.node = f"not localised: {exception_summary(exc)}"
+        return
+    if divergence is not None:
+        finding.node = textwrap.indent(divergence.describe(note), " " * 14).lstrip()
+        finding.details["divergence"] = divergence.details()
 
 
 def _kept_parameters(v: Any, original: dict[str, nn.Parameter], result: nn.Module) -> list[str]:
@@ -91,15 +117,24 @@ def _check_still_trainable(original: dict[str, nn.Parameter], result: nn.Module)
                         )
 
 
+def _differentiable(outputs: Any) -> list[torch.Tensor]:
+    return [o for o in pytree.tree_leaves(outputs) if isinstance(o, torch.Tensor) and o.requires_grad]
+
+
+def _loss(outputs: Any, seed: int) -> torch.Tensor:
+    """sum(outputs * fixed random weights), over the outputs that require grad."""
+    gen = torch.Generator().manual_seed(seed)
+    weighted = [(o * torch.randn(o.shape, generator=gen, dtype=o.dtype)).sum() for o in _differentiable(outputs)]
+    return sum(weighted)  # type: ignore[return-value]
+
+
 def _gradients(module: nn.Module, inputs: tuple[torch.Tensor, ...], seed: int, params: list[str]) -> dict[str, torch.Tensor] | None:
     inputs = tuple(t.requires_grad_(True) if t.is_floating_point() else t for t in inputs)
     module.zero_grad(set_to_none=True)
-    outputs = [o for o in pytree.tree_leaves(module(*inputs)) if isinstance(o, torch.Tensor) and o.requires_grad]
-    if not outputs:
+    outputs = module(*inputs)
+    if not _differentiable(outputs):
         return None
-    gen = torch.Generator().manual_seed(seed)
-    loss = sum((o * torch.randn(o.shape, generator=gen, dtype=o.dtype)).sum() for o in outputs)
-    loss.backward()  # type: ignore[union-attr]
+    _loss(outputs, seed).backward()
     grads = {f"input {i}": t.grad for i, t in enumerate(inputs) if t.is_floating_point() and t.grad is not None}
     named = dict(module.named_parameters())
     grads.update({f"parameter {n!r}": named[n].grad for n in params if n in named and named[n].grad is not None})

@@ -6,19 +6,25 @@ when not allclose; then in float64, tightly, together with the values of every
 node the transform kept; then in train mode unless the contract is eval-only,
 with the RNG reseeded so dropout masks match, including updated buffers such
 as BatchNorm running statistics.
+
+A failure names the first node whose float64 value diverges (see
+:mod:`fxverify.localise`; ``details["divergence"]``). With a repro directory
+(``--fxverify-repro-dir``), a failure in the contract's primary mode is
+minimised (:mod:`fxverify.minimise`) and written as a standalone file
+(:mod:`fxverify.repro`; ``details["repro"]``).
 """
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 import torch
-from torch import fx
 
 from fxverify.compare import Mismatch, compare_trees, compare_values
+from fxverify.errors import FxVerifyError
+from fxverify.localise import Localisation, localise
 from fxverify.module_state import tensor_state
-from fxverify.node_map import kept_nodes
-from fxverify.recording import RecordingInterpreter
 from fxverify.result import Finding, exception_summary
 
 
@@ -26,7 +32,10 @@ def check(v: Any) -> dict[str, Any]:
     compared = []
     for config in v.case.configs:
         expected = _run_original(lambda: v.outputs("original", config), config.describe() + ", float32")
-        actual = _run(lambda: v.outputs("result", config), config.describe() + ", float32")
+        try:
+            actual = _run(lambda: v.outputs("result", config), config.describe() + ", float32")
+        except Finding as raised:
+            raise _with_repro(v, raised) from None
         found = compare_trees(
             actual,
             expected,
@@ -36,23 +45,30 @@ def check(v: Any) -> dict[str, Any]:
         if found is not None:
             finding = _finding(found, f"{config.describe()}, float32, {v.contract.primary_mode} mode")
             try:
-                finding.node = _float64_divergence(v)[1]
+                _localise_into(finding, _float64_localisation(v))
             except Finding as unrunnable:
                 finding.node = f"not localised: {unrunnable.what}"
-            raise finding
+            raise _with_repro(v, finding)
         compared.append(config.name)
-    found, node, kept = _float64_divergence(v)
-    if found is not None or node != NO_KEPT_NODE_DIVERGED:
+    located = _float64_localisation(v)
+    if located.outputs is not None or located.divergence is not None:
+        found = located.outputs
         what = (
             f"outputs differ: {found.describe()}" if found
             else "outputs agree, but a value the transform kept differs (a later op hides it)"
         )
-        raise Finding(what, input=_float64_input(v), where=found.path if found else None, node=node,
-                      details=_numbers(found))
+        finding = Finding(what, input=_float64_input(v), where=found.path if found else None, details=_numbers(found))
+        _localise_into(finding, located)
+        raise _with_repro(v, finding)
     modes = [m for m in v.contract.modes if m != v.contract.primary_mode]
     for mode in modes:
-        _compare_other_mode(v, mode)
-    return {"configs": compared, "kept_nodes_compared": kept, "other_modes": modes}
+        try:
+            _compare_other_mode(v, mode)
+        except Finding as finding:
+            if v.repro_dir:
+                finding.what += f"\nno repro written: only failures in {v.contract.primary_mode} mode are minimised"
+            raise
+    return {"configs": compared, "kept_nodes_compared": located.compared, "other_modes": modes}
 
 
 NO_KEPT_NODE_DIVERGED = "no kept node diverged: the difference arises in nodes the transform changed"
@@ -62,35 +78,46 @@ def _float64_input(v: Any) -> str:
     return f"{v.primary.describe()}, float64, {v.contract.primary_mode} mode"
 
 
-def _float64_divergence(v: Any) -> tuple[Mismatch | None, str, int]:
-    """Run both modules in float64 on the primary inputs, recording every kept node.
-
-    Returns the first output difference, the first kept node that diverges
-    (or :data:`NO_KEPT_NODE_DIVERGED`), and how many kept nodes were compared.
-    """
+def _float64_localisation(v: Any) -> Localisation:
+    """Both modules run in float64 on the primary inputs, every kept node recorded."""
     original, result = v.module("original", torch.float64), v.module("result", torch.float64)
     inputs = v.primary.make(v.case.seed, dtype=torch.float64)
-    pairs = kept_nodes(original, result) if isinstance(result, fx.GraphModule) else []
-    names = {new.name for _, new in pairs}
-    with torch.no_grad():
-        recorder = RecordingInterpreter(original, names)
-        expected = recorder.run(*inputs)
-        if isinstance(result, fx.GraphModule):
-            result_recorder = RecordingInterpreter(result, names)
-            actual = _run(lambda: result_recorder.run(*inputs), _float64_input(v))
-            recorded = result_recorder.values
-        else:
-            actual = _run(lambda: result(*inputs), _float64_input(v))
-            recorded = {}
-    node = NO_KEPT_NODE_DIVERGED
-    for old, new in pairs:
-        diverged = compare_trees(
-            recorded.get(new.name), recorder.values.get(old.name), tolerance=v.float64_tolerance, root=f"%{new.name}"
-        )
-        if diverged is not None:
-            node = _node_text(new, diverged) + " [float64]"
-            break
-    return compare_trees(actual, expected, tolerance=v.float64_tolerance), node, len(pairs)
+    return localise(original, result, inputs, v.float64_tolerance, guard=lambda run: _run(run, _float64_input(v)))
+
+
+def _localise_into(finding: Finding, located: Localisation) -> None:
+    """Name the first divergent kept node (or the changed nodes feeding the outputs) in ``finding``."""
+    if located.divergence is not None:
+        finding.node = textwrap.indent(located.divergence.describe(" [float64]"), " " * 14).lstrip()
+        finding.details["divergence"] = located.divergence.details()
+    elif located.changed_before_output:
+        finding.node = f"{NO_KEPT_NODE_DIVERGED}: {located.changed_before_output}"
+    else:
+        finding.node = NO_KEPT_NODE_DIVERGED
+
+
+def _with_repro(v: Any, finding: Finding) -> Finding:
+    """With a repro directory (``--fxverify-repro-dir``): minimise the failure and write a
+    standalone repro there, named in the finding and in ``details["repro"]``."""
+    if not v.repro_dir:
+        return finding
+    from fxverify.minimise import minimise_failure
+    from fxverify.repro import repro_stem, write_repro
+
+    try:
+        found = minimise_failure(v)
+        path = write_repro(found, v.repro_dir, repro_stem(v.case.name, "numerics", v.transform.spec),
+                           title=f"{v.transform.spec} fails numerics on a subgraph of {v.case.name}")
+    except FxVerifyError as exc:
+        finding.what += f"\nno repro written: {exc}"
+        return finding
+    except Exception as exc:  # torch's minifier on a graph it was not written for: the finding stands
+        finding.what += (f"\nno repro written: minimising raised {exception_summary(exc)}; "
+                         "please report this to fxverify")
+        return finding
+    finding.details["repro"] = str(path)
+    finding.what += f"\nrepro:      python {path}  ({found.describe()})"
+    return finding
 
 
 def _compare_other_mode(v: Any, mode: str) -> None:
@@ -127,11 +154,6 @@ def _numbers(found: Mismatch | None) -> dict[str, Any]:
     if found is None or found.max_abs is None:
         return {}
     return {"max_abs": found.max_abs, "max_rel": found.max_rel}
-
-
-def _node_text(node: fx.Node, found: Mismatch) -> str:
-    target = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
-    return f"%{node.name} ({node.op} {target}): {found.describe()}"
 
 
 ORIGINAL_RAISED = (

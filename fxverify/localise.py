@@ -1,0 +1,229 @@
+"""Where a transform's result first goes wrong: both modules are run with a
+:class:`~fxverify.recording.RecordingInterpreter`, result nodes are mapped to
+original nodes (:func:`fxverify.node_map.correspondence`: name, provenance,
+position), and the first node the transform kept whose value differs beyond
+tolerance is reported with its opcode, target, line of generated code, shape,
+dtype and error, and the nodes the transform changed that feed it. For a
+gradient failure with equal values, :func:`localise_gradients` names the kept
+node nearest the outputs whose gradient differs, and the changed nodes it feeds.
+
+>>> import copy, torch
+>>> from fxverify.compare import Tolerance
+>>> gm = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Tanh()))
+>>> broken = copy.deepcopy(gm)  # a rewrite of the relu that forgets what it computes
+>>> broken.add_module("identity", torch.nn.Identity())
+>>> broken.graph.find_nodes(op="call_module", target="0")[0].target = "identity"
+>>> _ = broken.recompile()
+>>> found = localise(gm, broken, (torch.tensor([[-1.0, 2.0]]),), Tolerance())
+>>> print(found.divergence.describe())  # doctest: +ELLIPSIS
+%_1 (call_module 1): %_1: values differ: max abs err 0.762 at index (0, 0), max rel err ...
+code: _1 = getattr(self, "1")(_0);  _0 = None
+value: (1, 2) float32; the original's %_1, mapped by name
+reads nodes the transform changed: %_0 (call_module identity)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.utils import _pytree as pytree
+
+from fxverify.compare import Mismatch, Tolerance, compare_trees
+from fxverify.graph_text import target_name
+from fxverify.node_map import Match, correspondence, kept_nodes
+from fxverify.recording import RecordingInterpreter
+
+MAX_CHANGED_SHOWN = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class Divergence:
+    """The first kept node whose value (or gradient) differs, and where it sits."""
+
+    result_node: fx.Node
+    match: Match
+    mismatch: Mismatch
+    code_line: str | None
+    value: Any
+    changed: tuple[str, ...]  # result nodes the transform changed that feed it (or that it feeds)
+    changed_role: str = "reads"  # "reads": a value diverged; "feeds": a gradient diverged
+
+    def details(self) -> dict[str, Any]:
+        """JSON-serialisable facts (``CheckResult.details["divergence"]``)."""
+        node, value = self.result_node, self.value
+        tensor = isinstance(value, torch.Tensor)
+        return {
+            "result_node": node.name,
+            "original_node": self.match.original.name,
+            "op": node.op,
+            "target": target_name(node),
+            "code_line": self.code_line,
+            "shape": list(value.shape) if tensor else None,
+            "dtype": str(value.dtype).removeprefix("torch.") if tensor else None,
+            "max_abs": self.mismatch.max_abs,
+            "max_rel": self.mismatch.max_rel,
+            "how_mapped": self.match.how,
+        }
+
+    def describe(self, note: str = "") -> str:
+        """A few lines for a failure message: the node and error (then ``note``), its code, its value,
+        the changed nodes it reads."""
+        facts = self.details()
+        head = f"%{facts['result_node']} ({facts['op']} {_short_target(self.result_node)}): {self.mismatch.describe()}"
+        lines = [head + note]
+        if self.code_line:
+            lines.append(f"code: {self.code_line}")
+        shape = f"{tuple(facts['shape'])} {facts['dtype']}" if facts["shape"] is not None else type(self.value).__name__
+        lines.append(f"value: {shape}; the original's %{facts['original_node']}, mapped by {facts['how_mapped']}")
+        if self.changed:
+            changed = describe_nodes(self.result_node.graph, self.changed)
+            lines.append(f"{self.changed_role} nodes the transform changed: {changed}")
+        return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class Localisation:
+    """Both modules run on the same inputs: the first output difference, the first divergent
+    kept node (None when every kept node agrees), how many kept nodes were compared, and,
+    when no kept node diverged, the changed nodes that feed the outputs (described)."""
+
+    outputs: Mismatch | None
+    divergence: Divergence | None
+    compared: int
+    changed_before_output: str = ""
+
+
+def localise(
+    original: fx.GraphModule,
+    result: nn.Module,
+    inputs: tuple[Any, ...],
+    tolerance: Tolerance,
+    *,
+    guard: Callable[[Callable[[], Any]], Any] = lambda run: run(),
+) -> Localisation:
+    """Run ``original`` and ``result`` on ``inputs`` (no grad), recording every kept node,
+    and find the first kept node whose value differs. ``guard`` wraps the result's run
+    (to turn its exceptions into findings)."""
+    if not isinstance(result, fx.GraphModule):  # nothing to map: the outputs alone
+        with torch.no_grad():
+            expected, actual = original(*inputs), guard(lambda: result(*inputs))
+        return Localisation(compare_trees(actual, expected, tolerance=tolerance), None, 0)
+    matches = correspondence(original, result)
+    pairs = kept_nodes(original, result, matches)
+    with torch.no_grad():
+        expected_recorder = RecordingInterpreter(original, {old.name for old, _ in pairs})
+        expected = expected_recorder.run(*inputs)
+        recorder = RecordingInterpreter(result, {new.name for _, new in pairs})
+        actual = guard(lambda: recorder.run(*inputs))
+    outputs = compare_trees(actual, expected, tolerance=tolerance)
+    kept = {new for _, new in pairs} | set(result.graph.find_nodes(op="placeholder"))
+    for old, new in pairs:
+        found = compare_trees(recorder.values.get(new.name), expected_recorder.values.get(old.name),
+                              tolerance=tolerance, root=f"%{new.name}")
+        if found is not None:
+            divergence = Divergence(new, matches[new], found, code_line(result, new),
+                                    recorder.values.get(new.name), changed_upstream(new, kept))
+            return Localisation(outputs, divergence, len(pairs))
+    changed = changed_upstream(next(iter(result.graph.find_nodes(op="output"))), kept)
+    return Localisation(outputs, None, len(pairs), describe_nodes(result.graph, changed))
+
+
+def localise_gradients(
+    original: fx.GraphModule,
+    result: fx.GraphModule,
+    inputs: tuple[Any, ...],
+    tolerance: Tolerance,
+    loss: Callable[[Any], torch.Tensor],
+) -> Divergence | None:
+    """Backpropagate ``loss(outputs)`` through both modules, recording the gradient of every
+    kept node, and return the kept node nearest the outputs whose gradient differs: the
+    gradient first goes wrong in a changed node it feeds (None when all agree).
+
+    >>> from fxverify.compare import Tolerance
+    >>> gm = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Tanh(), torch.nn.ReLU()))
+    >>> broken = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Tanh(), torch.nn.ReLU()))
+    >>> relu = broken.graph.find_nodes(op="call_module", target="1")[0]
+    >>> with broken.graph.inserting_before(relu):
+    ...     relu.args = (broken.graph.call_method("detach", (relu.args[0],)),)
+    >>> _ = broken.recompile()
+    >>> found = localise_gradients(gm, broken, (torch.ones(3),), Tolerance(), lambda out: out.sum())
+    >>> found.details()["result_node"], found.changed, found.mismatch.reason
+    ('_0', ('detach', '_1'), 'expected tensor (3,) torch.float32, got None')
+    """
+    matches = correspondence(original, result)
+    pairs = kept_nodes(original, result, matches)
+    grads = []
+    for module, names in ((original, {old.name for old, _ in pairs}), (result, {new.name for _, new in pairs})):
+        recorder = RecordingInterpreter(module, names, retain_grad=True)
+        given = tuple(t.detach().clone().requires_grad_(True) if isinstance(t, torch.Tensor) and t.is_floating_point()
+                      else t for t in inputs)
+        module.zero_grad(set_to_none=True)
+        outputs = recorder.run(*given)
+        differentiable = [o for o in pytree.tree_leaves(outputs) if isinstance(o, torch.Tensor) and o.requires_grad]
+        if differentiable:
+            loss(outputs).backward()
+        module.zero_grad(set_to_none=True)
+        grads.append({name: pytree.tree_map_only(torch.Tensor, lambda t: t.grad, value)
+                      for name, value in recorder.values.items()})
+    expected, actual = grads
+    kept = {new for _, new in pairs} | set(result.graph.find_nodes(op="placeholder"))
+    for old, new in reversed(pairs):
+        found = compare_trees(actual.get(new.name), expected.get(old.name), tolerance=tolerance,
+                              root=f"gradient of %{new.name}")
+        if found is not None:
+            return Divergence(new, matches[new], found, code_line(result, new), actual.get(new.name),
+                              changed_downstream(new, kept), "feeds")
+    return None
+
+
+def code_line(gm: fx.GraphModule, node: fx.Node) -> str | None:
+    """The line of ``gm.code`` that computes ``node`` (None for placeholders and code not found).
+
+    >>> gm = torch.fx.symbolic_trace(torch.nn.ReLU())
+    >>> code_line(gm, list(gm.graph.nodes)[1])
+    'relu = torch.nn.functional.relu(input_1, inplace = False);  input_1 = None'
+    """
+    if node.op == "placeholder":
+        return None
+    pattern = re.compile(r"return\b" if node.op == "output" else rf"{re.escape(node.name)}\s*(:[^=]*)?=[^=]")
+    return next((line.strip() for line in gm.code.splitlines() if pattern.match(line.strip())), None)
+
+
+def changed_upstream(node: fx.Node, kept: set[fx.Node]) -> tuple[str, ...]:
+    """Names of the nodes that feed ``node`` through nodes the transform changed (not in
+    ``kept``), stopping at kept nodes, in graph order."""
+    return _changed_around(node, kept, lambda n: n.all_input_nodes)
+
+
+def changed_downstream(node: fx.Node, kept: set[fx.Node]) -> tuple[str, ...]:
+    """Names of the changed nodes (not in ``kept``) that ``node`` feeds, up to kept nodes and the output."""
+    return _changed_around(node, kept, lambda n: [u for u in n.users if u.op != "output"])
+
+
+def _changed_around(node: fx.Node, kept: set[fx.Node], step: Callable[[fx.Node], list[fx.Node]]) -> tuple[str, ...]:
+    seen: set[fx.Node] = set()
+    stack = [n for n in step(node) if n not in kept]
+    while stack:
+        current = stack.pop()
+        if current not in seen:
+            seen.add(current)
+            stack.extend(n for n in step(current) if n not in kept)
+    return tuple(n.name for n in node.graph.nodes if n in seen)
+
+
+def describe_nodes(graph: fx.Graph, names: tuple[str, ...]) -> str:
+    """``%a (op target), %b (op target)`` for the nodes of ``graph`` named ``names`` (the first few)."""
+    nodes = {n.name: n for n in graph.nodes}
+    shown = [f"%{name} ({nodes[name].op} {_short_target(nodes[name])})" for name in names[:MAX_CHANGED_SHOWN]]
+    more = f" and {len(names) - MAX_CHANGED_SHOWN} more" if len(names) > MAX_CHANGED_SHOWN else ""
+    return ", ".join(shown) + more
+
+
+def _short_target(node: fx.Node) -> str:
+    return node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
+
