@@ -11,6 +11,8 @@ rewrites parameters, so it declares that contract.
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import fx, nn
 
 from fxverify.contracts import contract
@@ -26,4 +28,20 @@ def fuse_conv_bn(gm: fx.GraphModule) -> nn.Module:
 
 def identity(gm: fx.GraphModule) -> fx.GraphModule:
     """Rebuild the module through ``torch.fx.Transformer``: changes nothing."""
-    return fx.Transformer(gm).transform()
+    return KeepWrappedTransformer(gm).transform()
+
+
+class KeepWrappedTransformer(fx.Transformer):
+    """A ``torch.fx.Transformer`` that keeps calls of ``torch.fx.wrap``-ed functions wrapped.
+
+    torch's Transformer drops ``node.meta["is_wrapped"]``, the mark that makes the
+    generated code re-register the function with ``torch.fx.wrap``: its result then
+    cannot be re-traced or unpickled (the ``retrace`` and ``pickle`` checks catch
+    that). Subclass this instead of ``fx.Transformer`` to keep the mark.
+    """
+
+    def run_node(self, n: fx.Node) -> Any:
+        value = super().run_node(n)
+        if n.meta.get("is_wrapped") and isinstance(value, fx.Proxy):
+            value.node.meta["is_wrapped"] = True
+        return value

@@ -8,11 +8,20 @@ compared (and later stored) as text.
 placeholder input_1 target=input users=[relu] args=() kwargs={}
 call_function relu target=torch.nn.functional.relu users=[output] args=(%input_1,) kwargs={'inplace': False}
 output output target=output users=[] args=(%relu,) kwargs={}
+
+``anonymous=True`` numbers the nodes instead of naming them, placeholders first and
+get_attr nodes next by target (where these inputs sit means nothing), and leaves users
+out (args give every edge): graphs that differ only in node names and input positions,
+as a re-trace does, compare equal, and the first differing line is the first node that differs:
+
+>>> print(canonical_text(gm.graph, anonymous=True).splitlines()[1])
+call_function 1 target=torch.nn.functional.relu args=(%0,) kwargs={'inplace': False}
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from torch import fx
@@ -20,15 +29,22 @@ from torch import fx
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
-def canonical_text(graph: fx.Graph) -> str:
-    """The canonical text of ``graph``."""
-    return "\n".join(node_line(node) for node in graph.nodes)
+def canonical_text(graph: fx.Graph, *, anonymous: bool = False) -> str:
+    """The canonical text of ``graph``; ``anonymous``: nodes numbered 0, 1, ..., inputs first."""
+    if not anonymous:
+        return "\n".join(node_line(node) for node in graph.nodes)
+    rank = {"placeholder": 0, "get_attr": 1}
+    nodes = sorted(graph.nodes, key=lambda n: (rank.get(n.op, 2), n.target if n.op == "get_attr" else ""))  # stable
+    numbers = {node: str(i) for i, node in enumerate(nodes)}
+    return "\n".join(node_line(node, numbers.__getitem__, users=False) for node in nodes)
 
 
-def node_line(node: fx.Node) -> str:
-    """One node's canonical line."""
-    users = ",".join(u.name for u in node.users)
-    line = f"{node.op} {node.name} target={target_name(node)} users=[{users}] args={_arg(node.args)} kwargs={_arg(node.kwargs)}"
+def node_line(node: fx.Node, name: Callable[[fx.Node], str] = lambda n: n.name, *, users: bool = True) -> str:
+    """One node's canonical line, nodes called by ``name`` (their own names by default);
+    ``users=False`` leaves the users out."""
+    listed = f" users=[{','.join(name(u) for u in node.users)}]" if users else ""
+    line = (f"{node.op} {name(node)} target={target_name(node)}{listed} "
+            f"args={_arg(node.args, name)} kwargs={_arg(node.kwargs, name)}")
     return _ADDRESS.sub(" at 0x?", line)
 
 
@@ -39,13 +55,23 @@ def target_name(node: fx.Node) -> str:
     return fx.node._get_qualified_name(node.target)  # type: ignore[arg-type]
 
 
-def _arg(value: Any) -> str:
-    return str(fx.node.map_arg(value, lambda n: _NodeRef(n.name)))
+def _arg(value: Any, name: Callable[[fx.Node], str]) -> str:
+    return str(fx.node.map_aggregate(fx.node.map_arg(value, lambda n: _Verbatim("%" + name(n))), _sorted_set))
 
 
-class _NodeRef:
-    def __init__(self, name: str) -> None:
-        self.name = name
+def _sorted_set(value: Any) -> Any:
+    """Sets print in hash order, which varies with ``PYTHONHASHSEED``: print them sorted."""
+    if isinstance(value, (set, frozenset)) and value:
+        text = "{" + ", ".join(sorted(map(repr, value))) + "}"
+        return _Verbatim(text if type(value) is set else f"{type(value).__name__}({text})")
+    return value
+
+
+class _Verbatim:
+    """Prints as the given text inside a container's repr."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
 
     def __repr__(self) -> str:
-        return f"%{self.name}"
+        return self.text

@@ -42,7 +42,19 @@ def torch_remove_dropout(gm: fx.GraphModule, tracer_class: type[fx.Tracer] = fx.
         return fx.GraphModule(module, tracer_class().trace(module))
 
     with unittest.mock.patch.object(torch.fx, "symbolic_trace", retrace):
-        return remove_dropout(gm)
+        return _rewrap(gm, remove_dropout(gm))
+
+
+def _rewrap(given: fx.GraphModule, result: fx.GraphModule) -> fx.GraphModule:
+    """Marks again the calls of functions ``given`` called as ``torch.fx.wrap``-ed: torch's
+    Transformer-based passes drop ``node.meta["is_wrapped"]``, and their results then cannot be
+    re-traced or unpickled (see ``plain_transformer_drops_wraps``)."""
+    wrapped = {n.target for n in given.graph.nodes if n.op == "call_function" and n.meta.get("is_wrapped")}
+    for node in result.graph.nodes:
+        if node.op == "call_function" and node.target in wrapped:
+            node.meta["is_wrapped"] = True
+    result.recompile()
+    return result
 
 
 def normalize_args(gm: fx.GraphModule) -> nn.Module:
@@ -51,8 +63,8 @@ def normalize_args(gm: fx.GraphModule) -> nn.Module:
 
 
 def transformer_identity(gm: fx.GraphModule) -> nn.Module:
-    """A torch.fx.Transformer that changes nothing."""
-    return fx.Transformer(gm).transform()
+    """A torch.fx.Transformer that changes nothing (and keeps wrapped functions wrapped)."""
+    return fxverify.examples.KeepWrappedTransformer(gm).transform()
 
 
 def relu_to_clamp_in_place(gm: fx.GraphModule) -> None:
@@ -72,7 +84,7 @@ def retrace_with_tracer_class(m: nn.Module, tracer_class: type = fx.Tracer) -> n
 
 def torch_normalize_operators(gm: fx.GraphModule) -> nn.Module:
     """torch's NormalizeOperators: torch.add / torch.mul / ... respelled as operator.add / ..."""
-    return NormalizeOperators(gm).transform()
+    return _rewrap(gm, NormalizeOperators(gm).transform())
 
 
 def _flatten_pattern(x: torch.Tensor) -> torch.Tensor:
@@ -437,6 +449,39 @@ def casts_output_to_float32(gm: fx.GraphModule) -> nn.Module:
     return _rewrite_output(gm, lambda g, x: g.call_method("float", (x,)))
 
 
+def _relu_kernel(x: torch.Tensor) -> torch.Tensor:
+    """Stands in for a custom kernel: a plain Python function, not registered with torch.fx.wrap."""
+    return x.clamp(min=0)
+
+
+def calls_unwrapped_kernel(gm: fx.GraphModule) -> nn.Module:
+    """Routes functional relu through a Python helper (a custom-kernel stand-in) never registered with
+    torch.fx.wrap: the code runs right, but re-tracing it (torch's fuse and remove_dropout do, and so does
+    unpickling) traces into the helper and gives another graph."""
+    gm = copy.deepcopy(gm)
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is F.relu:
+            node.target = _relu_kernel
+            node.kwargs = {}
+    gm.recompile()
+    return gm
+
+
+def keeps_a_closure_in_meta(gm: fx.GraphModule) -> nn.Module:
+    """Leaves its node filter in gm.meta for a later pass: a lambda, so the module can no longer be
+    pickled (torch.save, checkpoints, multiprocessing)."""
+    gm = copy.deepcopy(gm)
+    gm.meta["fusion_filter"] = lambda node: node.op == "call_module"
+    return gm
+
+
+def plain_transformer_drops_wraps(gm: fx.GraphModule) -> nn.Module:
+    """Rebuilds the graph with a plain torch.fx.Transformer, which drops node.meta["is_wrapped"]: the
+    result's code no longer registers torch.fx.wrap-ed functions, so re-tracing or unpickling it
+    traces into them (torch's own remove_dropout and NormalizeOperators do the same)."""
+    return fx.Transformer(gm).transform()
+
+
 def returns_graph(gm: fx.GraphModule) -> fx.Graph:
     """Returns the Graph instead of a GraphModule."""
     return copy.deepcopy(gm).graph
@@ -491,4 +536,7 @@ BUGGY = {
     unties_tied_weights: "gradients",
     replace_uses_makes_a_cycle: "lint",
     casts_output_to_float32: "numerics",
+    calls_unwrapped_kernel: "retrace",
+    keeps_a_closure_in_meta: "pickle",
+    plain_transformer_drops_wraps: "retrace",
 }

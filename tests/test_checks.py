@@ -20,6 +20,7 @@ MODEL_FOR = {
     mutations.dead_code_elimination_drops_mutations: "edge_inplace_ops",  # needs unused in-place ops
     mutations.legalize_graph_reorders_mutations: "edge_inplace_ops",  # needs an in-place write with no users
     mutations.unties_tied_weights: "edge_tied_weights",  # needs a shared Parameter
+    mutations.plain_transformer_drops_wraps: "edge_wrapped_function",  # needs a torch.fx.wrap-ed function
 }
 
 
@@ -39,7 +40,8 @@ def test_each_bug_is_caught_by_its_check(buggy):
 @pytest.mark.parametrize("correct", mutations.CORRECT, ids=lambda f: f.__name__)
 def test_correct_transforms_pass_every_check(correct):
     results = fxverify.verify(correct, "edge_conv_bn_head")
-    assert [r.check for r in results] == ["lint", "determinism", "numerics", "gradients", "devices", "cuda", "purity"]
+    assert [r.check for r in results] == ["lint", "determinism", "numerics", "gradients", "devices", "cuda", "purity",
+                                          "recompile", "retrace", "to_folder", "pickle", "interpreter", "golden"]
     failures = [r.message for r in results if not r.ok]
     assert not failures, "\n\n".join(failures)
 

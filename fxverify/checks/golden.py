@@ -1,0 +1,37 @@
+"""golden: the generated code and graph, after tracing and after the transform, match the golden file.
+
+The file is ``<golden dir>/<transform>/<model>.golden`` (see :mod:`fxverify.golden`); the golden
+dir is ``--fxverify-golden-dir`` (default ``fxverify_golden`` under pytest's rootdir), or the
+``golden_dir`` given to :class:`~fxverify.verification.Verification` (default ``fxverify_golden``
+in the current directory). With ``--fxverify-update-golden`` (``update_golden=True``) the file is
+written or rewritten instead. The check skips while the transform has no golden folder at all,
+saying how to create it; a missing file or a mismatch fails, with a unified diff and an
+``.obtained`` file beside the golden one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torch import fx
+
+from fxverify import golden
+from fxverify.result import Finding, Skip
+
+
+def check(v: Any) -> dict[str, Any]:
+    applied = v.applied()
+    if not isinstance(applied.result, fx.GraphModule):
+        raise Skip(f"the transform returned a {type(applied.result).__name__}, not a GraphModule: no code to compare")
+    root = Path(v.golden_dir) if v.golden_dir is not None else Path.cwd() / golden.DEFAULT_DIR
+    path = golden.golden_path(root, v.transform.spec, v.case.name)
+    text = golden.golden_text(applied.original, applied.result, model=v.case.name, transform=v.transform.spec)
+    if v.update_golden:
+        return {"golden": golden.update_golden(path, text), "golden_file": str(path)}
+    try:
+        return {"golden": golden.check_golden(path, text), "golden_file": str(path)}
+    except golden.GoldenDirMissing as missing:
+        raise Skip(str(missing)) from None
+    except golden.GoldenMismatch as mismatch:
+        raise Finding(str(mismatch), where=mismatch.where) from None

@@ -1,0 +1,274 @@
+"""Round trips: recompile, retrace, to_folder, pickle/deepcopy and the Interpreter all agree with the module.
+
+Five checks, each on the transformed GraphModule, each comparing with that module's own
+outputs on the primary inputs (value by value, first differing output path named):
+
+- ``recompile``: a copy recompiled has the same code and outputs (a graph edited without
+  ``recompile()``, or a forward patched by hand that the next pass's ``recompile()`` discards);
+- ``retrace``: re-tracing the generated code with the model's tracer class gives an isomorphic
+  graph (see :func:`_same_graph`). Modules the graph calls stay leaves, so what is compared is
+  the code, not the tracer's leaf policy; the entry's ``concrete_args`` are not passed again,
+  since the generated code already holds their specialisation (its asserts, under renamed
+  parameters). A plain Python function inserted as a ``call_function`` target without
+  ``torch.fx.wrap`` is traced into, and a pass that retraces (torch's ``fuse``,
+  ``remove_dropout``) sees another graph;
+- ``to_folder``: ``gm.to_folder()`` exported, imported as a fresh package, same outputs;
+- ``pickle``: ``copy.deepcopy`` gives the same code, a ``pickle`` round trip (which re-traces
+  the code) an isomorphic graph, both the same outputs;
+- ``interpreter``: ``torch.fx.Interpreter`` (the graph, node by node) equals the generated
+  forward, output by output.
+
+When the original trace fails the same round trip (torch's ``to_folder`` cannot export a
+function registered with ``torch.fx.wrap``, say), the check skips saying that the original fails
+it too, with both reasons: not the transform's doing.
+
+>>> import fxverify
+>>> fxverify.check_pickle(fxverify.examples.identity, "edge_conv_bn_head").outcome
+'passed'
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib.util
+import pickle
+import sys
+import tempfile
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.fx.operator_schemas import normalize_function
+
+from fxverify import tracing
+from fxverify.compare import compare_trees
+from fxverify.graph_text import canonical_text
+from fxverify.module_state import first_line_difference
+from fxverify.recording import RecordingInterpreter
+from fxverify.result import Finding, Skip, exception_summary
+
+Trip = Callable[[Any, str], None]  # (verification, "result" or "original"): raises Finding
+
+
+def check_recompile(v: Any) -> dict[str, Any]:
+    return _round_trip(v, _recompile)
+
+
+def check_retrace(v: Any) -> dict[str, Any]:
+    return _round_trip(v, _retrace, retraces=True)
+
+
+def check_to_folder(v: Any) -> dict[str, Any]:
+    return _round_trip(v, _to_folder)
+
+
+def check_pickle(v: Any) -> dict[str, Any]:
+    return _round_trip(v, _pickle, retraces=True)  # unpickling re-traces the code
+
+
+def check_interpreter(v: Any) -> dict[str, Any]:
+    return _round_trip(v, _interpreter)
+
+
+def _round_trip(v: Any, trip: Trip, *, retraces: bool = False) -> dict[str, Any]:
+    """Run ``trip`` on the result; when it fails, run it on the original to see whose fault it is."""
+    result = v.applied().result
+    if not isinstance(result, fx.GraphModule):
+        raise Skip(f"the transform returned a {type(result).__name__}, not a GraphModule: no graph to round-trip")
+    try:
+        trip(v, "result")
+    except Finding as finding:
+        try:
+            trip(v, "original")
+        except Finding as also:
+            result_too = "" if also.what == finding.what else f" (the result: {finding.what})"
+            raise Skip(f"the original trace fails this round trip too, so it is not the transform's doing: "
+                       f"{also.what}{result_too}") from None
+        lost = _lost_wraps(v) if retraces else None
+        if lost:
+            raise Finding(finding.what + "; " + lost, input=finding.input, where=finding.where) from None
+        raise
+    return {"mode": v.applied().mode}
+
+
+def _lost_wraps(v: Any) -> str | None:
+    """Why re-tracing the result may trace into functions the original kept opaque, if that is why."""
+    applied = v.applied()
+    wrapped = {n.target for n in applied.original.graph.nodes if n.op == "call_function" and n.meta.get("is_wrapped")}
+    lost = [f"%{n.name}" for n in applied.result.graph.nodes
+            if n.op == "call_function" and n.target in wrapped and not n.meta.get("is_wrapped")]
+    if not lost:
+        return None
+    return (
+        f"the original registered the function called by the result's {', '.join(lost[:3])} with torch.fx.wrap, "
+        "but the result's node lost node.meta['is_wrapped'] (torch.fx.Transformer and Graph.create_node do not carry "
+        "it over), so the generated code no longer registers it and re-tracing traces into it: copy "
+        "node.meta['is_wrapped'] to the new node, or subclass fxverify.examples.KeepWrappedTransformer"
+    )
+
+
+# -- the round trips ---------------------------------------------------------------------
+
+
+def _recompile(v: Any, which: str) -> None:
+    module = v.module(which)
+    copied = _step("copy.deepcopy", lambda: copy.deepcopy(module))
+    _step("recompile()", copied.recompile)
+    _same_code(module, copied, "recompile() changes the generated code: the graph was edited without calling "
+                               "gm.recompile() afterwards")
+    _same_outputs(v, which, copied, "after recompile() the module computes something else: its forward was not "
+                                    "the code generated from its graph (patched by hand?), and the next pass that "
+                                    "recompiles discards it")
+
+
+def _retrace(v: Any, which: str) -> None:
+    module = v.module(which)
+    name = v.case.tracer_class.__name__
+    tracer = _keeping_leaves(v.case.tracer_class, {str(n.target) for n in module.graph.find_nodes(op="call_module")})
+    tracing.forget_unpatchable_wraps()
+    try:
+        graph = _step(f"re-tracing with {name}", lambda: tracer().trace(module))
+    finally:
+        tracing.forget_unpatchable_wraps()
+    _same_graph(module.graph, graph,
+                f"re-tracing the generated code with {name} gives another graph: a call_function target that is a "
+                "plain Python function is traced into unless registered with torch.fx.wrap; a pass that retraces "
+                "will see the other graph")
+
+
+def _to_folder(v: Any, which: str) -> None:
+    module = v.module(which)
+    with tempfile.TemporaryDirectory(prefix="fxverify-") as tmp:
+        folder = Path(tmp) / "exported"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "saved as pickled files instead": expected for most children
+            _step("to_folder()", lambda: module.to_folder(folder, "FxModule"))
+        exported = _step("importing the package that to_folder() wrote", lambda: _import_fresh(folder).FxModule())
+    exported.train(module.training)
+    _same_outputs(v, which, exported, "the module exported by to_folder() and imported again computes something else")
+
+
+def _pickle(v: Any, which: str) -> None:
+    module = v.module(which)
+    copied = _step("copy.deepcopy", lambda: copy.deepcopy(module))
+    _same_code(module, copied, "copy.deepcopy generates different code")
+    _same_outputs(v, which, copied, "copy.deepcopy computes something else")
+    data = _step("pickle.dumps", functools.partial(pickle.dumps, copied))  # not the module: pickling recompiles it
+    del copied  # one extra copy of a big model in memory at a time
+    loaded = _step("pickle.loads", functools.partial(pickle.loads, data))  # re-traces the pickled code
+    del data
+    _same_graph(module.graph, loaded.graph, "the unpickled module has another graph")
+    _same_outputs(v, which, loaded, "the unpickled module computes something else")
+
+
+def _interpreter(v: Any, which: str) -> None:
+    module = v.module(which)
+    interpreter = RecordingInterpreter(module)  # torch.fx.Interpreter, passing fresh lists as generated code does
+    interpreted = _step("running the graph with torch.fx.Interpreter", lambda: _run(v, interpreter.run))
+    found = compare_trees(interpreted, _reference(v, which), tolerance=v.tolerance)
+    if found is not None:
+        raise Finding(
+            "torch.fx.Interpreter running the graph and the generated forward disagree: "
+            f"{found.describe()}; the code is not what the graph says (a custom CodeGen, or a forward patched by hand)",
+            input=_where(v), where=found.path,
+        )
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def _step(what: str, fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except Exception as exc:
+        raise Finding(f"{what} raised {exception_summary(exc)}") from None
+
+
+def _same_code(module: fx.GraphModule, other: fx.GraphModule, what: str) -> None:
+    if other.code != module.code:
+        raise Finding(what, where=first_line_difference(module.code, other.code))
+
+
+def _same_graph(graph: fx.Graph, other: fx.Graph, what: str) -> None:
+    """Isomorphic: the same anonymous canonical text (see :mod:`fxverify.graph_text`) once
+    equivalent spellings are made one: call_function arguments bound by keyword
+    (``normalize_function``: ``relu(input=x)`` and ``relu(x)`` are one call; a re-trace binds them
+    positionally), and attribute reads nothing uses left out (tracing creates those lazily, so a
+    re-trace of ``y = x.ndim; y = None`` drops them)."""
+    before, after = _isomorphism_form(graph), _isomorphism_form(other)
+    if before != after:
+        raise Finding(f"{what} (nodes numbered, names ignored, arguments bound by keyword)",
+                      where=first_line_difference(before, after))
+
+
+def _isomorphism_form(graph: fx.Graph) -> str:
+    graph = copy.deepcopy(graph)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # normalize_function warns about type hints it cannot build
+        for node in list(graph.nodes):
+            if node.op != "call_function":
+                continue
+            if node.target is getattr and not node.users:
+                graph.erase_node(node)
+                continue
+            try:
+                bound = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
+            except (RuntimeError, TypeError, ValueError):  # overloads it cannot tell apart: compare as written
+                bound = None
+            if bound is not None:
+                node.args, node.kwargs = (), bound.kwargs
+    return canonical_text(graph, anonymous=True)
+
+
+def _same_outputs(v: Any, which: str, other: nn.Module, what: str) -> None:
+    actual = _step("running the round-tripped module", lambda: _run(v, other))
+    found = compare_trees(actual, _reference(v, which), tolerance=v.tolerance)
+    if found is not None:
+        raise Finding(f"{what}: {found.describe()}", input=_where(v), where=found.path)
+
+
+def _reference(v: Any, which: str) -> Any:
+    """The module's own outputs (cached by the Verification in eval mode; train mode reseeds dropout)."""
+    if v.applied().mode == "eval":
+        return v.outputs(which)
+    return _run(v, v.module(which))
+
+
+def _run(v: Any, fn: Callable[..., Any]) -> Any:
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(v.case.seed + 1)
+        return fn(*v.primary.make(v.case.seed))
+
+
+def _where(v: Any) -> str:
+    return f"{v.primary.describe()}, float32, {v.applied().mode} mode"
+
+
+def _keeping_leaves(tracer_class: type[fx.Tracer], called: set[str]) -> type[fx.Tracer]:
+    """``tracer_class`` that also keeps every module the graph calls as a leaf."""
+
+    class KeepCalledModules(tracer_class):  # type: ignore[misc,valid-type]
+        def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+            return qualname in called or super().is_leaf_module(m, qualname)
+
+    return KeepCalledModules
+
+
+def _import_fresh(folder: Path) -> Any:
+    """Import ``folder`` as a package named after its (unique) temporary parent, then forget it."""
+    name = "fxverify_to_folder_" + folder.parent.name.replace("-", "_")
+    spec = importlib.util.spec_from_file_location(name, folder / "__init__.py",
+                                                  submodule_search_locations=[str(folder)])
+    assert spec is not None and spec.loader is not None
+    package = importlib.util.module_from_spec(spec)
+    sys.modules[name] = package
+    try:
+        spec.loader.exec_module(package)
+    finally:
+        for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
+            del sys.modules[key]
+    return package

@@ -1,0 +1,141 @@
+"""Each round-trip check catches a transform built to break it, names what broke, and does not
+blame the transform for what the original trace fails too."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import fx, nn
+
+import fxverify
+from fxverify.checks import CHECKS
+from tests import mutations
+
+ROUND_TRIPS = ["recompile", "retrace", "to_folder", "pickle", "interpreter"]
+
+
+def plain_mlp() -> fxverify.ModelCase:
+    """A model whose trace survives every round trip, to_folder included (no annotations, no wraps)."""
+    return fxverify.case_from_module("mlp", lambda: nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)),
+                                     [(2, 4)])
+
+
+def test_round_trips_run_after_the_other_checks_in_order():
+    assert list(CHECKS)[-6:] == [*ROUND_TRIPS, "golden"]
+
+
+def test_a_correct_transform_passes_every_round_trip():
+    results = fxverify.verify(mutations.torch_fuse, "edge_conv_bn_head", checks=ROUND_TRIPS)
+    outcomes = [r.outcome for r in results]
+    assert outcomes == ["passed", "passed", "skipped", "passed", "passed"], [r.message for r in results]
+    # torch's to_folder cannot export the `_torch_Tensor_` annotations of the traced code: not the transform's doing
+    assert "the original trace fails this round trip too" in results[2].message
+    assert all(r.ok for r in fxverify.verify(mutations.normalize_args, plain_mlp(), checks=ROUND_TRIPS))
+
+
+def test_recompile_catches_a_graph_edited_without_recompile():
+    message = fxverify.check_recompile(mutations.forgets_recompile, "edge_conv_bn_head").message
+    assert "recompile() changes the generated code" in message and "first diff: line" in message
+
+
+def patched_forward(gm: fx.GraphModule) -> nn.Module:
+    """Edits the generated source (relu -> relu6, 'activations stay small') and re-executes it as forward,
+    leaving the graph saying relu: the module computes what its graph does not say."""
+    gm = copy.deepcopy(gm)
+    namespace: dict = {"torch": torch}
+    exec(gm.code.replace("torch.relu(", "torch.nn.functional.relu6("), namespace)  # noqa: S102
+    type(gm).forward = namespace["forward"]
+    return gm
+
+
+class ScaledRelu(nn.Module):
+    def forward(self, x):
+        return torch.relu(x * 10.0)
+
+
+def scaled_relu_case() -> fxverify.ModelCase:
+    return fxverify.case_from_module("scaled_relu", ScaledRelu, [(2, 5)])
+
+
+def test_interpreter_catches_a_forward_that_is_not_its_graph():
+    message = fxverify.check_interpreter(patched_forward, scaled_relu_case()).message
+    assert "torch.fx.Interpreter running the graph and the generated forward disagree" in message
+    assert "first diff: output" in message and "max abs err" in message
+    # the next recompile() would silently drop the patch: the recompile check says so too
+    assert "after recompile() the module computes something else" in fxverify.check_recompile(
+        patched_forward, scaled_relu_case()).message
+
+
+def test_retrace_catches_a_helper_that_is_not_wrapped():
+    message = fxverify.check_retrace(mutations.calls_unwrapped_kernel, "edge_conv_bn_head").message
+    assert "gives another graph" in message and "torch.fx.wrap" in message
+    assert "target=tests.mutations._relu_kernel" in message and "call_method 3 target=clamp" in message
+
+
+def test_retrace_explains_wraps_lost_by_torch_transformer():
+    # torch.fx.Transformer does not copy node.meta['is_wrapped']: the result's code stops registering
+    # the wrapped function, and re-tracing (or unpickling) traces into it
+    result = fxverify.check_retrace(mutations.plain_transformer_drops_wraps, "edge_wrapped_function")
+    assert result.outcome == "failed"
+    assert "%pad_to_multiple" in result.message and "node.meta['is_wrapped']" in result.message
+
+
+def test_pickle_catches_an_unpicklable_attribute():
+    result = fxverify.check_pickle(mutations.keeps_a_closure_in_meta, "edge_conv_bn_head")
+    assert result.outcome == "failed"
+    assert "pickle.dumps raised" in result.message and "<lambda>" in result.message
+    assert fxverify.check_lint(mutations.keeps_a_closure_in_meta, "edge_conv_bn_head").ok  # deepcopy is fine
+
+
+def rescales_with_a_local_closure(gm: fx.GraphModule) -> nn.Module:
+    """Multiplies the output by a factor through a closure defined inside the transform."""
+    factor = 1.0
+
+    def rescale(x):
+        return x * factor
+
+    return mutations._rewrite_output(gm, lambda g, x: g.call_function(rescale, (x,)))
+
+
+def test_to_folder_catches_code_that_cannot_be_imported_again():
+    result = fxverify.check_to_folder(rescales_with_a_local_closure, plain_mlp())
+    assert result.outcome == "failed"
+    assert "to_folder" in result.message and "NameError" in result.message and "rescale" in result.message
+
+
+def test_what_the_original_fails_too_is_a_skip_with_both_reasons():
+    def rebuilds_then_rescales(gm):  # a Transformer drops the annotations that torch's to_folder cannot export
+        return rescales_with_a_local_closure(fxverify.examples.identity(gm))
+
+    result = fxverify.check_to_folder(rebuilds_then_rescales, "edge_conv_bn_head")
+    assert result.outcome == "skipped"
+    assert "the original trace fails this round trip too" in result.message
+    assert "name '_torch_Tensor_' is not defined (the result: " in result.message
+    assert "rescale' is not defined" in result.message
+
+
+def test_a_result_that_is_not_a_graph_module_is_skipped():
+    results = fxverify.verify(lambda gm: nn.Sequential(*gm.children()), plain_mlp(), checks=ROUND_TRIPS)
+    assert {r.outcome for r in results} == {"skipped"}
+    assert "not a GraphModule" in results[0].message
+
+
+def test_round_trips_leave_the_shared_result_alone():
+    # pickling a GraphModule recompiles it: the checks work on copies, so a later check still sees the bug
+    v = fxverify.Verification(mutations.forgets_recompile, "edge_conv_bn_head")
+    before = v.applied().result.code
+    assert [v.run(c).outcome for c in ("pickle", "interpreter")]
+    assert v.applied().result.code == before
+    assert v.run("lint").outcome == "failed"
+
+
+@pytest.mark.parametrize("check", ROUND_TRIPS)
+def test_train_only_contracts_round_trip_in_train_mode(check):
+    train_only = fxverify.contract(modes=("train",))(mutations.normalize_args)
+    case = fxverify.case_from_module(
+        "dropout_mlp", lambda: nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5), nn.Linear(8, 3)), [(2, 4)])
+    result = fxverify.verify(train_only, case, checks=[check])[0]
+    assert result.outcome == "passed", result.message  # dropout reseeded per run, so outputs compare
+    assert result.details["mode"] == "train"
