@@ -1,0 +1,134 @@
+"""Random-graph generation (issue 4): fxverify's ``graph_modules`` side by side with NNSmith 0.1.0.
+
+    python benchmarks/strategies.py [--graphs 1000] [--nodes 13] [--nnsmith-graphs 200] [--seed 0] [--threads 1]
+
+For each side, in this one process: graphs drawn + compiled (a ``GraphModule`` with
+its generated code) + executed once per second (wall clock and process CPU time,
+failures included), distinct operators covered, and the validity rate (the graph
+lints, runs, and gives the output shapes and dtypes its builder predicted). Then
+the ratios, against the goals: at least 10x NNSmith's throughput at equal graph
+size, at least twice its operator count, 100% validity.
+
+fxverify's graphs are drawn outside ``@given`` from ``random.Random(seed + i)``
+(the same path as ``--fxverify-random-graphs``), over every dtype, with
+``min_nodes = max_nodes = --nodes + --attrs`` computation nodes, so that the
+operators per graph (printed) match NNSmith's ``--nodes``. Both sides run with
+one torch thread (``--threads``). NNSmith's side is
+``benchmarks/strategies_nnsmith.py``'s ``measure()``; when NNSmith is not
+installed that side is skipped, saying why and how to install it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def measure(n_graphs: int = 1000, nodes: int = 13, seed: int = 0) -> dict[str, Any]:
+    """fxverify's figures for ``n_graphs`` graphs of ``nodes`` computation nodes.
+
+    Returns ``graphs_per_second``, ``graphs_per_cpu_second``, ``validity``,
+    ``distinct_ops`` (catalogue operations seen), ``distinct_targets`` (distinct FX
+    call targets seen), ``mean_operators`` (call_* nodes per graph) and ``catalogue_size``.
+    """
+    import torch
+    from hypothesis.internal.conjecture.data import ConjectureData
+
+    from fxverify.strategies import OPS, graph_modules
+    from fxverify.strategies.meta import ANY
+
+    strategy = graph_modules(min_nodes=nodes, max_nodes=nodes, dtypes=ANY)
+    ops: set[str] = set()
+    targets: set[str] = set()
+    valid = operators = 0
+    wall, cpu = time.perf_counter(), time.process_time()
+    for i in range(n_graphs):
+        case = ConjectureData(random=random.Random(seed + i)).draw(strategy)
+        try:
+            case.module.graph.lint()
+            with torch.no_grad():
+                case.check_predictions()
+        except Exception as exc:  # counted as invalid, and shown: there should be none
+            print(f"  invalid graph (seed {seed + i}): {type(exc).__name__}: {str(exc).splitlines()[0]}")
+            continue
+        valid += 1
+        ops.update(case.ops)
+        calls = [n for n in case.module.graph.nodes if n.op.startswith("call_")]
+        operators += len(calls)
+        targets.update(f"{n.op}:{getattr(n.target, '__name__', n.target)}" for n in calls
+                       if n.op != "call_module")
+        targets.update(f"module:{type(case.module.get_submodule(n.target)).__name__}" for n in calls
+                       if n.op == "call_module")
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return {
+        "graphs_per_second": n_graphs / wall,
+        "graphs_per_cpu_second": n_graphs / cpu,
+        "validity": valid / n_graphs,
+        "distinct_ops": len(ops),
+        "distinct_targets": len(targets),
+        "mean_operators": operators / max(valid, 1),
+        "catalogue_size": len(OPS),
+        "n": n_graphs,
+    }
+
+
+def nnsmith_measure() -> Any:
+    """``measure`` of ``benchmarks/strategies_nnsmith.py``, or None when that file is absent."""
+    path = Path(__file__).with_name("strategies_nnsmith.py")
+    if not path.is_file():
+        return None
+    spec = importlib.util.spec_from_file_location("strategies_nnsmith", path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module.measure
+
+
+def _row(name: str, figures: dict[str, Any]) -> str:
+    nodes = figures.get("mean_operators", figures.get("mean_nodes", float("nan")))
+    return (f"{name:10} {figures['graphs_per_second']:9.1f} {figures['graphs_per_cpu_second']:9.1f} "
+            f"{nodes:8.1f} {figures['distinct_ops']:8d} {figures['validity']:9.1%}  (n={figures['n']})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--graphs", type=int, default=1000, help="fxverify graphs to draw (default 1000)")
+    parser.add_argument("--nodes", type=int, default=13, help="operators (call nodes) per graph (default 13)")
+    parser.add_argument("--attrs", type=int, default=3,
+                        help="fxverify's node budget is --nodes + this: its budget also counts get_attr nodes "
+                        "(weights, constants; about 3 a graph), NNSmith's counts operators only (default 3)")
+    parser.add_argument("--nnsmith-graphs", type=int, default=200, help="NNSmith graphs (default 200: it is slower)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads for both sides (default 1: tiny tensors, threads only contend)")
+    args = parser.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    ours = measure(args.graphs, args.nodes + args.attrs, args.seed)
+    print(f"{'':10} {'graphs/s':>9} {'graphs/cpu-s':>9} {'ops/graph':>8} {'distinct':>8} {'validity':>9}")
+    print(_row("fxverify", ours))
+    print(f"{'':10} (catalogue: {ours['catalogue_size']} ops; {ours['distinct_targets']} distinct FX targets seen)")
+    theirs_measure = nnsmith_measure()
+    if theirs_measure is None:
+        print("NNSmith: skipped (benchmarks/strategies_nnsmith.py is absent)")
+        return 0
+    theirs = theirs_measure(args.nnsmith_graphs, args.nodes, args.seed)
+    if "unavailable" in theirs:
+        print(f"NNSmith: skipped, {theirs['unavailable']}")
+        return 0
+    print(_row("NNSmith", theirs))
+    speed = ours["graphs_per_second"] / theirs["graphs_per_second"]
+    cpu_speed = ours["graphs_per_cpu_second"] / theirs["graphs_per_cpu_second"]
+    coverage = ours["distinct_ops"] / max(theirs["distinct_ops"], 1)
+    print(f"ratios: throughput {speed:.1f}x wall, {cpu_speed:.1f}x CPU (goal >= 10x); distinct ops {coverage:.1f}x "
+          f"(goal >= 2x); validity {ours['validity']:.1%} vs {theirs['validity']:.1%} (goal 100%)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,26 @@
+"""Hypothesis strategies for torch.fx: random valid graphs, their inputs, and graphs
+embedding a rewrite pattern.
+
+    from hypothesis import given
+    import fxverify.strategies as fxs
+
+    @given(fxs.graph_modules(ops=["add", "F.relu", "matmul"], max_nodes=12))
+    def test_my_pass(case):
+        fxverify.assert_transform_ok(my_pass, case)
+
+``OPS`` lists the operator catalogue's names (``FAMILIES``: by family).
+"""
+
+from __future__ import annotations
+
+from fxverify.strategies.graphs import GraphCase, graph_modules
+from fxverify.strategies.ops import CATALOGUE, FAMILIES
+from fxverify.strategies.patterns import PatternCase, graphs_with_pattern
+from fxverify.strategies.tensors import SPECIAL_VALUES, Inputs, in_layout, inputs_for, tensors
+
+OPS: tuple[str, ...] = tuple(op.name for op in CATALOGUE)
+
+__all__ = [
+    "FAMILIES", "GraphCase", "Inputs", "OPS", "PatternCase", "SPECIAL_VALUES",
+    "graph_modules", "graphs_with_pattern", "in_layout", "inputs_for", "tensors",
+]

@@ -1,0 +1,137 @@
+"""Rewrite-rule fuzzing: patterns embedded in random graphs, wrong rules found and
+shrunk, correct rules passing."""
+
+from __future__ import annotations
+
+import operator
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis.errors import InvalidArgument
+from torch.fx.passes.shape_prop import ShapeProp
+
+import fxverify
+from fxverify.rewrite import RewriteFailed
+from fxverify.strategies import graphs_with_pattern
+
+
+# small surroundings keep finding and shrinking (a few hundred runs of the checks) within seconds
+SMALL = {"ops": ["exp", "neg", "add", "mul", "F.relu"], "max_nodes": 4, "checks": ("lint",), "derandomize": True}
+
+
+def computation_nodes(case) -> int:
+    return sum(1 for n in case.module.graph.nodes if n.op not in ("placeholder", "output"))
+
+
+def add_relu(x, y):
+    return torch.relu(x + y)
+
+
+def add_clamp(x, y):
+    return torch.clamp_min(x + y, 0.0)
+
+
+def add_sum(x, y):
+    return (x + y).sum(-1)
+
+
+def sum_add(x, y):  # wrong when y broadcasts along the summed dim
+    return x.sum(-1) + y.sum(-1)
+
+
+def times_zero(x):
+    return x * 0
+
+
+def zeros(x):  # wrong for NaN and inf
+    return torch.zeros_like(x)
+
+
+@settings(max_examples=40, deadline=None, database=None)
+@given(graphs_with_pattern(add_relu, max_instances=3))
+def test_pattern_instances_are_embedded_with_producers_and_consumers(case):
+    relus = [n for n in case.module.graph.nodes if n.target is torch.relu]
+    assert len(relus) >= case.instances
+    case.check_predictions()
+    case.module.graph.lint()
+
+
+def operand_shapes(case, node):
+    """Shapes of ``node``'s tensor arguments when the case runs on its example inputs."""
+    ShapeProp(case.module).propagate(*case.example_inputs())
+    return [tuple(a.meta["tensor_meta"].shape) for a in node.args if isinstance(a, torch.fx.Node)]
+
+
+def test_internal_nodes_get_outside_users_and_inputs_broadcast():
+    seen = set()
+
+    @settings(max_examples=60, deadline=None, database=None)
+    @given(graphs_with_pattern(add_relu))
+    def record(case):
+        for relu in (n for n in case.module.graph.nodes if n.target is torch.relu):
+            add = relu.args[0]
+            if len(add.users) > 1:
+                seen.add("internal node used outside")
+            if len(set(operand_shapes(case, add))) > 1:
+                seen.add("pattern inputs of different shapes")
+        if case.instances > 1:
+            seen.add("several instances")
+
+    record()
+    assert seen == {"internal node used outside", "pattern inputs of different shapes", "several instances"}
+
+
+def test_a_correct_rule_passes():
+    fxverify.check_rewrite(add_relu, add_clamp, max_examples=25)
+
+
+def test_a_rule_correct_only_for_equal_shapes_is_found_and_shrunk():
+    with pytest.raises(RewriteFailed) as failure:
+        fxverify.check_rewrite(add_sum, sum_add, max_examples=100, **SMALL)
+    case = failure.value.case
+    assert "values differ" in str(failure.value)
+    assert computation_nodes(case) <= 4  # the pattern twice, or once with a producer
+    adds = [n for n in case.module.graph.nodes if n.op == "call_function" and n.target in (torch.add, operator.add)]
+    assert any(len(set(operand_shapes(case, add))) == 2 for add in adds)  # the broadcasting that breaks the rule
+    assert "class RandomGraph" in repr(case)  # printed as runnable Python
+
+
+def test_a_rule_correct_only_for_finite_inputs_is_found_with_special_values():
+    with pytest.raises(RewriteFailed, match="NaN positions differ|inf positions differ") as failure:
+        fxverify.check_rewrite(times_zero, zeros, checks=("lint",), max_examples=100)
+    assert computation_nodes(failure.value.case) == 1  # just x * 0
+
+
+def test_finite_only_rule_passes_without_special_values():
+    fxverify.check_rewrite(times_zero, zeros, checks=("lint",), special_values=False, max_examples=15, ops=["add"])
+
+
+def relu_in_place(gm):
+    """A hand-written fusion that forgets the add may have other users: relu_ overwrites it."""
+    for node in gm.graph.nodes:
+        if node.target is torch.relu and getattr(node.args[0], "target", None) in (operator.add, torch.add):
+            node.target = torch.relu_
+    gm.recompile()
+    return gm
+
+
+def test_a_matcher_ignoring_outside_users_of_internal_nodes_is_found():
+    with pytest.raises(RewriteFailed) as failure:
+        fxverify.check_rewrite(add_relu, rewrite=relu_in_place, max_examples=100, **SMALL)
+    adds = [n for n in failure.value.case.module.graph.nodes if n.target in (operator.add, torch.add)]
+    assert any(len(n.users) > 1 for n in adds)  # the shrunk case has the add used outside the pattern
+    fxverify.check_rewrite(add_relu, rewrite=relu_in_place, expose_internals=False, max_examples=20, **SMALL)
+
+
+def test_bad_arguments_say_what_to_do():
+    with pytest.raises(TypeError, match="exactly one of replacement"):
+        fxverify.check_rewrite(add_relu)
+    with pytest.raises(InvalidArgument, match="raised on inputs .*broadcast=False"):
+        @given(graphs_with_pattern(lambda x, y: torch.mm(x, y)))
+        def never(case):
+            pass
+
+        never()
+    with pytest.raises(InvalidArgument, match="max_instances must be between 1 and 16"):
+        graphs_with_pattern(add_relu, max_instances=0)

@@ -1,0 +1,210 @@
+"""The Hypothesis strategies: random graphs valid by construction, inputs, shrinking,
+runnable reprs, and random graphs in ``pytest --fxverify`` with replay."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from hypothesis import HealthCheck, find, given, settings
+from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
+from hypothesis.internal.conjecture.data import ConjectureData
+
+import fxverify
+import fxverify.strategies as fxs
+import fxverify.strategies.corpus  # noqa: F401  (loaded before pytester's in-process runs)
+from fxverify.catalogue import InputSpec
+from fxverify.strategies.meta import ANY
+from fxverify.strategies.ops import CATALOGUE
+
+ISSUE_FAMILIES = {"unary", "binary", "comparison", "reduction", "matmul", "conv", "pooling", "norm", "activation",
+                  "view", "join", "indexing", "cast"}
+
+
+FIND = settings(database=None, derandomize=True)  # find() the same examples on every run
+
+
+def computation_nodes(case: fxs.GraphCase) -> int:
+    return sum(1 for n in case.module.graph.nodes if n.op not in ("placeholder", "output"))
+
+
+def test_catalogue_has_140_distinct_operations_in_every_family():
+    functional = {name for name in fxs.OPS if not name.startswith("nn.")}  # nn layers repeat F ops
+    assert len(functional) >= 140
+    assert ISSUE_FAMILIES <= set(fxs.FAMILIES)
+    for needed in ("F.conv1d", "F.conv_transpose3d", "F.max_pool2d", "F.batch_norm", "F.layer_norm",
+                   "F.group_norm", "bmm", "F.linear", "where", "split", "chunk", "expand", "Tensor.to"):
+        assert needed in fxs.OPS
+
+
+@settings(max_examples=120, deadline=None)
+@given(fxs.graph_modules(dtypes=ANY, max_nodes=13, allow_inplace=True))
+def test_every_drawn_graph_lints_runs_and_matches_its_predictions(case):
+    case.module.graph.lint()
+    outputs = case.check_predictions()
+    interpreted = torch.fx.Interpreter(case.module).run(*case.example_inputs())
+    torch.testing.assert_close(interpreted, outputs, equal_nan=True, rtol=0, atol=0)
+    assert computation_nodes(case) <= 13
+
+
+def test_every_op_runs_with_every_dtype_it_accepts():
+    for op in CATALOGUE:
+        for dtype in op.dtypes:
+            data = ConjectureData(random=random.Random(hash((op.name, str(dtype))) & 0xFFFF))
+            case = data.draw(fxs.graph_modules(ops=[op.name], dtypes=(dtype,), max_nodes=4, allow_inplace=True))
+            try:
+                case.check_predictions()
+            except Exception as exc:  # name the op and dtype that broke
+                raise AssertionError(f"{op.name} with {dtype}: {exc}\n{case.module.code}") from exc
+
+
+def test_all_opcodes_output_forms_and_a_module_called_twice_appear():
+    seen: set[str] = set()
+
+    @settings(max_examples=80, deadline=None, database=None)
+    @given(fxs.graph_modules(max_nodes=13))
+    def record(case):
+        nodes = list(case.module.graph.nodes)
+        seen.update(n.op for n in nodes)
+        for n in nodes:
+            if n.op == "get_attr":
+                seen.add("parameter" if n.target in dict(case.module.named_parameters()) else
+                         "buffer" if n.target in dict(case.module.named_buffers()) else "constant")
+        modules = [n.target for n in nodes if n.op == "call_module"]
+        if len(modules) != len(set(modules)):
+            seen.add("module called twice")
+        out = nodes[-1].args[0]
+        seen.add("dict output" if isinstance(out, dict) else "tuple output" if isinstance(out, tuple) else
+                 "single output")
+
+    record()
+    assert seen >= {"placeholder", "get_attr", "call_function", "call_method", "call_module", "output",
+                    "parameter", "buffer", "constant", "module called twice",
+                    "single output", "tuple output", "dict output"}
+
+
+def test_a_failing_property_shrinks_to_a_tiny_graph():
+    ops = ["exp", "add", "F.relu", "matmul", "Tensor.view", "sum", "cat"]
+    case = find(fxs.graph_modules(ops=ops, max_nodes=12),
+                lambda c: any(n.target == "view" for n in c.module.graph.nodes), settings=FIND)
+    assert computation_nodes(case) <= 3  # one op feeding contiguous() + view
+    assert [s.shape for s in case.inputs] == [(1,)]  # one input, smallest shape
+
+
+def test_repr_is_runnable_python_rebuilding_module_and_inputs():
+    ops_seen = set()
+    for seed in range(40):
+        case = ConjectureData(random=random.Random(seed)).draw(fxs.graph_modules(dtypes=ANY))
+        ops_seen.update(n.op for n in case.module.graph.nodes)
+        namespace: dict = {}
+        exec(repr(case), namespace)
+        torch.testing.assert_close(namespace["outputs"], case.module(*case.example_inputs()), equal_nan=True,
+                                   rtol=0, atol=0, msg=lambda m, case=case: f"{m}\n{case!r}")
+    assert {"call_module", "get_attr"} <= ops_seen
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"max_nodes": 0}, "max_nodes must be between 1 and 200, but got max_nodes=0"),
+    ({"max_nodes": "3"}, "Expected an int for max_nodes, but got max_nodes='3'"),
+    ({"dtypes": (torch.float16,)}, "not supported"),
+    ({"dtypes": torch.float32}, "dtypes must be a sequence"),
+    ({"ops": ["relu"]}, "Did you mean"),
+    ({"ops": ["F.conv3d"], "max_rank": 4}, "raise max_rank"),
+    ({"allow_modules": 1}, "Expected a bool for allow_modules"),
+    ({"min_nodes": 5, "max_nodes": 3}, "min_nodes must be between 1 and 3"),
+])
+def test_bad_options_raise_invalid_argument_naming_the_argument(kwargs, message):
+    with pytest.raises(InvalidArgument, match=message):
+        fxs.graph_modules(**kwargs)
+
+
+def test_options_restrict_ops_dtypes_and_modules():
+    @settings(max_examples=30, deadline=None, database=None)
+    @given(fxs.graph_modules(ops=["add", "F.relu", "nn.Linear"], dtypes=("float64",), allow_modules=False))
+    def check(case):
+        targets = {n.op for n in case.module.graph.nodes}
+        assert "call_module" not in targets
+        assert all(s.dtype == "float64" for s in case.inputs)
+
+    check()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_tensors_layouts_hold_the_same_values(data):
+    shape = data.draw(st.sampled_from([(3,), (2, 3), (1, 4, 2)]))
+    dtype = data.draw(st.sampled_from(ANY))
+    t = data.draw(fxs.tensors(shape=shape, dtype=dtype, non_contiguous=True))
+    assert t.shape == shape and t.dtype == dtype
+    assert torch.equal(t.contiguous(), fxs.in_layout(t, "contiguous"))
+
+
+def test_special_values_and_non_contiguous_layouts_are_drawn_on_request():
+    nan = find(fxs.tensors(shape=(4,), special_values=True), lambda t: bool(t.isnan().any()), settings=FIND)
+    assert int(nan.isnan().sum()) == 1  # shrunk to one special element
+    for kind, test in (("inf", lambda t: bool(t.isinf().any())),
+                       ("-0.0", lambda t: bool(((t == 0) & t.signbit()).any())),
+                       ("subnormal", lambda t: bool(((t != 0) & (t.abs() < torch.finfo(t.dtype).tiny)).any()))):
+        find(fxs.tensors(shape=(3,), dtype=torch.float32, special_values=True), test, settings=FIND)
+    strided = find(fxs.tensors(shape=(2, 3), non_contiguous=True), lambda t: not t.is_contiguous(), settings=FIND)
+    assert strided.shape == (2, 3)
+    plain = find(fxs.tensors(shape=(2, 3)), lambda t: True, settings=FIND)
+    assert plain.is_contiguous() and bool(plain.isfinite().all())
+
+
+def test_inputs_for_matches_the_graph_and_its_repr_rebuilds_them():
+    specs = [InputSpec((2, 3), "float32"), InputSpec((4,), "bfloat16"), InputSpec((2, 2), "int64", low=0, high=3)]
+    inputs = find(fxs.inputs_for(specs, special_values=True, non_contiguous=True),
+                  lambda xs: not xs[0].is_contiguous() and bool(xs[1].isnan().any()), settings=FIND)
+    assert [tuple(x.shape) for x in inputs] == [s.shape for s in specs]
+    assert inputs[2].dtype == torch.int64 and 0 <= int(inputs[2].min()) and int(inputs[2].max()) < 3
+    rebuilt = eval(repr(inputs), {"torch": torch, "fxverify": __import__("fxverify")})
+    for a, b in zip(rebuilt, inputs):
+        torch.testing.assert_close(a, b, equal_nan=True, rtol=0, atol=0)
+        assert a.stride() == b.stride() or b.stride() == ()
+
+
+BREAKABLE = """
+import os
+
+def rename_input(gm):
+    if os.environ.get("BREAK") == "1":  # a placeholder renamed: the lint check fails on every graph
+        next(iter(gm.graph.nodes)).target = "renamed"
+        gm.recompile()
+    return gm
+"""
+
+
+def test_random_graphs_option_adds_graphs_and_replays_failures_from_the_database(pytester, monkeypatch):
+    pytester.makepyfile(breakable=BREAKABLE)
+    args = ("-p", "no:cacheprovider", "--fxverify", "breakable.py:rename_input", "--fxverify-corpus",
+            "edge_conv_bn_head", "--fxverify-checks", "lint,numerics", "-v")
+    monkeypatch.setenv("BREAK", "1")
+    first = pytester.runpytest(*args, "--fxverify-random-graphs", "3")
+    first.stdout.fnmatch_lines(["fxverify: 3 random graphs (0 replayed*"])
+    names = {line.split("[")[1].split("-")[0] for line in first.outlines if "random_graph_" in line and "FAILED" in line}
+    assert len(names) == 3, first.outlines
+    second = pytester.runpytest(*args, "--fxverify-random-graphs", "1")
+    second.stdout.fnmatch_lines(["fxverify: 3 random graphs (3 replayed*"])
+    for name in names:
+        second.stdout.fnmatch_lines([f"*{name}-lint* FAILED*"])
+    monkeypatch.setenv("BREAK", "0")
+    fixed = pytester.runpytest(*args, "--fxverify-random-graphs", "1")
+    fixed.assert_outcomes(passed=2 * 4)
+    after = pytester.runpytest(*args, "--fxverify-random-graphs", "1")
+    after.stdout.fnmatch_lines(["fxverify: 1 random graphs (0 replayed*"])
+
+
+def test_random_graphs_option_rejects_a_negative_count(pytester):
+    result = pytester.runpytest("-p", "no:cacheprovider", "--fxverify", "fxverify.examples:identity",
+                                "--fxverify-random-graphs", "-2")
+    result.stderr.fnmatch_lines(["*--fxverify-random-graphs must be a whole number >= 0, got -2*"])
+
+
+@settings(max_examples=5, deadline=None, database=None)
+@given(fxs.graph_modules(max_nodes=6))
+def test_a_drawn_graph_is_a_model_case_for_every_check(case):
+    results = fxverify.assert_transform_ok(fxverify.examples.identity, case)
+    assert {r.check for r in results} >= {"lint", "numerics", "determinism", "gradients", "devices", "purity"}
