@@ -20,7 +20,7 @@ pytest alike. Under ``-n`` fxverify's plugin sets each worker to
 ``cpu_count // workers`` threads itself (1 each on a 2-core machine).
 
 What the bare loop does, per model of the corpus (the identity transform,
-``torch.fx.Transformer(gm).transform()``; building, randomised state, tracing and
+``fxverify.examples.identity``, a ``torch.fx.Transformer``; building, randomised state, tracing and
 inputs through ``fxverify.cases.ModelCase`` / ``InputConfig.make``, which are model
 construction, not harness; nothing of ``Verification`` or the checks):
 
@@ -41,6 +41,13 @@ construction, not harness; nothing of ``Verification`` or the checks):
   * devices: the result moved to the meta device (in place, it is not needed after) and
     run there on meta inputs; the original too only if that fails;
   * cuda: nothing (skipped without a GPU, as the check skips);
+  * round trips, on the result: a recompiled deepcopy (code compared, one forward); a
+    re-trace of the result with the model's tracer keeping called modules as leaves (node
+    opcodes and targets compared); ``to_folder`` export, import and one forward (on the
+    original too when the result's export fails, as the check does to tell whose fault it
+    is); a deepcopy (code, one forward) and a pickle round trip (one forward); one more
+    ``torch.fx.Interpreter`` run (the codegen vs interpreter differential); golden: nothing
+    (skipped without golden files);
   * models marked ``xfail``: one trace and forward, expected to fail.
 
 Not in the bare loop, as harness overhead: the float64 runs through a recording
@@ -72,6 +79,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 TRANSFORM = "fxverify.examples:identity"
@@ -157,6 +165,8 @@ def measured(command: list[str], cwd: str, env: dict[str, str]) -> tuple[dict[st
 def bare_loop(corpus: str) -> int:
     """The checks' work on every model of ``corpus``, in plain torch (see the module docstring)."""
     import copy
+    import importlib.util
+    import pickle
 
     import torch
     from torch import fx
@@ -165,8 +175,7 @@ def bare_loop(corpus: str) -> int:
     from fxverify import catalogue
     from fxverify.cases import ModelCase
 
-    def identity(gm: fx.GraphModule) -> fx.GraphModule:
-        return fx.Transformer(gm).transform()
+    from fxverify.examples import identity  # the transform under test, the same in both runs
 
     defaults = {torch.float32: (1.3e-6, 1e-5), torch.float64: (1e-7, 1e-7)}
 
@@ -205,6 +214,44 @@ def bare_loop(corpus: str) -> int:
         grads = [t.grad for t in inputs if t.is_floating_point()]
         return grads + [p.grad for _, p in sorted(module.named_parameters())]
 
+    def round_trips(case: ModelCase, gm: fx.GraphModule, result: fx.GraphModule, inputs: tuple) -> None:
+        with torch.no_grad():
+            expected = result(*inputs)
+            recompiled = copy.deepcopy(result)
+            recompiled.recompile()
+            assert recompiled.code == result.code
+            assert_same(recompiled(*inputs), expected, case.entry)
+            called = {str(n.target) for n in result.graph.nodes if n.op == "call_module"}
+
+            class KeepCalled(case.tracer_class):
+                def is_leaf_module(self, m, qualname):
+                    return qualname in called or super().is_leaf_module(m, qualname)
+
+            retraced = KeepCalled().trace(result)
+            assert [(n.op, str(n.target)) for n in retraced.nodes if n.op != "call_function" or n.target is not getattr] \
+                == [(n.op, str(n.target)) for n in result.graph.nodes if n.op != "call_function" or n.target is not getattr]
+            for module in (result, gm):
+                with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # children saved as pickles: expected
+                    try:
+                        module.to_folder(Path(tmp) / "exported", "FxModule")
+                        spec = importlib.util.spec_from_file_location(
+                            f"exported_{Path(tmp).name}", Path(tmp) / "exported" / "__init__.py")
+                        package = importlib.util.module_from_spec(spec)
+                        sys.modules[spec.name] = package
+                        spec.loader.exec_module(package)
+                        package.FxModule()(*inputs)
+                        sys.modules.pop(spec.name)
+                        break
+                    except Exception:
+                        continue
+            copied = copy.deepcopy(result)
+            assert copied.code == result.code
+            assert_same(copied(*inputs), expected, case.entry)
+            assert_same(pickle.loads(pickle.dumps(copied))(*inputs), expected, case.entry)
+            del copied
+            assert_same(pytree.tree_leaves(fx.Interpreter(result).run(*inputs)), pytree.tree_leaves(expected), case.entry)
+
     def one_model(case: ModelCase) -> None:
         entry, seed = case.entry, case.seed
         primary = case.configs[0]
@@ -228,6 +275,7 @@ def bare_loop(corpus: str) -> int:
         with torch.no_grad():
             interpreted = fx.Interpreter(result).run(*inputs)
         assert copy.deepcopy(result).code == result.code
+        round_trips(case, gm, result, inputs)
         # numerics, float32, every configuration
         for config in case.configs:
             x = inputs if config is primary else config.make(seed)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_CHECK_NAMES = ("lint", "determinism", "numerics", "gradients", "devices", "cuda", "purity")
+_CHECK_NAMES = ("lint", "determinism", "numerics", "gradients", "devices", "cuda", "purity",
+                "recompile", "retrace", "to_folder", "pickle", "interpreter", "golden")
 
 # public name -> the module that defines it
 _EXPORTS: dict[str, str] = {
@@ -29,6 +30,12 @@ _EXPORTS: dict[str, str] = {
     "load_case": "fxverify.cases",
     "case_from_module": "fxverify.cases",
     "Verification": "fxverify.verification",
+    "check_rewrite": "fxverify.rewrite",
+    "RewriteFailed": "fxverify.rewrite",
+    "Minimised": "fxverify.minimise",
+    "minimise_numerics": "fxverify.minimise",
+    "minimise_module": "fxverify.minimise",
+    "write_repro": "fxverify.repro",
     "CheckResult": "fxverify.result",
     "verify": "fxverify.api",
     "assert_transform_ok": "fxverify.api",
@@ -39,7 +46,7 @@ _EXPORTS: dict[str, str] = {
     "CheckFailed": "fxverify.errors",
     **{f"{kind}_{name}": "fxverify.api" for name in _CHECK_NAMES for kind in ("check", "assert")},
 }
-_SUBMODULES = ("examples",)
+_SUBMODULES = ("examples", "strategies", "reports", "golden")
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES])
 

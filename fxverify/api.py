@@ -97,10 +97,18 @@ check_gradients, assert_gradients = _pair("gradients")
 check_devices, assert_devices = _pair("devices")
 check_cuda, assert_cuda = _pair("cuda")
 check_purity, assert_purity = _pair("purity")
+check_recompile, assert_recompile = _pair("recompile")
+check_retrace, assert_retrace = _pair("retrace")
+check_to_folder, assert_to_folder = _pair("to_folder")
+check_pickle, assert_pickle = _pair("pickle")
+check_interpreter, assert_interpreter = _pair("interpreter")
+check_golden, assert_golden = _pair("golden")
 
 __all__ = [
     "verify", "assert_transform_ok", "CheckFailed",
     "check_lint", "assert_lint", "check_determinism", "assert_determinism",
     "check_numerics", "assert_numerics", "check_gradients", "assert_gradients",
     "check_devices", "assert_devices", "check_cuda", "assert_cuda", "check_purity", "assert_purity",
+    "check_recompile", "assert_recompile", "check_retrace", "assert_retrace", "check_to_folder", "assert_to_folder",
+    "check_pickle", "assert_pickle", "check_interpreter", "assert_interpreter", "check_golden", "assert_golden",
 ]

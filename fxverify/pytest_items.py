@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from fxverify.catalogue import CorpusEntry
 from fxverify.checks import CHECKS
 from fxverify.crossprocess import CrossProcessDigests
 from fxverify.errors import CheckFailed, FxVerifyError
+from fxverify.reports.pytest_plugin import report_properties
 from fxverify.result import FAILED, SKIPPED, XFAILED
 from fxverify.summary import format_table
 from fxverify.transform import Transform
@@ -38,6 +40,9 @@ class FxVerifyRun:
     cases: list[ModelCase]
     checks: list[str]
     timeout: float
+    golden_dir: Path | None = None  # the golden check's folder (None: fxverify_golden in the current directory)
+    update_golden: bool = False
+    repro_dir: Path | None = None  # where failing numerics items write minimised repros (None: nowhere)
 
     def __post_init__(self) -> None:
         self._verification: tuple[tuple[str, str], Verification] | None = None
@@ -46,10 +51,12 @@ class FxVerifyRun:
         }
         self._outcomes: dict[str, dict[tuple[str, str], str]] = defaultdict(dict)
         self._no_op: dict[str, dict[str, bool | None]] = defaultdict(dict)
+        self._golden_updates: dict[str, list[str]] = defaultdict(list)  # status -> golden files
 
     @classmethod
     def from_options(
-        cls, specs: list[str], *, entries: list[CorpusEntry], checks: str, timeout: float
+        cls, specs: list[str], *, entries: list[CorpusEntry], checks: str, timeout: float,
+        golden_dir: Path | None = None, update_golden: bool = False, repro_dir: Path | None = None,
     ) -> FxVerifyRun:
         """Load every transform and check the options; raises FxVerifyError on bad input."""
         transforms = [Transform.load(spec.strip()) for spec in dict.fromkeys(specs)]
@@ -60,7 +67,10 @@ class FxVerifyRun:
             raise FxVerifyError(f"unknown checks {unknown} in --fxverify-checks; known: {', '.join(CHECKS)}")
         if timeout <= 0:
             raise FxVerifyError(f"--fxverify-timeout must be positive, got {timeout:g}")
-        return cls(transforms, cases, chosen, timeout)
+        if update_golden and "golden" not in chosen:
+            raise FxVerifyError("--fxverify-update-golden writes golden files, but --fxverify-checks leaves out "
+                                "the golden check: add golden to it")
+        return cls(transforms, cases, chosen, timeout, golden_dir, update_golden, repro_dir)
 
     def verification(self, transform: Transform, case: ModelCase) -> Verification:
         """The shared Verification of (transform, case); only the latest is kept in memory."""
@@ -71,7 +81,8 @@ class FxVerifyRun:
             digests = self._digests[transform.spec]
             if "determinism" in self.checks:
                 digests.request(case.name)  # the server works on it while the other checks run
-            v = Verification(transform, case, timeout=self.timeout, cross_process=digests)
+            v = Verification(transform, case, timeout=self.timeout, cross_process=digests,
+                             golden_dir=self.golden_dir, update_golden=self.update_golden, repro_dir=self.repro_dir)
             self._verification = (key, v)
         return self._verification[1]
 
@@ -104,6 +115,9 @@ class FxVerifyRun:
         for key, value in report.user_properties:
             if key == "fxverify_no_op":
                 self._no_op[spec][model] = value
+            if key == "fxverify_golden_update":
+                status, path = value
+                self._golden_updates[status].append(path)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self._outcomes:
@@ -115,6 +129,10 @@ class FxVerifyRun:
                 table = format_table(transform.spec, transform.contract.describe(), outcomes, self.checks, self._no_op[transform.spec])
                 terminalreporter.write_line(table)
                 terminalreporter.write_line("")
+        if self._golden_updates:
+            from fxverify.golden import format_updates
+
+            terminalreporter.write_line(format_updates(self._golden_updates, terminalreporter.config.rootpath))
 
 
 class TransformCollector(pytest.Collector):
@@ -147,8 +165,11 @@ class CheckItem(pytest.Item):
         assert isinstance(parent, TransformCollector)
         v = parent.run.verification(parent.transform, self.case)
         result = v.run(self.check)
+        self.user_properties.extend(report_properties(self.config, v, result))
         if not self.case.entry.xfail:
             self.user_properties.append(("fxverify_no_op", v.no_op))
+        if v.update_golden and "golden_file" in result.details:
+            self.user_properties.append(("fxverify_golden_update", (result.details["golden"], result.details["golden_file"])))
         if result.outcome == SKIPPED:
             pytest.skip(result.message)
         if result.outcome == XFAILED:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import os
 import textwrap
 import traceback
 from collections.abc import Callable
@@ -63,7 +64,10 @@ class Verification:
     """Runs checks of ``transform`` on ``case``, sharing the expensive work.
 
     ``cross_process`` supplies digests of the transform's result computed in
-    another process (see :mod:`fxverify.checks.determinism`).
+    another process (see :mod:`fxverify.checks.determinism`). ``golden_dir`` and
+    ``update_golden`` are for the golden check (see :mod:`fxverify.checks.golden`).
+    With ``repro_dir``, a failing numerics check writes a minimised standalone repro
+    there (see :mod:`fxverify.repro`).
     """
 
     def __init__(
@@ -73,6 +77,9 @@ class Verification:
         *,
         timeout: float | None = DEFAULT_TIMEOUT,
         cross_process: Callable[[str], str] | None = None,
+        golden_dir: str | os.PathLike[str] | None = None,
+        update_golden: bool = False,
+        repro_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         from fxverify.cases import load_case
 
@@ -80,6 +87,9 @@ class Verification:
         self.case = load_case(case) if isinstance(case, str) else case
         self.timeout = timeout
         self.cross_process = cross_process
+        self.golden_dir = golden_dir
+        self.update_golden = update_golden
+        self.repro_dir = repro_dir  # a failing numerics check minimises itself and writes a repro there
         self._applied: dict[str, Applied | TransformFailed] = {}
         self._outputs: dict[tuple[str, str, str], Any] = {}
         self._float64: dict[str, nn.Module] = {}

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from fxverify.checks import cuda, determinism, devices, gradients, lint, numerics, purity
+from fxverify.checks import cuda, determinism, devices, golden, gradients, lint, numerics, purity, roundtrips
 
 CHECKS: dict[str, Callable[[Any], dict[str, Any] | None]] = {
     "lint": lint.check,
@@ -20,4 +20,10 @@ CHECKS: dict[str, Callable[[Any], dict[str, Any] | None]] = {
     "devices": devices.check,
     "cuda": cuda.check,
     "purity": purity.check,
+    "recompile": roundtrips.check_recompile,
+    "retrace": roundtrips.check_retrace,
+    "to_folder": roundtrips.check_to_folder,
+    "pickle": roundtrips.check_pickle,
+    "interpreter": roundtrips.check_interpreter,
+    "golden": golden.check,
 }
