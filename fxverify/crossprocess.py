@@ -64,7 +64,11 @@ class CrossProcessDigests:
             return
         case = self.cases[name]
         if self._server is None:
-            self._server = _Server(self.transform.spec, self.timeout)
+            try:
+                self._server = _Server(self.transform.spec, self.timeout)
+            except OSError as exc:
+                self._digests[name] = f"error: could not start the cross-process server: {exc}"
+                return
         try:
             self._server.send((case.entry, case.seed))
         except OSError:  # the server died; the answer says why
@@ -122,6 +126,7 @@ class _Server:
         env = dict(os.environ)
         env["PYTHONHASHSEED"] = "1" if os.environ.get("PYTHONHASHSEED") == "0" else "0"
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        env["OMP_NUM_THREADS"] = "1"  # it builds, traces and transforms: no use for the cores the checks need
         self._stderr = tempfile.TemporaryFile()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "fxverify.crossprocess", spec, str(timeout)],

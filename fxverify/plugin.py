@@ -170,13 +170,13 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(XdistGrouping(), "fxverify-xdist")
 
 
-def path_option(config: pytest.Config, name: str, default: str | None = None) -> Path | None:
+def path_option(config: pytest.Config, name: str) -> Path | None:
     """A path option: from the command line relative to where pytest was started, from the ini
-    file (or ``default``) relative to the rootdir, as pytest's own ``cache_dir``; None when unset."""
+    file relative to the rootdir, as pytest's own ``cache_dir``; None when unset."""
     given = config.getoption(name)
     if given:
         return (config.invocation_params.dir / given).resolve()
-    configured = config.getini(name) or default
+    configured = config.getini(name)
     return (config.rootpath / configured).resolve() if configured else None
 
 

@@ -52,6 +52,7 @@ class FxVerifyRun:
         self._outcomes: dict[str, dict[tuple[str, str], str]] = defaultdict(dict)
         self._no_op: dict[str, dict[str, bool | None]] = defaultdict(dict)
         self._golden_updates: dict[str, list[str]] = defaultdict(list)  # status -> golden files
+        self._digest_wanted: set[tuple[str, str]] = set()  # (transform, model) with a selected determinism item
 
     @classmethod
     def from_options(
@@ -79,7 +80,7 @@ class FxVerifyRun:
             self._verification = None  # release the previous model before building the next;
             gc.collect()  # GraphModules hold reference cycles: without this, big models pile up
             digests = self._digests[transform.spec]
-            if "determinism" in self.checks:
+            if (transform.spec, case.name) in self._digest_wanted:
                 digests.request(case.name)  # the server works on it while the other checks run
             v = Verification(transform, case, timeout=self.timeout, cross_process=digests,
                              golden_dir=self.golden_dir, update_golden=self.update_golden, repro_dir=self.repro_dir)
@@ -87,6 +88,13 @@ class FxVerifyRun:
         return self._verification[1]
 
     # -- pytest hooks ------------------------------------------------------------
+    @pytest.hookimpl(trylast=True)  # after -k, --deselect and --lf have had their say
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        self._digest_wanted = {
+            (item.parent.transform.spec, item.case.name)
+            for item in items if isinstance(item, CheckItem) and item.check == "determinism"
+        }
+
     def pytest_unconfigure(self) -> None:
         for digests in self._digests.values():
             digests.close()

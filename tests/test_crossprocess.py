@@ -86,3 +86,24 @@ def test_a_stuck_server_times_out_and_the_next_request_gets_a_fresh_one(tmp_path
 def test_a_model_the_runner_was_not_given_is_an_error():
     digests = CrossProcessDigests(Transform.load("fxverify.examples:identity"), [], timeout=10)
     assert digests("resnet18") == "error: resnet18 is not among the models this runner was given"
+
+
+def test_the_plugin_starts_a_server_only_for_selected_determinism_items(pytester, tmp_path):
+    pids = tmp_path / "pids.txt"
+    transform = tmp_path / "pid_transform.py"
+    transform.write_text(textwrap.dedent(f"""
+        import os
+        def fn(gm):
+            with open({str(pids)!r}, "a") as f:
+                f.write(f"{{os.getpid()}}\\n")
+            return gm
+    """))
+    args = ["-p", "no:cacheprovider", "--fxverify", f"{transform}:fn", f"--fxverify-corpus={MODELS[0]}"]
+
+    def other_processes() -> set[str]:
+        return {pid for pid in pids.read_text().split() if pid != str(os.getpid())}
+
+    assert pytester.runpytest(*args, "-k", "not determinism").ret == 0
+    assert other_processes() == set()  # no server: no determinism item was selected
+    pytester.runpytest(*args, "-k", "determinism").assert_outcomes(passed=1)
+    assert len(other_processes()) == 1  # the server transformed the model once

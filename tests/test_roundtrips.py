@@ -82,6 +82,14 @@ def test_retrace_explains_wraps_lost_by_torch_transformer():
     assert "%pad_to_multiple" in result.message and "node.meta['is_wrapped']" in result.message
 
 
+def test_retrace_ignores_the_order_of_attribute_reads():
+    # NormalizeArgs binds arange(..., dtype=x.dtype, device=x.device) by keyword but creates the
+    # x.device read first; a re-trace reads in argument order. Same graph, other order: no finding.
+    for check in (fxverify.check_retrace, fxverify.check_pickle):
+        result = check(mutations.normalize_args, "edge_shape_factories")
+        assert result.outcome == "passed", result.message
+
+
 def test_pickle_catches_an_unpicklable_attribute():
     result = fxverify.check_pickle(mutations.keeps_a_closure_in_meta, "edge_conv_bn_head")
     assert result.outcome == "failed"

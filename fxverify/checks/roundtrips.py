@@ -166,7 +166,7 @@ def _pickle(v: Any, which: str) -> None:
 
 
 def _interpreter(v: Any, which: str) -> None:
-    module = v.module(which)
+    module = _runnable(v, which)
     interpreter = RecordingInterpreter(module)  # torch.fx.Interpreter, passing fresh lists as generated code does
     interpreted = _step("running the graph with torch.fx.Interpreter", lambda: _run(v, interpreter.run))
     found = compare_trees(interpreted, _reference(v, which), tolerance=v.tolerance)
@@ -221,7 +221,21 @@ def _isomorphism_form(graph: fx.Graph) -> str:
                 bound = None
             if bound is not None:
                 node.args, node.kwargs = (), bound.kwargs
+        _reads_before_first_use(graph)
     return canonical_text(graph, anonymous=True)
+
+
+def _reads_before_first_use(graph: fx.Graph) -> None:
+    """Move each attribute read (``x.dtype``, ``x.shape``) to just before its first user, in the order
+    that user reads them: tracing creates them when the call's arguments are evaluated, so a pass that
+    builds them in another order (NormalizeArgs: ``x.device`` before ``x.dtype``) gives a re-trace
+    that differs only in that order."""
+    placed: set[fx.Node] = set()
+    for node in list(graph.nodes):
+        for read in node.all_input_nodes:
+            if read.op == "call_function" and read.target is getattr and read not in placed:
+                node.prepend(read)
+                placed.add(read)
 
 
 def _same_outputs(v: Any, which: str, other: nn.Module, what: str) -> None:
@@ -235,7 +249,14 @@ def _reference(v: Any, which: str) -> Any:
     """The module's own outputs (cached by the Verification in eval mode; train mode reseeds dropout)."""
     if v.applied().mode == "eval":
         return v.outputs(which)
-    return _run(v, v.module(which))
+    return _run(v, _runnable(v, which))
+
+
+def _runnable(v: Any, which: str) -> nn.Module:
+    """The module to run: in train mode a copy, since a run updates state (BatchNorm running
+    statistics) that later checks read from the shared module."""
+    module = v.module(which)
+    return module if v.applied().mode == "eval" else copy.deepcopy(module)
 
 
 def _run(v: Any, fn: Callable[..., Any]) -> Any:
