@@ -74,7 +74,7 @@ class Divergence:
         """A few lines for a failure message: the node and error (then ``note``), its code, its value,
         the changed nodes it reads."""
         facts = self.details()
-        head = f"%{facts['result_node']} ({facts['op']} {_short_target(self.result_node)}): {self.mismatch.describe()}"
+        head = f"%{facts['result_node']} ({facts['op']} {facts['target']}): {self.mismatch.describe()}"
         lines = [head + note]
         if self.code_line:
             lines.append(f"code: {self.code_line}")
@@ -164,8 +164,7 @@ def localise_gradients(
                       else t for t in inputs)
         module.zero_grad(set_to_none=True)
         outputs = recorder.run(*given)
-        differentiable = [o for o in pytree.tree_leaves(outputs) if isinstance(o, torch.Tensor) and o.requires_grad]
-        if differentiable:
+        if differentiable(outputs):
             loss(outputs).backward()
         module.zero_grad(set_to_none=True)
         grads.append({name: pytree.tree_map_only(torch.Tensor, lambda t: t.grad, value)
@@ -219,11 +218,16 @@ def _changed_around(node: fx.Node, kept: set[fx.Node], step: Callable[[fx.Node],
 def describe_nodes(graph: fx.Graph, names: tuple[str, ...]) -> str:
     """``%a (op target), %b (op target)`` for the nodes of ``graph`` named ``names`` (the first few)."""
     nodes = {n.name: n for n in graph.nodes}
-    shown = [f"%{name} ({nodes[name].op} {_short_target(nodes[name])})" for name in names[:MAX_CHANGED_SHOWN]]
+    shown = [f"%{name} ({nodes[name].op} {target_name(nodes[name])})" for name in names[:MAX_CHANGED_SHOWN]]
     more = f" and {len(names) - MAX_CHANGED_SHOWN} more" if len(names) > MAX_CHANGED_SHOWN else ""
     return ", ".join(shown) + more
 
 
-def _short_target(node: fx.Node) -> str:
-    return node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
+def differentiable(outputs: Any) -> list[torch.Tensor]:
+    """The tensors among ``outputs`` (any pytree) that require grad: those a loss can backpropagate through.
+
+    >>> [t.shape for t in differentiable({"a": torch.ones(2, requires_grad=True), "b": (torch.ones(3), 1)})]
+    [torch.Size([2])]
+    """
+    return [o for o in pytree.tree_leaves(outputs) if isinstance(o, torch.Tensor) and o.requires_grad]
 

@@ -2,14 +2,19 @@
 written as one Python file that needs torch and the user's transform alone.
 
 ``<stem>.py`` holds the minimised module as code (``torch.nn`` layers rebuilt
-from their constructors, the generated ``forward`` of the ``GraphModule``);
-``<stem>.pt`` beside it its state and inputs, loaded with
-``torch.load(weights_only=True)``. Running it traces the module (every submodule
-kept a leaf, so the graph is the minimised one), calls the transform on it as
-fxverify does, and compares with ``torch.testing.assert_close``: it exits with
-the ``AssertionError`` as long as the bug is there. Layers that cannot be rebuilt
-from their ``repr`` (not ``torch.nn`` classes) are pickled into
-``<stem>.modules.pt`` and loaded with ``weights_only=False``.
+from their constructors, the generated ``forward`` of the ``GraphModule``, its
+``torch.fx.wrap`` registrations at module level); ``<stem>.pt`` beside it its
+state and inputs, loaded with ``torch.load(weights_only=True)``. Running it traces
+the module (every submodule kept a leaf, so the graph is the minimised one), calls
+the transform on it as fxverify does, and runs the result: while the bug is there
+it prints the traceback and exits with :data:`EXIT_DIFFERS` (the
+``torch.testing.assert_close`` failure) or :data:`EXIT_RAISES` (the result raised),
+any other error exits with 1 as usual. Layers that cannot be rebuilt from their
+``repr`` (not ``torch.nn`` classes) are pickled into ``<stem>.modules.pt`` and
+loaded with ``weights_only=False``.
+
+:func:`write_repro` runs the file in a fresh Python process before returning it,
+and deletes it again unless it fails the way the minimised failure did.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from __future__ import annotations
 import math
 import os
 import re
+import subprocess
+import sys
 import types
 from pathlib import Path
 from typing import Any
@@ -25,27 +32,42 @@ import torch
 from torch import fx, nn
 
 from fxverify.errors import FxVerifyError
+from fxverify.golden import portable_spec, safe_name
 from fxverify.minimise import DIFFERS, Minimised
 from fxverify.module_state import resolve
 
+EXIT_DIFFERS, EXIT_RAISES = 3, 4  # a repro's exit status while the bug is there
+CHECK_TIMEOUT_S = 300.0  # for the run of a freshly written repro
+
 
 def repro_stem(model: str, check: str, spec: str) -> str:
-    """A file-name-safe stem for a repro.
+    """A file-name-safe stem for a repro, named as golden files name the transform
+    (:func:`fxverify.golden.portable_spec`), so two transforms never share one.
 
+    >>> repro_stem("resnet18", "numerics", "src/passes.py:fuse"), repro_stem("resnet18", "numerics", "pkg.a:fuse")
+    ('resnet18-numerics-passes.fuse', 'resnet18-numerics-pkg.a.fuse')
     >>> repro_stem("vit/b:16", "numerics", "my.passes:fold<bn>")
-    'vit_b_16-numerics-fold_bn_'
+    'vit_b_16-numerics-my.passes.fold_bn_-bbd7a72f'
     """
-    function = spec.rpartition(":")[2] or spec
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{model}-{check}-{function}")
+    return safe_name(f"{model}-{check}-{portable_spec(spec).replace(':', '.')}")
 
 
 def write_repro(found: Minimised, directory: str | os.PathLike[str], stem: str = "fxverify_repro", *,
                 title: str = "") -> Path:
     """Write ``<stem>.py`` (and its ``.pt`` files) into ``directory`` and check, by running
-    it in this process, that it fails as ``found`` does; return the ``.py`` path.
+    it in a fresh Python process from the current directory, that it fails as ``found``
+    does; return the ``.py`` path.
 
     Raises :class:`FxVerifyError` when the transform cannot be imported by name (a
-    lambda, a function of ``__main__``) or the file written does not reproduce.
+    lambda, a function of ``__main__``) or the file written does not reproduce (the
+    files are then deleted). For example (``my_passes.fold_bn`` is the transform)::
+
+        import fxverify
+        from my_passes import fold_bn
+
+        found = fxverify.minimise_numerics(fold_bn, "resnet18")
+        path = fxverify.write_repro(found, "repros", "resnet18-fold_bn")
+        # python repros/resnet18-fold_bn.py exits with EXIT_DIFFERS (3) while the bug is there
     """
     if not found.transform.reloadable:
         raise FxVerifyError(
@@ -56,6 +78,7 @@ def write_repro(found: Minimised, directory: str | os.PathLike[str], stem: str =
     folder.mkdir(parents=True, exist_ok=True)
     gm = found.module
     code = gm.graph.python_code(root_module="self")
+    wraps, forward = _split_wraps(code.src)
     pickled: dict[str, nn.Module] = {}
     layers = [_install_line(target, resolve(gm, target), pickled) for target in _targets(gm, "call_module")]
     attributes = {target: _attribute(gm, target) for target in _targets(gm, "get_attr")}
@@ -76,20 +99,39 @@ def write_repro(found: Minimised, directory: str | os.PathLike[str], stem: str =
         attributes="".join(f'        _install(self, {t!r}, saved["attributes"][{t!r}][1], {k!r})\n'
                            for t, (k, _) in attributes.items()),
         training=gm.training,
-        forward=code.src.strip().replace("\n", "\n    "),
+        wraps="".join(f"{line}\n" for line in wraps),
+        forward=forward.replace("\n", "\n    "),
         stem=stem,
-        spec=_portable_spec(found.transform.spec),
+        spec=_absolute_spec(found.transform.spec),
+        exit_differs=EXIT_DIFFERS,
+        exit_raises=EXIT_RAISES,
         tracer_arg=", LeafTracer" if found.transform.takes_tracer_class else "",
         rtol=found.tolerance[0],
         atol=found.tolerance[1],
     )
     path = folder / f"{stem}.py"
     path.write_text(source)
-    _check_reproduces(path, source, expect_assertion=found.kind == DIFFERS)
+    try:
+        _check_reproduces(path, found)
+    except FxVerifyError:
+        for written in (path, folder / f"{stem}.pt", folder / f"{stem}.modules.pt"):
+            written.unlink(missing_ok=True)
+        raise
     return path
 
 
-def _portable_spec(spec: str) -> str:
+def _split_wraps(src: str) -> tuple[list[str], str]:
+    r"""The ``torch.fx.wrap("fn")`` lines of generated code (they must run at module level)
+    and the ``def forward`` that follows them.
+
+    >>> _split_wraps('\ntorch.fx._symbolic_trace.wrap("pad")\n\ndef forward(self, x):\n    return pad(x)\n')
+    (['torch.fx._symbolic_trace.wrap("pad")'], 'def forward(self, x):\n    return pad(x)')
+    """
+    head, sep, body = src.partition("\ndef ")
+    return [line for line in head.splitlines() if line.strip()], (sep.lstrip("\n") + body).strip()
+
+
+def _absolute_spec(spec: str) -> str:
     """The transform spec with a file path made absolute, so the repro runs from anywhere."""
     module_part, _, qualname = spec.rpartition(":")
     if module_part.endswith(".py"):
@@ -156,19 +198,25 @@ def _import_line(name: str, value: Any) -> str:
     return f"{name} = _resolve({module!r}, {qualname!r})"
 
 
-def _check_reproduces(path: Path, source: str, *, expect_assertion: bool) -> None:
-    namespace: dict[str, Any] = {"__name__": "fxverify_repro", "__file__": str(path)}
+def _check_reproduces(path: Path, found: Minimised) -> None:
+    """Run the repro in a fresh process (this one's ``sys.path``, from the current directory)
+    and raise :class:`FxVerifyError` unless it fails as ``found`` does: outputs that differ,
+    or the result raising the same exception type."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in [*sys.path, os.environ.get("PYTHONPATH")] if p)}
     try:
-        exec(compile(source, str(path), "exec"), namespace)  # noqa: S102 - the file we just wrote
-        namespace["main"]()
-    except AssertionError:
+        run = subprocess.run([sys.executable, str(path)], env=env, capture_output=True, text=True,
+                             timeout=CHECK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise FxVerifyError(f"the repro written to {path} did not finish within {CHECK_TIMEOUT_S:g} s") from None
+    expected = EXIT_DIFFERS if found.kind == DIFFERS else EXIT_RAISES
+    raised = re.search(r"^fxverify repro: the transformed module raised (\S+)$", run.stderr, re.MULTILINE)
+    if run.returncode == expected and (found.kind == DIFFERS or (raised and raised[1] == found.raised)):
         return
-    except Exception as exc:
-        if not expect_assertion:
-            return
-        raise FxVerifyError(f"the repro written to {path} raised {type(exc).__name__}: {exc} "
-                            "instead of failing the comparison; please report this to fxverify") from exc
-    raise FxVerifyError(f"the repro written to {path} does not reproduce the failure; please report this to fxverify")
+    tail = "\n".join(run.stderr.strip().splitlines()[-3:]) or run.stdout.strip()
+    wanted = "outputs that differ" if found.kind == DIFFERS else f"the transformed module raising {found.raised}"
+    raise FxVerifyError(f"the repro written to {path} (now deleted) exited with {run.returncode} instead of failing "
+                        f"with {wanted} ({found.failure}); it said:\n{tail}\nIt runs from the current directory, "
+                        "as its user will: if the transform imports here, please report this to fxverify")
 
 
 _TEMPLATE = '''"""{title}.
@@ -177,7 +225,8 @@ Written by fxverify: {size}.
 Failure: {failure}
 
 Run it from your project root (where the transform imports): python {stem}.py
-It exits with an AssertionError from torch.testing.assert_close while the bug is there.
+While the bug is there it prints the traceback and exits with {exit_differs} (torch.testing.assert_close
+fails) or {exit_raises} (the transformed module raises); any other exit status is another problem.
 Needs torch and the transform only; the module's state and inputs are in {stem}.pt beside it.
 """
 
@@ -186,11 +235,13 @@ import importlib.util
 import os
 import pathlib
 import sys
+import traceback
 
 import torch
 
 TRANSFORM = {spec!r}
 RTOL, ATOL = {rtol!r}, {atol!r}
+EXIT_DIFFERS, EXIT_RAISES = {exit_differs!r}, {exit_raises!r}
 HERE = pathlib.Path(__file__).resolve().parent
 
 
@@ -212,7 +263,7 @@ def _load_transform(spec):
 
 
 {imports}
-{pickled}
+{wraps}{pickled}
 
 def _install(root, target, value, kind):
     *parents, name = target.split(".")
@@ -259,6 +310,7 @@ def _clone(values):
 
 
 def main():
+    """EXIT_DIFFERS or EXIT_RAISES (after printing the traceback) while the bug is there, else 0."""
     saved = torch.load(HERE / "{stem}.pt", weights_only=True)
     reference, given = trace(Repro(saved)), trace(Repro(saved))
     transform = _load_transform(TRANSFORM)
@@ -266,13 +318,24 @@ def main():
         expected = reference(*_clone(saved["inputs"]))
         returned = transform(given{tracer_arg})
         result = given if returned is None else getattr(returned, "graph_module", returned)
-        actual = result(*_clone(saved["inputs"]))
-    torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL, equal_nan=True)
+        try:
+            actual = result(*_clone(saved["inputs"]))
+        except Exception as exc:
+            traceback.print_exc()
+            print(f"fxverify repro: the transformed module raised {{type(exc).__qualname__}}", file=sys.stderr)
+            return EXIT_RAISES
+    try:
+        torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL, equal_nan=True)
+    except AssertionError:
+        traceback.print_exc()
+        print("fxverify repro: the transformed module's outputs differ", file=sys.stderr)
+        return EXIT_DIFFERS
     print("no failure: the transform's result matches the module")
+    return 0
 
 
 if __name__ == "__main__":
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    main()
+    sys.exit(main())
 '''

@@ -4,6 +4,7 @@ transform named its nodes (name, provenance in node.meta, topological position).
 from __future__ import annotations
 
 import json
+import threading
 
 import torch
 from torch import fx
@@ -123,3 +124,20 @@ def test_gradients_name_the_kept_node_nearest_the_outputs_whose_gradient_differs
     divergence = result.details["divergence"]
     assert (divergence["result_node"], divergence["how_mapped"], divergence["max_abs"]) == ("_1", "name", None)
     assert "feeds nodes the transform changed: %detach (call_method detach)" in result.message
+
+
+def scales_output_and_keeps_a_lock(gm: fx.GraphModule) -> torch.nn.Module:
+    """Doubles the output and leaves a threading.Lock on the module, which copy.deepcopy cannot copy:
+    the float64 copy that localisation needs cannot be made."""
+    output = next(iter(gm.graph.find_nodes(op="output")))
+    with gm.graph.inserting_before(output):
+        output.args = (gm.graph.call_function(torch.mul, (output.args[0], 2.0)),)
+    gm.recompile()
+    gm.lock = threading.Lock()
+    return gm
+
+
+def test_a_float32_finding_stands_when_localising_it_raises():
+    result = fxverify.check_numerics(scales_output_and_keeps_a_lock, "edge_conv_bn_head")
+    assert not result.ok and "outputs differ" in result.message and "Traceback" not in result.message
+    assert "first node: not localised: TypeError: cannot pickle '_thread.lock' object" in result.message

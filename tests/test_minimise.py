@@ -3,6 +3,8 @@ still fail, written as a file that fails alone, with torch and the transform onl
 
 from __future__ import annotations
 
+import dataclasses
+import operator
 import subprocess
 import sys
 from pathlib import Path
@@ -12,10 +14,13 @@ import torch
 
 import fxverify
 from fxverify.errors import FxVerifyError
-from fxverify.minimise import minimise_failure, minimise_module
+from fxverify.minimise import DIFFERS, minimise_failure, minimise_module
+from fxverify.repro import EXIT_DIFFERS, EXIT_RAISES, repro_stem, write_repro
+from fxverify.transform import Transform
 from tests import mutations
 
 MUTATIONS = Path(__file__).with_name("mutations.py")
+ROOT = Path(__file__).parents[1]  # where ``tests.test_minimise`` imports
 
 
 def test_a_broken_bn_fold_shrinks_to_conv_and_bn():
@@ -49,14 +54,76 @@ def test_repro_dir_writes_a_small_repro_that_fails_alone_and_none_for_a_correct_
         f"--fxverify-repro-dir={repros}",
     )
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["*repro:      python *edge_conv_bn_head-numerics-bn_fold_ignores_running_mean.py"
-                                 "  (4 nodes, minimised from 12 in *"])
+    result.stdout.fnmatch_lines(["*repro:      python *edge_conv_bn_head-numerics-mutations.bn_fold_ignores_running_mean"
+                                 ".py  (4 nodes, minimised from 12 in *"])
     [script] = repros.glob("*.py")  # none for the correct fold
-    assert script.name == "edge_conv_bn_head-numerics-bn_fold_ignores_running_mean.py"
+    assert script.name == "edge_conv_bn_head-numerics-mutations.bn_fold_ignores_running_mean.py"
     assert script.with_suffix(".pt").is_file()
     code = script.read_text()
     assert not [line for line in code.splitlines() if line.startswith(("import", "from")) and "fxverify" in line]
     assert "weights_only=True" in code and "weights_only=False" not in code
     run = subprocess.run([sys.executable, str(script)], cwd=pytester.path, capture_output=True, text=True, timeout=120)
-    assert run.returncode != 0
+    assert run.returncode == EXIT_DIFFERS
     assert "torch.testing.assert_close" in run.stderr and "AssertionError: Tensor-likes are not close!" in run.stderr
+
+
+def test_repro_stems_of_two_transforms_of_the_same_name_differ():
+    stems = {repro_stem("resnet18", "numerics", spec) for spec in ("pkg.a:fuse", "pkg.b:fuse", "src/passes.py:fuse")}
+    assert stems == {"resnet18-numerics-pkg.a.fuse", "resnet18-numerics-pkg.b.fuse", "resnet18-numerics-passes.fuse"}
+
+
+def scales_what_a_wrapped_function_returns(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Multiplies the output of every torch.fx.wrap-ed pad_to_multiple by 1.5."""
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and getattr(node.target, "__name__", "") == "pad_to_multiple":
+            with gm.graph.inserting_after(node):
+                scaled = gm.graph.call_function(operator.mul, (node, 1.5))
+            node.replace_all_uses_with(scaled, delete_user_cb=lambda user: user is not scaled)
+    gm.recompile()
+    return gm
+
+
+def test_a_repro_of_a_wrapped_function_registers_the_wrap_at_module_level_and_fails_alone(tmp_path):
+    found = minimise_failure(fxverify.Verification(scales_what_a_wrapped_function_returns, "edge_wrapped_function"))
+    assert [n.op for n in found.module.graph.nodes] == ["placeholder", "call_function", "output"]
+    script = write_repro(found, tmp_path, "wrapped")
+    wraps = [line for line in script.read_text().splitlines() if ".wrap(" in line]
+    assert wraps == ['torch.fx._symbolic_trace.wrap("fxverify_corpus_edge_cases_pad_to_multiple")']  # not indented
+    assert "repro_transform" not in sys.modules  # checked in a fresh process, not imported here
+    run = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == EXIT_DIFFERS, run.stderr
+    assert "AssertionError: Tensor-likes are not close!" in run.stderr
+
+
+ASSERTS_FALSE = """
+import torch
+
+def asserts_false(gm):
+    first = next(n for n in gm.graph.nodes if n.op == "call_module")
+    with gm.graph.inserting_before(first):
+        gm.graph.call_function(torch._assert, (False, "the pass broke it"))
+    gm.recompile()
+    return gm
+"""
+
+
+def test_a_repro_that_fails_for_another_reason_than_the_failure_is_rejected_and_deleted(tmp_path):
+    passes = tmp_path / "passes.py"
+    passes.write_text(ASSERTS_FALSE)
+    gm = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Tanh()))
+    found = minimise_module(Transform.load(f"{passes}:asserts_false"), gm, (torch.ones(2),))
+    assert (found.kind, found.raised) == ("raises", "AssertionError")
+    script = write_repro(found, tmp_path / "ok", "asserts")
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == EXIT_RAISES and "AssertionError: the pass broke it" in run.stderr
+    wrong = [
+        (dataclasses.replace(found, kind=DIFFERS), "outputs that differ"),  # an AssertionError, not assert_close's
+        (dataclasses.replace(found, raised="ValueError"), "the transformed module raising ValueError"),  # another type
+    ]
+    for mismatched, expected in wrong:
+        with pytest.raises(FxVerifyError, match=f"exited with {EXIT_RAISES} instead of failing with {expected}"):
+            write_repro(mismatched, tmp_path / "wrong", "asserts")
+    passes.write_text("raise ImportError('the transform moved')")  # the repro can no longer import it
+    with pytest.raises(FxVerifyError, match="(?s)exited with 1 .*ImportError: the transform moved"):
+        write_repro(found, tmp_path / "wrong", "asserts")
+    assert list((tmp_path / "wrong").iterdir()) == []  # no repro written

@@ -16,10 +16,9 @@ from typing import Any
 
 import torch
 from torch import fx, nn
-from torch.utils import _pytree as pytree
 
 from fxverify.compare import compare_values
-from fxverify.localise import localise, localise_gradients
+from fxverify.localise import differentiable, localise, localise_gradients
 from fxverify.module_state import resolve, tensors_equal
 from fxverify.result import Finding, Skip, exception_summary
 
@@ -117,14 +116,10 @@ def _check_still_trainable(original: dict[str, nn.Parameter], result: nn.Module)
                         )
 
 
-def _differentiable(outputs: Any) -> list[torch.Tensor]:
-    return [o for o in pytree.tree_leaves(outputs) if isinstance(o, torch.Tensor) and o.requires_grad]
-
-
 def _loss(outputs: Any, seed: int) -> torch.Tensor:
     """sum(outputs * fixed random weights), over the outputs that require grad."""
     gen = torch.Generator().manual_seed(seed)
-    weighted = [(o * torch.randn(o.shape, generator=gen, dtype=o.dtype)).sum() for o in _differentiable(outputs)]
+    weighted = [(o * torch.randn(o.shape, generator=gen, dtype=o.dtype)).sum() for o in differentiable(outputs)]
     return sum(weighted)  # type: ignore[return-value]
 
 
@@ -132,7 +127,7 @@ def _gradients(module: nn.Module, inputs: tuple[torch.Tensor, ...], seed: int, p
     inputs = tuple(t.requires_grad_(True) if t.is_floating_point() else t for t in inputs)
     module.zero_grad(set_to_none=True)
     outputs = module(*inputs)
-    if not _differentiable(outputs):
+    if not differentiable(outputs):
         return None
     _loss(outputs, seed).backward()
     grads = {f"input {i}": t.grad for i, t in enumerate(inputs) if t.is_floating_point() and t.grad is not None}

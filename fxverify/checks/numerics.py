@@ -48,6 +48,8 @@ def check(v: Any) -> dict[str, Any]:
                 _localise_into(finding, _float64_localisation(v))
             except Finding as unrunnable:
                 finding.node = f"not localised: {unrunnable.what}"
+            except Exception as exc:  # the float32 finding stands; say why it has no node
+                finding.node = f"not localised: {exception_summary(exc)}"
             raise _with_repro(v, finding)
         compared.append(config.name)
     located = _float64_localisation(v)
