@@ -58,8 +58,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--fxverify-random-graphs", default=None, type=int, metavar="N",
-        help="add N random FX graphs (fxverify.strategies.graph_modules) to the models; graphs that fail are kept "
-        "in the Hypothesis example database (.hypothesis/) and replayed first next time (ini: fxverify_random_graphs)",
+        help="add N new random FX graphs (fxverify.strategies.graph_modules) to the models, plus the graphs that "
+        "failed before: those are kept in the Hypothesis example database (.hypothesis/) and replayed until they "
+        "pass (ini: fxverify_random_graphs)",
     )
     group.addoption(
         "--fxverify-repro-dir", default=None, metavar="DIR",

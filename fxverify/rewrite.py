@@ -20,12 +20,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import fx
 
-from fxverify.compare import compare_trees
+from fxverify.compare import Tolerance, compare_trees
 from fxverify.contracts import contract
-from fxverify.errors import CheckFailed
+from fxverify.errors import CheckFailed, TransformFailed
 from fxverify.result import FAILED
 from fxverify.strategies.patterns import PatternCase, graphs_with_pattern
 from fxverify.strategies.tensors import inputs_for
+from fxverify.transform import Transform, as_transform
 
 CORE_CHECKS = ("lint", "numerics", "determinism")
 
@@ -73,7 +74,9 @@ def check_rewrite(
     with the shrunk counter-example when a check fails.
 
     Give ``replacement`` (applied with ``torch.fx.replace_pattern``) or ``rewrite``, a
-    transform of your own (``gm -> GraphModule``) meant to rewrite the pattern.
+    transform of your own (``gm -> GraphModule``) meant to rewrite the pattern; outputs
+    are compared within its contract tolerance (``@fxverify.contract(rtol=, atol=)``), and
+    a rewrite that raises is a :class:`RewriteFailed` too.
     ``strategy_options`` go to :func:`~fxverify.strategies.graphs_with_pattern`
     (``dtypes``, ``ranks``, ``broadcast``, ``max_nodes``, ...); ``database``: a
     Hypothesis example database so a failure replays first next time; ``derandomize``:
@@ -90,7 +93,7 @@ def check_rewrite(
     __tracebackhide__ = True
     if (replacement is None) == (rewrite is None):
         raise TypeError("check_rewrite needs exactly one of replacement= (for replace_pattern) or rewrite=")
-    transform = rewrite if rewrite is not None else replacing(pattern, replacement)  # type: ignore[arg-type]
+    transform = as_transform(rewrite or replacing(pattern, replacement))  # type: ignore[arg-type]
     strategy = graphs_with_pattern(pattern, **strategy_options)
 
     @settings(max_examples=max_examples, deadline=None, database=database, report_multiple_bugs=False,
@@ -107,7 +110,7 @@ def check_rewrite(
     fuzz()
 
 
-def run_case(transform: Callable[..., Any], case: PatternCase, checks: Sequence[str]) -> None:
+def run_case(transform: Transform, case: PatternCase, checks: Sequence[str]) -> None:
     """Run ``checks`` of ``transform`` on ``case``; raise :class:`RewriteFailed` on a failure."""
     from fxverify.verification import Verification
 
@@ -117,15 +120,18 @@ def run_case(transform: Callable[..., Any], case: PatternCase, checks: Sequence[
         raise RewriteFailed("\n\n".join(r.message for r in failed), case)
 
 
-def compare_on(transform: Callable[..., Any], case: PatternCase, drawn: Sequence[torch.Tensor]) -> None:
+def compare_on(transform: Transform, case: PatternCase, drawn: Sequence[torch.Tensor]) -> None:
     """Compare the rewritten module with the original on the drawn inputs and on the inputs
-    the numerics check uses (a cheap screen run before the checks, so shrinking stays fast);
-    :class:`RewriteFailed` if they differ."""
+    the numerics check uses (a cheap screen run before the checks, so shrinking stays fast),
+    within the transform's contract tolerance; :class:`RewriteFailed` if they differ or
+    the rewrite raises."""
     import copy
 
-    from fxverify.transform import as_transform
-
-    result, _ = as_transform(transform).apply(copy.deepcopy(case.module), fx.Tracer, timeout=None)
+    try:
+        result, _ = transform.apply(copy.deepcopy(case.module), fx.Tracer, timeout=None)
+    except TransformFailed as failed:
+        raise RewriteFailed(str(failed), case) from None
+    tolerance = Tolerance(transform.contract.rtol, transform.contract.atol)
     runs = [("the drawn inputs", drawn)] + [(c.describe(), c.make(case.seed)) for c in case.configs]
     for where, inputs in runs:
         def float64_reference(inputs: Sequence[torch.Tensor] = inputs) -> Any:
@@ -137,6 +143,6 @@ def compare_on(transform: Callable[..., Any], case: PatternCase, drawn: Sequence
             expected = case.module(*inputs)
             actual = result(*inputs)
         # judged like the numerics check: a float32 difference within the original's own rounding passes
-        found = compare_trees(actual, expected, fp64_expected=float64_reference)
+        found = compare_trees(actual, expected, tolerance=tolerance, fp64_expected=float64_reference)
         if found is not None:
             raise RewriteFailed(f"the rewritten graph differs from the original on {where}: {found.describe()}", case)

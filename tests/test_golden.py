@@ -75,6 +75,21 @@ def test_a_missing_file_fails_and_a_missing_folder_skips(tmp_path):
     assert "edge_conv_bn_head.golden is missing: create it with --fxverify-update-golden" in missing.message
 
 
+def test_random_graphs_skip_and_get_no_golden_file(tmp_path):
+    from fxverify.cases import ModelCase
+    from fxverify.strategies import graph_modules
+    from fxverify.strategies.corpus import draw_seeded, entry_for
+
+    run_golden(unchanged, "edge_conv_bn_head", tmp_path, update=True)  # the transform has a golden folder
+    for case in (draw_seeded(graph_modules(max_nodes=3), 3), ModelCase(entry_for(5))):
+        for update in (False, True):
+            result = run_golden(unchanged, case, tmp_path, update=update)
+            assert result.outcome == "skipped", result.message
+            assert "is a random graph" in result.message and "no stable golden file" in result.message
+    folder = golden.golden_path(tmp_path, SPEC, "edge_conv_bn_head").parent
+    assert [p.name for p in folder.iterdir()] == ["edge_conv_bn_head.golden"]  # nothing written for the graphs
+
+
 def test_a_version_change_is_said_first_and_alone_it_is_no_failure(tmp_path):
     run_golden(mutations.normalize_args, "edge_conv_bn_head", tmp_path, update=True)
     path = golden.golden_path(tmp_path, SPEC, "edge_conv_bn_head")

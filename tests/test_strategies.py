@@ -4,6 +4,7 @@ runnable reprs, and random graphs in ``pytest --fxverify`` with replay."""
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -150,6 +151,8 @@ def test_special_values_and_non_contiguous_layouts_are_drawn_on_request():
         find(fxs.tensors(shape=(3,), dtype=torch.float32, special_values=True), test, settings=FIND)
     strided = find(fxs.tensors(shape=(2, 3), non_contiguous=True), lambda t: not t.is_contiguous(), settings=FIND)
     assert strided.shape == (2, 3)
+    expanded = find(fxs.tensors(shape=(2, 3), non_contiguous=True), lambda t: 0 in t.stride(), settings=FIND)
+    assert expanded.stride() == (0, 1) and torch.equal(expanded[0], expanded[1])  # a real stride-0 input
     plain = find(fxs.tensors(shape=(2, 3)), lambda t: True, settings=FIND)
     assert plain.is_contiguous() and bool(plain.isfinite().all())
 
@@ -183,18 +186,60 @@ def test_random_graphs_option_adds_graphs_and_replays_failures_from_the_database
             "edge_conv_bn_head", "--fxverify-checks", "lint,numerics", "-v")
     monkeypatch.setenv("BREAK", "1")
     first = pytester.runpytest(*args, "--fxverify-random-graphs", "3")
-    first.stdout.fnmatch_lines(["fxverify: 3 random graphs (0 replayed*"])
+    first.stdout.fnmatch_lines(["fxverify: 3 random graphs (0 replayed from the example database *, 3 new)*"])
     names = {line.split("[")[1].split("-")[0] for line in first.outlines if "random_graph_" in line and "FAILED" in line}
     assert len(names) == 3, first.outlines
     second = pytester.runpytest(*args, "--fxverify-random-graphs", "1")
-    second.stdout.fnmatch_lines(["fxverify: 3 random graphs (3 replayed*"])
+    second.stdout.fnmatch_lines(["fxverify: 4 random graphs (3 replayed*, 1 new)*"])  # replayed, and still exploring
     for name in names:
         second.stdout.fnmatch_lines([f"*{name}-lint* FAILED*"])
     monkeypatch.setenv("BREAK", "0")
     fixed = pytester.runpytest(*args, "--fxverify-random-graphs", "1")
-    fixed.assert_outcomes(passed=2 * 4)
+    fixed.stdout.fnmatch_lines(["fxverify: 5 random graphs (4 replayed*"])
+    fixed.assert_outcomes(passed=2 * 6)
     after = pytester.runpytest(*args, "--fxverify-random-graphs", "1")
     after.stdout.fnmatch_lines(["fxverify: 1 random graphs (0 replayed*"])
+
+
+def fake_config(root, workerinput=None):
+    config = SimpleNamespace(rootpath=root)
+    if workerinput is not None:
+        config.workerinput = workerinput
+    return config
+
+
+def test_random_graph_seeds_go_to_xdist_workers_as_is_and_a_skip_keeps_a_seed(tmp_path):
+    from fxverify.strategies.corpus import PREFIX, RandomGraphs
+
+    controller = RandomGraphs(fake_config(tmp_path), 2, ["my.pass"])
+    controller.database.save(controller.key, b"11")
+    controller = RandomGraphs(fake_config(tmp_path), 2, ["my.pass"])
+    assert controller.seeds[0] == 11 and len(controller.seeds) == 3  # the replayed seed plus 2 new ones
+    node = SimpleNamespace(workerinput={})
+    controller.pytest_configure_node(node)
+    controller.database.save(controller.key, b"12")  # a worker starting later sees another database
+    worker = RandomGraphs(fake_config(tmp_path, node.workerinput), 2, ["my.pass"])
+    assert worker.seeds == controller.seeds and [e.name for e in worker.entries][0] == f"{PREFIX}11"
+
+    skipped = SimpleNamespace(when="call", failed=False, passed=False, skipped=True,
+                              nodeid=f"test_fx[my.pass-{PREFIX}11-golden]")
+    controller.pytest_runtest_logreport(skipped)
+    controller.pytest_sessionfinish(SimpleNamespace(config=fake_config(tmp_path)))
+    assert b"11" in set(controller.database.fetch(controller.key))  # a skip proves nothing: still replayed
+
+
+def test_a_changed_hypothesis_internal_api_is_a_clear_usage_error(tmp_path, monkeypatch):
+    import hypothesis.internal.conjecture.data as conjecture
+
+    from fxverify.strategies.corpus import RandomGraphs
+
+    def changed(*args, **kwargs):
+        raise TypeError("unexpected keyword argument 'random'")
+
+    monkeypatch.setattr(conjecture, "ConjectureData", changed)
+    with pytest.raises(pytest.UsageError, match=r"--fxverify-random-graphs: .* installed Hypothesis \d+\.\d+.*"
+                       r"TypeError: unexpected keyword .*pip install"):
+        RandomGraphs(fake_config(tmp_path), 1, ["my.pass"])
 
 
 def test_random_graphs_option_rejects_a_negative_count(pytester):

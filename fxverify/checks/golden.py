@@ -6,7 +6,9 @@ dir is ``--fxverify-golden-dir`` (default ``fxverify_golden`` under pytest's roo
 in the current directory). With ``--fxverify-update-golden`` (``update_golden=True``) the file is
 written or rewritten instead. The check skips while the transform has no golden folder at all,
 saying how to create it; a missing file or a mismatch fails, with a unified diff and an
-``.obtained`` file beside the golden one.
+``.obtained`` file beside the golden one. It also skips random graphs (cases tagged
+``random_graph``: ``--fxverify-random-graphs`` entries, ``fxverify.strategies`` draws), whose
+seeds change every run, so no golden file could stay valid; none is written for them.
 """
 
 from __future__ import annotations
@@ -19,8 +21,13 @@ from torch import fx
 from fxverify import golden
 from fxverify.result import Finding, Skip
 
+RANDOM_GRAPH_TAG = "random_graph"  # the tag fxverify.strategies gives its GraphCase and corpus entries
+
 
 def check(v: Any) -> dict[str, Any]:
+    if RANDOM_GRAPH_TAG in v.case.entry.tags:
+        raise Skip(f"{v.case.name} is a random graph: its seed changes every run, so it has no stable golden "
+                   "file; the other checks cover it")
     applied = v.applied()
     if not isinstance(applied.result, fx.GraphModule):
         raise Skip(f"the transform returned a {type(applied.result).__name__}, not a GraphModule: no code to compare")

@@ -3,9 +3,11 @@
 Each entry ``random_graph_<seed>`` is a graph drawn from :func:`graph_modules` with
 a seeded random source, rebuilt from its seed wherever it is needed (in another
 process too: the factory is ``fxverify.strategies.corpus:random_graph``). A run
-draws fresh seeds; seeds whose items failed are saved in the Hypothesis example
-database (``.hypothesis/`` under the rootdir) and come first in the next run, so
-a failing graph replays until it passes.
+checks ``N`` fresh seeds plus the seeds saved in the Hypothesis example database
+(``.hypothesis/`` under the rootdir): a seed is saved when one of its items fails
+and forgotten once all its items pass, so a failing graph replays until it passes
+while every run still explores ``N`` new graphs. Under xdist the controller sends
+its seed list to the workers, so all collect the same items.
 
 >>> random_graph(7).graph is not random_graph(7).graph, random_graph(7).code == random_graph(7).code
 (True, True)
@@ -16,32 +18,59 @@ from __future__ import annotations
 import copy
 import functools
 import random
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 from torch import fx
 
 from fxverify.catalogue import CorpusEntry
+from fxverify.checks.golden import RANDOM_GRAPH_TAG
 from fxverify.strategies.graphs import GraphCase, graph_modules
 
 PREFIX = "random_graph_"
-WORKER_SEED = "fxverify_random_graphs_seed"
+WORKER_SEEDS = "fxverify_random_graphs_seeds"
 DATABASE_DIR = Path(".hypothesis") / "fxverify"
+
+
+class ConjectureDataUnavailable(RuntimeError):
+    """The installed Hypothesis lacks the internal API :func:`draw_seeded` relies on."""
 
 
 @functools.lru_cache(maxsize=64)
 def draw_graph(seed: int) -> GraphCase:
-    """The graph for ``seed``: ``graph_modules()`` drawn from ``random.Random(seed)``.
+    """The graph for ``seed``: ``graph_modules()`` drawn from ``random.Random(seed)``
+    (see :func:`draw_seeded`)."""
+    return draw_seeded(graph_modules(), seed)
 
-    This uses Hypothesis's ``ConjectureData`` (internal API) to draw one example outside
-    ``@given``, so the same seed gives the same graph in every process.
+
+def draw_seeded(strategy: st.SearchStrategy[Any], seed: int) -> Any:
+    """One example of ``strategy`` drawn outside ``@given`` from ``random.Random(seed)``: the
+    same seed gives the same example in every process.
+
+    This uses Hypothesis's ``ConjectureData`` (internal API); if a Hypothesis release
+    changed it, this raises :class:`ConjectureDataUnavailable` naming the installed version
+    and what to do.
+
+    >>> draw_seeded(st.integers(0, 10**6), 3) == draw_seeded(st.integers(0, 10**6), 3)
+    True
     """
-    from hypothesis.internal.conjecture.data import ConjectureData
+    try:
+        from hypothesis.internal.conjecture.data import ConjectureData
 
-    data = ConjectureData(random=random.Random(seed))
-    return data.draw(graph_modules())
+        data = ConjectureData(random=random.Random(seed))
+    except (ImportError, TypeError) as exc:
+        raise ConjectureDataUnavailable(
+            f"fxverify draws seeded random graphs with hypothesis.internal.conjecture.data.ConjectureData, which "
+            f"the installed Hypothesis {version('hypothesis')} does not provide as expected "
+            f"({type(exc).__name__}: {exc}); install the release fxverify is tested with "
+            "(pip install 'hypothesis~=6.155.0'), or drop --fxverify-random-graphs and use "
+            "fxverify.strategies.graph_modules() inside @given"
+        ) from exc
+    return data.draw(strategy)
 
 
 def random_graph(seed: int) -> fx.GraphModule:
@@ -59,36 +88,44 @@ def entry_for(seed: int) -> CorpusEntry:
         kwargs={"seed": seed},
         inputs=case.inputs,
         batch_sizes=(case.inputs[0].shape[0],),
-        tags=("random_graph",),
+        tags=(RANDOM_GRAPH_TAG,),
         profiles=("random",),
     )
 
 
 class RandomGraphs:
-    """A pytest plugin object: the random-graph entries of this run, and the example
-    database that remembers the seeds of failing ones (one key per set of transforms)."""
+    """A pytest plugin object: the random-graph entries of this run (the replayed seeds,
+    then ``count`` fresh ones), and the example database that remembers the seeds of
+    failing ones (one key per set of transforms). xdist workers take the controller's seeds."""
 
     def __init__(self, config: pytest.Config, count: int, transforms: list[str]) -> None:
         self.database = DirectoryBasedExampleDatabase(str(Path(config.rootpath) / DATABASE_DIR))
         self.key = ("fxverify-random-graphs:" + ",".join(sorted(transforms))).encode()
         workerinput = getattr(config, "workerinput", None)
-        self.base_seed = int(workerinput[WORKER_SEED]) if workerinput else random.getrandbits(32)
-        replayed = sorted(int(value.decode()) for value in self.database.fetch(self.key))
-        fresh = [random.Random(self.base_seed + i).getrandbits(32) for i in range(count)]
-        self.seeds = list(dict.fromkeys(replayed + fresh))[: max(count, len(replayed))]
-        self.replayed = replayed
+        if workerinput is not None and WORKER_SEEDS in workerinput:
+            self.replayed: list[int] = []  # the controller replays and forgets; workers only run
+            self.seeds = [int(seed) for seed in workerinput[WORKER_SEEDS]]
+        else:
+            self.replayed = sorted(int(value.decode()) for value in self.database.fetch(self.key))
+            fresh = [random.getrandbits(32) for _ in range(count)]
+            self.seeds = list(dict.fromkeys(self.replayed + fresh))
         self.failed: set[int] = set()
         self.passed: set[int] = set()
-        self.entries = [entry_for(seed) for seed in self.seeds]
+        try:
+            self.entries = [entry_for(seed) for seed in self.seeds]
+        except ConjectureDataUnavailable as exc:
+            raise pytest.UsageError(f"fxverify: --fxverify-random-graphs: {exc}") from None
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
-        """xdist: every worker draws the same fresh seeds as the controller."""
-        node.workerinput[WORKER_SEED] = self.base_seed
+        """xdist: every worker collects the controller's seeds, whatever the database holds by then."""
+        node.workerinput[WORKER_SEEDS] = list(self.seeds)
 
     def pytest_report_header(self) -> str:
+        fresh = len(self.seeds) - len(self.replayed)
         return (f"fxverify: {len(self.seeds)} random graphs ({len(self.replayed)} replayed from the example "
-                f"database {DATABASE_DIR}/); rebuild one with fxverify.strategies.corpus.random_graph(<seed>)")
+                f"database {DATABASE_DIR}/, {fresh} new); rebuild one with "
+                "fxverify.strategies.corpus.random_graph(<seed>)")
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Save the seed of a random graph as soon as one of its items fails."""
@@ -99,7 +136,7 @@ class RandomGraphs:
                 if report.failed:
                     self.failed.add(seed)
                     self.database.save(self.key, str(seed).encode())
-                else:
+                elif report.passed:  # a skip proves nothing: the seed stays saved
                     self.passed.add(seed)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:

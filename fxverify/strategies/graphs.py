@@ -23,6 +23,7 @@ from torch.utils import _pytree as pytree
 
 from fxverify.cases import ModelCase
 from fxverify.catalogue import CorpusEntry, InputSpec
+from fxverify.checks.golden import RANDOM_GRAPH_TAG
 from fxverify.strategies import ops as catalogue
 from fxverify.strategies.builder import INT_RANGE, Builder, Limits, Value
 from fxverify.strategies.meta import ANY, DTYPE_NAMES, Meta
@@ -38,6 +39,7 @@ class GraphCase(ModelCase):
     case)``): ``module`` (the ``GraphModule``, eval mode), ``inputs`` (its input specs),
     ``predicted`` (the output shapes and dtypes the builder predicted, a tree of ``Meta``) and
     ``ops`` (the catalogue ops applied). Checked at its one batch size: its shapes are fixed.
+    Tagged ``"random_graph"``: the golden check skips it (a drawn graph has no stable golden file).
 
     Its ``repr`` is runnable Python that rebuilds the module (parameters included) and
     its inputs, which is what Hypothesis prints in a falsifying example.
@@ -47,7 +49,7 @@ class GraphCase(ModelCase):
                  ops: tuple[str, ...], *, name: str = "random_graph") -> None:
         self.module, self.inputs, self.predicted, self.ops = module, inputs, predicted, ops
         entry = CorpusEntry(name=name, source="user", factory=lambda: copy.deepcopy(module), inputs=inputs,
-                            batch_sizes=(inputs[0].shape[0],), tags=("random_graph",))
+                            batch_sizes=(inputs[0].shape[0],), tags=(RANDOM_GRAPH_TAG,))
         super().__init__(entry)
 
     def check_predictions(self, inputs: Sequence[torch.Tensor] | None = None) -> Any:

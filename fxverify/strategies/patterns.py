@@ -2,9 +2,11 @@
 rewrite pattern (a Python function, as for ``torch.fx.replace_pattern``).
 
 Random producers feed the pattern's inputs (shapes broadcast against each other
-unless ``broadcast=False``), random consumers use its outputs, and with
+unless ``broadcast=False``; for a pattern that needs matmul-like shapes, every other
+input has the last two dims swapped), random consumers use its outputs, and with
 ``expose_internals`` values computed inside the pattern get users outside it,
-the case a matcher must not rewrite.
+the case a matcher must not rewrite. Drawn shapes the pattern still rejects are
+filtered out (``hypothesis.reject``).
 
 >>> import torch
 >>> from hypothesis import given
@@ -17,11 +19,13 @@ the case a matcher must not rewrite.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from hypothesis import reject
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from torch import fx
@@ -33,7 +37,7 @@ from fxverify.strategies.graphs import (
     DEFAULT_DTYPES, GraphCase, Plan, _input_spec, _validate_bool, _validate_int, grow, seeded, select_ops,
     validate_dtypes,
 )
-from fxverify.strategies.meta import Meta
+from fxverify.strategies.meta import DTYPE_NAMES, Meta
 
 
 class PatternCase(GraphCase):
@@ -70,7 +74,10 @@ def graphs_with_pattern(
     pattern's inputs (all the same dtype) and of the graph's inputs; ``ranks``: of the
     pattern's first input; ``broadcast``: other pattern inputs may have shapes that
     broadcast against the first (else equal shapes); ``expose_internals``: values inside
-    the pattern may get users outside it; ``ops``: catalogue ops for the surroundings::
+    the pattern may get users outside it; ``ops``: catalogue ops for the surroundings.
+    A pattern that fails on equal shapes but runs with the last two dims of every other
+    input swapped (``x @ y``, ``torch.bmm``) gets such inputs; drawn shapes it still
+    rejects are filtered out, and one that fits no shape raises InvalidArgument::
 
         def pattern(x, y):
             return torch.relu(x + y)
@@ -96,6 +103,7 @@ def graphs_with_pattern(
     _validate_bool("expose_internals", expose_internals)
     chosen = select_ops(ops, limits=limits)
     embedding = Embedding(pattern, traced, max_instances, ranks, broadcast, expose_internals)
+    _check_fits_some_shape(embedding, limits)
     return _graphs_with_pattern(Plan(tuple(chosen), limits, 1), embedding)
 
 
@@ -137,15 +145,18 @@ def embed(b: Builder, embedding: Embedding) -> list[Value]:
     if not placeholders:
         raise InvalidArgument(f"the pattern {embedding.pattern!r} takes no tensor inputs")
     first = _first_input(b, embedding)
+    swapped = _needs_swapped(embedding, first.meta.rank, first.meta.dtype, len(placeholders))
     feeds = [first]
-    for _ in placeholders[1:]:
-        if embedding.broadcast:
+    for meta in _partners(first.meta, len(placeholders), swapped)[1:]:
+        if embedding.broadcast and not swapped:
             other, _ = b.operand(first.meta, (first.meta.dtype,), scalar=False, same_dtype=True)
         else:
-            found = b.candidates(lambda v: v.meta == first.meta)
-            other = found[b.index(len(found))] if found and b.flag() else b.new_input(first.meta)
+            found = b.candidates(lambda v, meta=meta: v.meta == meta)
+            other = found[b.index(len(found))] if found and b.flag() else b.new_input(meta)
         feeds.append(other)
-    metas = _propagate(embedding, [f.meta for f in feeds])
+    metas = _run_on_meta(embedding, tuple(f.meta for f in feeds))
+    if isinstance(metas, Exception):
+        reject()  # shapes the pattern does not take (one that rarely fits fails the filter_too_much health check)
     env = {p: f.node for p, f in zip(placeholders, feeds)}
     outputs: list[Value] = []
     for node in embedding.traced.graph.nodes:
@@ -175,20 +186,55 @@ def _first_input(b: Builder, embedding: Embedding) -> Value:
     return b.new_input(meta)
 
 
-def _propagate(embedding: Embedding, metas: list[Meta]) -> dict[str, Meta]:
-    """The meta of every tensor node of the pattern for these input metas (run on the meta device)."""
+def _partners(first: Meta, count: int, swapped: bool) -> tuple[Meta, ...]:
+    """``count`` input metas for the pattern: ``first``, and the same meta for every other
+    input, or with ``swapped`` the last two dims swapped on every second one (``a @ b @ c``)."""
+    other = Meta(first.shape[:-2] + first.shape[:-3:-1], first.dtype) if swapped else first
+    return tuple(other if i % 2 else first for i in range(count))
+
+
+@functools.lru_cache(maxsize=64)
+def _needs_swapped(embedding: Embedding, rank: int, dtype: torch.dtype, count: int) -> bool:
+    """Whether the pattern fails on equal shapes but runs with swapped ones (matmul-like),
+    probed once per rank with sides 2, 3, 4, ..."""
+    if rank < 2:
+        return False
+    probe = Meta(tuple(range(2, 2 + rank)), dtype)
+    equal, swapped = (_run_on_meta(embedding, _partners(probe, count, s)) for s in (False, True))
+    return isinstance(equal, Exception) and not isinstance(swapped, Exception)
+
+
+@functools.lru_cache(maxsize=256)
+def _run_on_meta(embedding: Embedding, metas: tuple[Meta, ...]) -> dict[str, Meta] | Exception:
+    """The meta of every tensor node of the pattern for these input metas (run on the meta
+    device), or the exception the pattern raised on them."""
     traced = embedding.traced
     args = [torch.empty(m.shape, dtype=m.dtype, device="meta") for m in metas]
     recorder = RecordingInterpreter(traced, {n.name for n in traced.graph.nodes})
     try:
         recorder.run(*args)
     except Exception as exc:
-        shapes = ", ".join(str(m) for m in metas)
-        hint = "pass broadcast=False for equal shapes, or narrow ranks= / dtypes=" if embedding.broadcast else \
-            "narrow ranks= / dtypes= to what the pattern accepts"
-        raise InvalidArgument(
-            f"the pattern {embedding.pattern!r} ({inspect.signature(embedding.pattern)}) raised on inputs {shapes}: "
-            f"{exc_summary(exc)}; {hint}"
-        ) from None
+        return exc
     return {name: Meta(tuple(value.shape), value.dtype) for name, value in recorder.values.items()
             if isinstance(value, torch.Tensor)}
+
+
+def _check_fits_some_shape(embedding: Embedding, limits: Limits) -> None:
+    """InvalidArgument when the pattern raises on every probe shape: all-ones and 2, 3, 4, ...
+    sides (capped at ``max_side``) at each allowed rank and dtype, equal or swapped."""
+    count = sum(1 for n in embedding.traced.graph.nodes if n.op == "placeholder")
+    low, high = embedding.ranks
+    found: Any = None
+    for dtype in limits.dtypes:
+        for rank in range(low, high + 1):
+            for shape in ((1,) * rank, tuple(min(limits.max_side, 2 + i) for i in range(rank))):
+                for swapped in (False, True):
+                    found = _run_on_meta(embedding, _partners(Meta(shape, dtype), count, swapped))
+                    if not isinstance(found, Exception):
+                        return
+    raise InvalidArgument(
+        f"the pattern {getattr(embedding.pattern, '__name__', embedding.pattern)}"
+        f"{inspect.signature(embedding.pattern)} raised on every input shape "
+        f"tried (ranks={embedding.ranks}, dtypes={tuple(DTYPE_NAMES[d] for d in limits.dtypes)}), last with "
+        f"{exc_summary(found)}; narrow ranks= / dtypes= / max_side= to what the pattern accepts"
+    )

@@ -2,7 +2,7 @@
 inputs of a drawn graph. Values come from a drawn seed (cheap, and shrinking the
 seed to 0 gives simple values); special values (NaN, +-inf, -0.0, subnormals,
 large magnitudes) are written at drawn positions and non-contiguous layouts
-(transposed, strided, storage offset, expanded) are drawn only on request.
+(transposed, strided, storage offset, expanded with a 0 stride) are drawn only on request.
 
 >>> from hypothesis import given
 >>> @given(tensors(shape=(2, 3), dtype=torch.float64, special_values=True))
@@ -70,7 +70,8 @@ def tensors(
 
     ``special_values``: up to four elements replaced by NaN, +-inf, -0.0, a subnormal or
     a huge value (floating dtypes); ``non_contiguous``: the tensor may be transposed,
-    strided, offset into its storage or expanded, holding the same values::
+    strided or offset into its storage (same values), or expanded: a stride-0 view of its
+    first slice along a dim of size > 1, whose values then repeat along that dim::
 
         @given(tensors(shape=(4, 4), special_values=True, non_contiguous=True))
         def test_relu_rewrite(x): ...
@@ -111,17 +112,21 @@ def _layouts(shape: tuple[int, ...]) -> tuple[str, ...]:
     possible = ["contiguous", "strided", "offset"]
     if len(shape) >= 2:
         possible.insert(1, "transposed")
-    if 1 in shape or not shape:
+    if any(size > 1 for size in shape):
         possible.append("expanded")
     return tuple(possible)
 
 
 def in_layout(values: torch.Tensor, layout: str) -> torch.Tensor:
-    """The same values in another memory layout (see :data:`LAYOUTS`).
+    """The same values in another memory layout (see :data:`LAYOUTS`); except "expanded":
+    the first slice along the first dim of size > 1, expanded over that dim (stride 0).
 
     >>> x = in_layout(torch.arange(6.).reshape(2, 3), "transposed")
     >>> x.is_contiguous(), x.tolist()
     (False, [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]])
+    >>> x = in_layout(torch.arange(6.).reshape(2, 3), "expanded")
+    >>> x.stride(), x.tolist()
+    ((0, 1), [[0.0, 1.0, 2.0], [0.0, 1.0, 2.0]])
     """
     if layout == "contiguous":
         return values.clone()
@@ -138,9 +143,10 @@ def in_layout(values: torch.Tensor, layout: str) -> torch.Tensor:
         base[1:].copy_(values.reshape(-1))
         return base[1:].view(values.shape)
     if layout == "expanded":
-        squeezed = values.amax(dim=[d for d, s in enumerate(values.shape) if s == 1], keepdim=True) \
-            if values.dim() else values
-        return squeezed.expand(values.shape)
+        wide = [d for d, size in enumerate(values.shape) if size > 1]
+        if not wide:
+            raise ValueError(f"the expanded layout needs a dim of size > 1, got shape {tuple(values.shape)}")
+        return values.narrow(wide[0], 0, 1).clone().expand(values.shape)
     raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
 
 
