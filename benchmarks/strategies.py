@@ -2,6 +2,8 @@
 
     python benchmarks/strategies.py [--graphs 1000] [--nodes 13] [--nnsmith-graphs 200] [--seed 0] [--threads 1]
 
+(``--nnsmith-graphs 0``: fxverify's side only.)
+
 For each side, in this one process: graphs drawn + compiled (a ``GraphModule`` with
 its generated code) + executed once per second (wall clock and process CPU time,
 failures included), distinct operators covered, and the validity rate (the graph
@@ -129,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attrs", type=int, default=3,
                         help="fxverify's node budget is --nodes + this: its budget also counts get_attr nodes "
                         "(weights, constants; about 3 a graph), NNSmith's counts operators only (default 3)")
-    parser.add_argument("--nnsmith-graphs", type=int, default=200, help="NNSmith graphs (default 200: it is slower)")
+    parser.add_argument("--nnsmith-graphs", type=int, default=200,
+                        help="NNSmith graphs (default 200: it is slower; 0: fxverify's side only)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads for both sides (default 1: tiny tensors, threads only contend)")
@@ -142,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     print(_row("fxverify", ours))
     print(f"{'':10} (distinct = torch operations; catalogue entries seen: {ours['catalogue_entries']} of "
           f"{ours['catalogue_size']}; distinct FX targets seen: {ours['distinct_targets']})")
+    if args.nnsmith_graphs == 0:
+        print("NNSmith: skipped (--nnsmith-graphs 0)")
+        return 0
     theirs_measure = nnsmith_measure()
     if theirs_measure is None:
         print("NNSmith: skipped (benchmarks/strategies_nnsmith.py is absent)")

@@ -25,6 +25,11 @@ INT_RANGE = (-4, 5)
 
 ATTRIBUTE_KINDS = ("parameter", "buffer", "constant")
 
+# ``st.integers`` favours the bounds of ranges wider than this; the builder's direct draws
+# stay within it. (An expression: an int literal of 100 or more would join Hypothesis's
+# pool of local constants and so change which graph each seed draws.)
+UNWEIGHTED_SPAN = 2**7 - 1
+
 
 @dataclasses.dataclass
 class Value:
@@ -57,6 +62,12 @@ class Builder:
 
     def __init__(self, draw: Callable[[st.SearchStrategy[Any]], Any], limits: Limits) -> None:
         self.draw = draw
+        # @st.composite's draw is ConjectureData.draw, whose draw_integer / draw_boolean make the
+        # very choices st.integers / st.booleans / st.sampled_from make, without the strategy
+        # machinery (validation, a span) around each of a graph's ~90 small draws, which was
+        # most of its drawing time. Any other draw function goes through the strategies.
+        data = getattr(draw, "__self__", None)
+        self._data = data if hasattr(data, "draw_integer") and hasattr(data, "draw_boolean") else None
         self.limits = limits
         self.graph = fx.Graph()
         self.root = nn.Module()
@@ -74,23 +85,33 @@ class Builder:
     # -- drawing small things -------------------------------------------------------
     def side(self, low: int = 1, high: int | None = None) -> int:
         """A dimension size; shrinks towards ``low``."""
-        return self.draw(st.integers(low, max(low, high or self.limits.max_side)))
+        return self.integer(low, max(low, high or self.limits.max_side))
 
     def shape(self, rank: int, low: int = 1) -> tuple[int, ...]:
         return tuple(self.side(low) for _ in range(rank))
 
     def dtype(self, accepted: Sequence[torch.dtype]) -> torch.dtype:
         """One of ``accepted`` that the options allow (callers ensure there is one)."""
-        allowed = [d for d in self.limits.dtypes if d in accepted]
-        return self.draw(st.sampled_from(allowed))
+        return self.choice([d for d in self.limits.dtypes if d in accepted])
+
+    def integer(self, low: int, high: int) -> int:
+        """An int in ``low..high``, as ``st.integers(low, high)`` draws it."""
+        if self._data is not None and high - low <= UNWEIGHTED_SPAN:
+            return self._data.draw_integer(low, high)
+        return self.draw(st.integers(low, high))
 
     def index(self, size: int) -> int:
-        return self.draw(st.integers(0, size - 1))
+        return self.integer(0, size - 1)
 
     def flag(self) -> bool:
-        return self.draw(st.booleans())
+        return self._data.draw_boolean() if self._data is not None else self.draw(st.booleans())
 
     def choice(self, options: Sequence[Any]) -> Any:
+        """One of ``options``, as ``st.sampled_from(options)`` draws it (one option: no draw)."""
+        if len(options) == 1:
+            return options[0]
+        if self._data is not None and options:
+            return options[self._data.draw_integer(0, len(options) - 1)]
         return self.draw(st.sampled_from(options))
 
     # -- values ----------------------------------------------------------------------
@@ -210,10 +231,10 @@ class Builder:
                 dims[i] = self.side()
             elif self.flag():
                 dims[i] = 1
-        drop = self.draw(st.integers(0, len(dims) - 1)) if dims else 0
+        drop = self.integer(0, len(dims) - 1) if dims else 0
         if drop:
             return tuple(dims[drop:])
-        extra = self.draw(st.integers(0, self.limits.max_rank - len(shape)))  # new leading dims
+        extra = self.integer(0, self.limits.max_rank - len(shape))  # new leading dims
         return tuple([self.side() for _ in range(extra)] + dims)
 
     def scalar(self, dtype: torch.dtype, accepted: Sequence[torch.dtype]) -> bool | int | float:

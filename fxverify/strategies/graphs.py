@@ -205,7 +205,7 @@ def grow(builder: Builder, chosen: Sequence[catalogue.Op], minimum: int, maximum
     used = []
     by_room: dict[int, list[catalogue.Op]] = {}
     while builder.used < maximum:
-        go_on = builder.draw(st.integers(0, GO_ON))  # drawn even below minimum: every op's block starts alike
+        go_on = builder.integer(0, GO_ON)  # drawn even below minimum: every op's block starts alike
         if go_on == 0 and builder.used >= minimum:
             break
         room = min(builder.room, maximum - builder.used, MAX_COST)
@@ -236,7 +236,7 @@ def seeded(seed: int) -> Iterator[None]:
 def apply(builder: Builder, op: catalogue.Op) -> Value:
     """Apply ``op`` to a drawn value it accepts (preferring recent ones) or to a new input."""
     found = builder.candidates(lambda v: op.accepts(v, builder.limits.max_rank))
-    pick = builder.draw(st.integers(0, len(found)))
+    pick = builder.integer(0, len(found))
     if pick < len(found):
         x = found[pick]
     else:

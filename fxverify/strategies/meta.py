@@ -42,8 +42,24 @@ class Meta:
 
 
 def broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...]:
-    """The broadcast shape (``torch.broadcast_shapes``, as a tuple)."""
-    return tuple(torch.broadcast_shapes(*shapes))
+    """The broadcast shape, as ``torch.broadcast_shapes`` gives it; ValueError when the shapes
+    do not broadcast. Plain Python: torch's imports sympy at its first call (~0.4 s) and
+    costs ~30 us a call, which the builder pays for every candidate operand.
+
+    >>> broadcast((4, 1), (3,)), broadcast((), (2,))
+    ((4, 3), (2,))
+    >>> broadcast((2, 3), (4,))
+    Traceback (most recent call last):
+    ValueError: shapes ((2, 3), (4,)) do not broadcast: sizes [3, 4] meet in one dim
+    """
+    rank = max(map(len, shapes), default=0)
+    result = []
+    for sizes in zip(*((1,) * (rank - len(shape)) + tuple(shape) for shape in shapes)):
+        wide = {size for size in sizes if size != 1}
+        if len(wide) > 1:
+            raise ValueError(f"shapes {shapes} do not broadcast: sizes {sorted(wide)} meet in one dim")
+        result.append(wide.pop() if wide else 1)
+    return tuple(result)
 
 
 def broadcastable(a: tuple[int, ...], b: tuple[int, ...]) -> bool:

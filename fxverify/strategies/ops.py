@@ -74,7 +74,7 @@ class Op:
         if self.example is not None:
             return self.example(b, dtype)
         low, high = self.ranks[0], min(self.ranks[1], b.limits.max_rank - self.grows)
-        return Meta(b.shape(b.draw(st.integers(low, high))), dtype)
+        return Meta(b.shape(b.integer(low, high)), dtype)
 
 
 CATALOGUE: list[Op] = []
@@ -187,7 +187,7 @@ def _threshold(b: Builder, x: Value) -> Value:
 
 
 @_op("F.glu", "activation", fits=lambda m: any(s % 2 == 0 for s in m.shape),
-     example=lambda b, dtype: Meta(b.shape(b.draw(st.integers(1, 2))) + (2 * b.side(),), dtype))
+     example=lambda b, dtype: Meta(b.shape(b.integer(1, 2)) + (2 * b.side(),), dtype))
 def _glu(b: Builder, x: Value) -> Value:
     dims = [d for d, s in enumerate(x.meta.shape) if s % 2 == 0]
     dim = b.choice(dims)
@@ -412,9 +412,9 @@ _pair_reduction("aminmax", torch.aminmax, NUMBERS, _keep)
 for _fn in (torch.std_mean, torch.var_mean):
     _pair_reduction(_fn.__name__, _fn, FLOATS, _keep)
 _pair_reduction("kthvalue", torch.kthvalue, NUMBERS, _int64,
-                extra=lambda b, m, dim: ((b.draw(st.integers(1, m.shape[dim])),), None))
+                extra=lambda b, m, dim: ((b.integer(1, m.shape[dim]),), None))
 def _topk_k(b: Builder, m: Meta, dim: int) -> tuple[tuple[Any, ...], int]:
-    k = b.draw(st.integers(1, m.shape[dim]))
+    k = b.integer(1, m.shape[dim])
     return (k,), k
 
 
@@ -532,7 +532,7 @@ def _window(b: Builder, spatial: tuple[int, ...]) -> tuple[int, int, int, int]:
     """kernel, stride, padding, dilation valid for every spatial size."""
     smallest = min(spatial)
     kernel = b.side(1, min(3, smallest))
-    padding = b.draw(st.integers(0, kernel // 2))
+    padding = b.integer(0, kernel // 2)
     stride = b.side(1, 2)
     dilation = 2 if kernel > 1 and 2 * (kernel - 1) + 1 <= smallest + 2 * padding and b.flag() else 1
     return kernel, stride, padding, dilation
@@ -557,7 +557,7 @@ def _conv(d: int, transposed: bool, module: bool) -> None:
         g = _groups(b, c)
         out_channels = g * b.side(1, 2)
         if transposed:
-            out_pad = b.draw(st.integers(0, max(s, dil) - 1))
+            out_pad = b.integer(0, max(s, dil) - 1)
             p = min(p, dil * (k - 1) // 2)
             out_spatial = [(i - 1) * s - 2 * p + dil * (k - 1) + out_pad + 1 for i in spatial]
             weight_shape = (c, out_channels // g) + (k,) * d
@@ -672,7 +672,7 @@ for _d in (1, 2, 3):
 
 @_op("F.layer_norm", "norm")
 def _layer_norm(b: Builder, x: Value) -> Value:
-    count = b.draw(st.integers(1, x.meta.rank))
+    count = b.integer(1, x.meta.rank)
     shape = x.meta.shape[-count:]
     weight = _optional_weight(b, shape, x.meta.dtype)
     return b.call(F.layer_norm, x, shape, weight, meta=x.meta)
@@ -759,7 +759,7 @@ def _flatten_module(b: Builder, x: Value) -> Value:
 # -- views and shape changes ------------------------------------------------------------------------------
 def _factorized(b: Builder, numel: int) -> tuple[int, ...]:
     """A shape of ``numel`` elements: its prime factors spread over a drawn number of dims."""
-    rank = b.draw(st.integers(1, b.limits.max_rank))
+    rank = b.integer(1, b.limits.max_rank)
     dims = [1] * rank
     n, p = numel, 2
     while n > 1:
@@ -832,7 +832,7 @@ def _movedim(b: Builder, x: Value) -> Value:
 @_op("flatten", "view", dtypes=ANY)
 def _flatten(b: Builder, x: Value) -> Value:
     start = b.index(x.meta.rank)
-    end = b.draw(st.integers(start, x.meta.rank - 1))
+    end = b.integer(start, x.meta.rank - 1)
     shape = x.meta.shape[:start] + (math.prod(x.meta.shape[start:end + 1]),) + x.meta.shape[end + 1:]
     return b.call_either(torch.flatten, x, start, end, meta=_same(x.meta, shape=shape), fresh=False)
 
@@ -855,7 +855,7 @@ def _squeeze(b: Builder, x: Value) -> Value:
 
 @_op("unsqueeze", "view", dtypes=ANY, grows=1)
 def _unsqueeze(b: Builder, x: Value) -> Value:
-    dim = b.draw(st.integers(0, x.meta.rank))
+    dim = b.integer(0, x.meta.rank)
     shape = x.meta.shape[:dim] + (1,) + x.meta.shape[dim:]
     return b.call_either(torch.unsqueeze, x, dim, meta=_same(x.meta, shape=shape), fresh=False)
 
@@ -932,7 +932,7 @@ def _slices(b: Builder, x: Value) -> Value:
     """``x[a:b:s, ..., i]``: slices and integer indices over the leading dims."""
     index: list[Any] = []
     shape: list[int] = []
-    count = b.draw(st.integers(1, x.meta.rank))
+    count = b.integer(1, x.meta.rank)
     for size in x.meta.shape[:count]:
         kind = b.choice(("all", "slice", "int") if x.meta.rank - count + len(shape) > 0 or len(index) < count - 1
                         else ("all", "slice"))
@@ -941,7 +941,7 @@ def _slices(b: Builder, x: Value) -> Value:
             shape.append(size)
         elif kind == "slice":
             start = b.index(size)
-            stop = b.draw(st.integers(start + 1, size))
+            stop = b.integer(start + 1, size)
             step = b.side(1, 2)
             index.append(slice(start, stop, step))
             shape.append(len(range(start, stop, step)))
@@ -1025,7 +1025,7 @@ def _cat(b: Builder, x: Value) -> Value:
 @_op("stack", "join", dtypes=ANY, cost=2, grows=1)
 def _stack(b: Builder, x: Value) -> Value:
     parts = [x, *_siblings(b, x, lambda: x.meta.shape)]
-    dim = b.draw(st.integers(0, x.meta.rank))
+    dim = b.integer(0, x.meta.rank)
     shape = x.meta.shape[:dim] + (len(parts),) + x.meta.shape[dim:]
     return b.call(torch.stack, [p.node for p in parts], dim, meta=_same(x.meta, shape=shape))
 
@@ -1129,7 +1129,7 @@ _like("full_like", torch.full_like, 2)
 
 @_op("Tensor.new_ones", "creation", dtypes=ANY)
 def _new_ones(b: Builder, x: Value) -> Value:
-    shape = b.shape(b.draw(st.integers(1, 2)))
+    shape = b.shape(b.integer(1, 2))
     return b.call("new_ones", x, shape, meta=_same(x.meta, shape=shape), method=True)
 
 

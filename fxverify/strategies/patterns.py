@@ -179,10 +179,10 @@ def _first_input(b: Builder, embedding: Embedding) -> Value:
     """An existing value the pattern can take first (a producer), else a new input."""
     low, high = embedding.ranks
     found = b.candidates(lambda v: v.meta.dtype in b.limits.dtypes and low <= v.meta.rank <= high)
-    pick = b.draw(st.integers(0, len(found)))
+    pick = b.integer(0, len(found))
     if pick < len(found):
         return found[pick]
-    meta = Meta(b.shape(b.draw(st.integers(low, high))), b.dtype(b.limits.dtypes))
+    meta = Meta(b.shape(b.integer(low, high)), b.dtype(b.limits.dtypes))
     return b.new_input(meta)
 
 
