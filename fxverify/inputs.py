@@ -38,7 +38,7 @@ class InputConfig:
         after drawing them, so float32 and float64 inputs hold the same numbers."""
         gen_seed = seed ^ zlib.crc32(self.name.encode())
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(gen_seed)
+            torch.default_generator.manual_seed(gen_seed)  # the CPU generator only: fork_rng restores just that one
             tensors = []
             for spec in self.specs:
                 spec_dtype = getattr(torch, spec.dtype)
