@@ -161,6 +161,18 @@ class Verification:
             return None
         return Snapshot.take(applied.original).first_difference(applied.result, code=False) is None
 
+    @functools.cached_property
+    def float64_problem(self) -> str | None:
+        """Why the original cannot run in float64 (a cast to float32 written into its graph, say),
+        or None. The float64 stages of numerics and gradients need it; the float32 ones do not."""
+        try:
+            self.outputs("original", dtype=torch.float64)
+        except TransformFailed:
+            raise
+        except Exception as exc:  # whatever the model raises: it cannot be compared in float64
+            return exception_summary(exc)
+        return None
+
     # -- running modules -----------------------------------------------------
     def outputs(self, which: str, config: InputConfig | None = None, dtype: torch.dtype = torch.float32) -> Any:
         """Eval-time outputs of the ``original`` or ``result`` module on ``config`` (cached)."""

@@ -3,6 +3,9 @@ and passes the correct transforms."""
 
 from __future__ import annotations
 
+import copy
+import operator
+
 import pytest
 import torch
 
@@ -228,3 +231,33 @@ def test_parameter_rewriting_transforms_are_compared_tightly_in_float64():
     fallback = Verification(float32_only, "edge_conv_bn_head")
     assert fallback.float64_tolerance.for_dtype(torch.float64) == fallback.tolerance.for_dtype(torch.float32)
     assert fallback.run("numerics").ok and fallback.run("gradients").ok
+
+
+class PinsFloat32(torch.nn.Module):
+    """Casts to float32 inside forward: converted to float64, its PReLU sees mixed dtypes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.act = torch.nn.PReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(x.float()) * 2
+
+
+def scales_output(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    gm = copy.deepcopy(gm)
+    output = next(iter(gm.graph.find_nodes(op="output")))
+    with gm.graph.inserting_before(output):
+        output.args = (gm.graph.call_function(operator.mul, (output.args[0], 1.5)),)
+    gm.recompile()
+    return gm
+
+
+def test_a_model_that_cannot_run_in_float64_is_compared_in_float32_only():
+    case = fxverify.case_from_module("pins_float32", PinsFloat32, [(2, 3)])
+    numerics, gradients = fxverify.verify(mutations.transformer_identity, case, checks=["numerics", "gradients"])
+    assert numerics.outcome == "passed", numerics.message
+    assert numerics.details["float64"].startswith("skipped: the original does not run in float64 (RuntimeError")
+    assert gradients.outcome == "skipped" and "does not run in float64" in gradients.message
+    broken = fxverify.check_numerics(scales_output, case)  # a wrong result is still caught, in float32
+    assert broken.outcome == "failed" and "outputs differ" in broken.message

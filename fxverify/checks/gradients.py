@@ -28,6 +28,8 @@ def check(v: Any) -> dict[str, Any]:
     original_params = dict(applied.original.named_parameters())
     _check_still_trainable(original_params, applied.result)
     kept = _kept_parameters(v, original_params, applied.result)
+    if v.float64_problem is not None:
+        raise Skip(f"gradients are compared in float64, and the original does not run in float64 ({v.float64_problem})")
     original, result = v.module("original", torch.float64), v.module("result", torch.float64)
     config = v.primary
     where = f"{config.describe()}, float64, {applied.mode} mode, loss = sum(outputs * fixed random weights)"
