@@ -90,6 +90,13 @@ def test_retrace_ignores_the_order_of_attribute_reads():
         assert result.outcome == "passed", result.message
 
 
+def test_to_folder_skips_code_that_registers_wrapped_functions():
+    # torch's to_folder writes the torch.fx.wrap registration into the class body, where wrap() raises:
+    # a torch limitation, whether or not the original had the registration
+    result = fxverify.check_to_folder(fxverify.examples.identity, "edge_wrapped_function")
+    assert result.outcome == "skipped" and "cannot export code that registers torch.fx.wrap" in result.message
+
+
 def test_pickle_catches_an_unpicklable_attribute():
     result = fxverify.check_pickle(mutations.keeps_a_closure_in_meta, "edge_conv_bn_head")
     assert result.outcome == "failed"
