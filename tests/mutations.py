@@ -183,7 +183,8 @@ def _fold_bn(gm: fx.GraphModule, fold_weights) -> fx.GraphModule:
     gm = copy.deepcopy(gm)
     modules = dict(gm.named_modules())
     for node in list(gm.graph.nodes):
-        if node.op != "call_module" or not isinstance(modules.get(node.target), nn.BatchNorm2d):
+        # exactly BatchNorm2d: subclasses add more (timm's BatchNormAct2d applies an activation too)
+        if node.op != "call_module" or type(modules.get(node.target)) is not nn.BatchNorm2d:
             continue
         conv_node = node.args[0]
         if not (isinstance(conv_node, fx.Node) and conv_node.op == "call_module"
