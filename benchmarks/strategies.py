@@ -1,6 +1,7 @@
 """Random-graph generation (issue 4): fxverify's ``graph_modules`` side by side with NNSmith 0.1.0.
 
-    python benchmarks/strategies.py [--graphs 1000] [--nodes 13] [--nnsmith-graphs 200] [--seed 0] [--threads 1]
+    python benchmarks/strategies.py [--graphs 1000] [--given-graphs 300] [--nodes 13] [--nnsmith-graphs 200]
+                                    [--seed 0] [--threads 1]
 
 (``--nnsmith-graphs 0``: fxverify's side only.)
 
@@ -21,10 +22,12 @@ lowercased, in-place ``_`` and ``__dunder__`` stripped, aliases such as ``Tensor
 and ``nn`` layers (call_module) add none, as each repeats a functional op (``nn.ReLU``).
 Catalogue entries and raw FX targets seen are printed too.
 
-fxverify's graphs are drawn outside ``@given`` from ``random.Random(seed + i)``
-(the same path as ``--fxverify-random-graphs``), over every dtype, with
-``min_nodes = max_nodes = --nodes + --attrs`` computation nodes, so that the
-operators per graph (printed) match NNSmith's ``--nodes``. Both sides run with
+fxverify's graphs are ``graph_from_seed(seed + i)`` (the graphs of
+``--fxverify-random-graphs``; like NNSmith's, seeded and not shrinkable), over every
+dtype, with ``min_nodes = max_nodes = --nodes + --attrs`` computation nodes, so that
+the operators per graph (printed) match NNSmith's ``--nodes``. The goals are judged
+on these. A second row shows the same strategy under ``@given`` (``--given-graphs``
+examples), where Hypothesis records every choice so that a failure shrinks. Both sides run with
 one torch thread (``--threads``). NNSmith's side is
 ``benchmarks/strategies_nnsmith.py``'s ``measure()``; when NNSmith is not
 installed that side is skipped, saying why and how to install it.
@@ -40,56 +43,80 @@ from pathlib import Path
 from typing import Any
 
 
-def measure(n_graphs: int = 1000, nodes: int = 13, seed: int = 0) -> dict[str, Any]:
-    """fxverify's figures for ``n_graphs`` graphs of ``nodes`` computation nodes.
+def measure(n_graphs: int = 1000, nodes: int = 13, seed: int = 0, *, under_given: bool = False) -> dict[str, Any]:
+    """fxverify's figures for ``n_graphs`` graphs of ``nodes`` computation nodes, over every dtype.
+
+    Graph ``i`` is ``graph_from_seed(seed + i, ...)`` (what ``--fxverify-random-graphs``
+    draws), or with ``under_given`` the examples a ``@given(graph_modules(...))`` test
+    receives (Hypothesis records every choice, for shrinking).
 
     Returns ``graphs_per_second``, ``graphs_per_cpu_second``, ``validity``,
     ``distinct_ops`` (distinct torch operations seen, see :func:`operation`),
     ``catalogue_entries`` (catalogue entries seen), ``distinct_targets`` (distinct FX
     call targets seen), ``mean_operators`` (call_* nodes per graph) and ``catalogue_size``.
     """
-    import torch
-
-    from fxverify.strategies import OPS, graph_modules
-    from fxverify.strategies.corpus import draw_seeded
+    from fxverify.strategies import OPS, graph_from_seed, graph_modules
     from fxverify.strategies.meta import ANY
 
-    strategy = graph_modules(min_nodes=nodes, max_nodes=nodes, dtypes=ANY)
-    entries: set[str] = set()
-    targets: set[str] = set()
-    operations: set[str | None] = set()
-    valid = operators = 0
+    tally = Tally()
+    options = {"min_nodes": nodes, "max_nodes": nodes, "dtypes": ANY}
     wall, cpu = time.perf_counter(), time.process_time()
-    for i in range(n_graphs):
-        case = draw_seeded(strategy, seed + i)
+    if under_given:
+        from hypothesis import HealthCheck, Phase, given, settings
+
+        @settings(max_examples=n_graphs, database=None, phases=[Phase.generate], deadline=None,
+                  suppress_health_check=list(HealthCheck))
+        @given(graph_modules(**options))
+        def run(case: Any) -> None:
+            tally.add(case, "a @given example")
+
+        run()
+    else:
+        for i in range(n_graphs):
+            tally.add(graph_from_seed(seed + i, **options), f"seed {seed + i}")
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return {
+        "graphs_per_second": tally.n / wall,
+        "graphs_per_cpu_second": tally.n / cpu,
+        "validity": tally.valid / tally.n,
+        "distinct_ops": len(tally.operations),
+        "catalogue_entries": len(tally.entries),
+        "distinct_targets": len(tally.targets),
+        "mean_operators": tally.operators / max(tally.valid, 1),
+        "catalogue_size": len(OPS),
+        "n": tally.n,
+    }
+
+
+class Tally:
+    """Validity and operator coverage of the graphs seen so far (a graph is valid when it
+    lints, runs, and gives the output shapes and dtypes its builder predicted)."""
+
+    def __init__(self) -> None:
+        self.n = self.valid = self.operators = 0
+        self.entries: set[str] = set()
+        self.targets: set[str] = set()
+        self.operations: set[str] = set()
+
+    def add(self, case: Any, label: str) -> None:
+        import torch
+
+        self.n += 1
         try:
             case.module.graph.lint()
             with torch.no_grad():
                 case.check_predictions()
         except Exception as exc:  # counted as invalid, and shown: there should be none
-            print(f"  invalid graph (seed {seed + i}): {type(exc).__name__}: {str(exc).splitlines()[0]}")
-            continue
-        valid += 1
-        entries.update(case.ops)
+            print(f"  invalid graph ({label}): {type(exc).__name__}: {str(exc).splitlines()[0]}")
+            return
+        self.valid += 1
+        self.entries.update(case.ops)
         calls = [n for n in case.module.graph.nodes if n.op.startswith("call_")]
-        operators += len(calls)
+        self.operators += len(calls)
         names = [(n.op, type(case.module.get_submodule(n.target)).__name__ if n.op == "call_module"
                   else getattr(n.target, "__name__", n.target)) for n in calls]
-        targets.update(f"{op}:{name}" for op, name in names)
-        operations.update(operation(name) for op, name in names if op != "call_module")
-        operations.discard(None)
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    return {
-        "graphs_per_second": n_graphs / wall,
-        "graphs_per_cpu_second": n_graphs / cpu,
-        "validity": valid / n_graphs,
-        "distinct_ops": len(operations),
-        "catalogue_entries": len(entries),
-        "distinct_targets": len(targets),
-        "mean_operators": operators / max(valid, 1),
-        "catalogue_size": len(OPS),
-        "n": n_graphs,
-    }
+        self.targets.update(f"{op}:{name}" for op, name in names)
+        self.operations.update(o for o in (operation(name) for op, name in names if op != "call_module") if o)
 
 
 ALIASES = {"float": "to", "double": "to", "bfloat16": "to", "int": "to", "long": "to", "bool": "to",
@@ -127,6 +154,8 @@ def _row(name: str, figures: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--graphs", type=int, default=1000, help="fxverify graphs to draw (default 1000)")
+    parser.add_argument("--given-graphs", type=int, default=300,
+                        help="examples drawn under @given for the second row (default 300; 0: no such row)")
     parser.add_argument("--nodes", type=int, default=13, help="operators (call nodes) per graph (default 13)")
     parser.add_argument("--attrs", type=int, default=3,
                         help="fxverify's node budget is --nodes + this: its budget also counts get_attr nodes "
@@ -145,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     print(_row("fxverify", ours))
     print(f"{'':10} (distinct = torch operations; catalogue entries seen: {ours['catalogue_entries']} of "
           f"{ours['catalogue_size']}; distinct FX targets seen: {ours['distinct_targets']})")
+    if args.given_graphs:
+        print(_row("  @given", measure(args.given_graphs, args.nodes + args.attrs, under_given=True)))
+        print(f"{'':10} (the same graphs' strategy under @given: every choice recorded, so failures shrink)")
     if args.nnsmith_graphs == 0:
         print("NNSmith: skipped (--nnsmith-graphs 0)")
         return 0

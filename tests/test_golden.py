@@ -77,11 +77,11 @@ def test_a_missing_file_fails_and_a_missing_folder_skips(tmp_path):
 
 def test_random_graphs_skip_and_get_no_golden_file(tmp_path):
     from fxverify.cases import ModelCase
-    from fxverify.strategies import graph_modules
-    from fxverify.strategies.corpus import draw_seeded, entry_for
+    from fxverify.strategies import graph_from_seed
+    from fxverify.strategies.corpus import entry_for
 
     run_golden(unchanged, "edge_conv_bn_head", tmp_path, update=True)  # the transform has a golden folder
-    for case in (draw_seeded(graph_modules(max_nodes=3), 3), ModelCase(entry_for(5))):
+    for case in (graph_from_seed(3, max_nodes=3), ModelCase(entry_for(5))):
         for update in (False, True):
             result = run_golden(unchanged, case, tmp_path, update=update)
             assert result.outcome == "skipped", result.message

@@ -3,7 +3,7 @@ runnable reprs, and random graphs in ``pytest --fxverify`` with replay."""
 
 from __future__ import annotations
 
-import random
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -11,7 +11,6 @@ import torch
 from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
-from hypothesis.internal.conjecture.data import ConjectureData
 
 import fxverify
 import fxverify.strategies as fxs
@@ -50,11 +49,65 @@ def test_every_drawn_graph_lints_runs_and_matches_its_predictions(case):
     assert computation_nodes(case) <= 13
 
 
+class ValueRecorder(torch.fx.Interpreter):
+    def run_node(self, n):
+        self.values[n] = super().run_node(n)
+        return self.values[n]
+
+
+def check_claims(case, claims):
+    """What the builder claimed of each value holds at run time: a ``fresh`` value (in-place
+    ops may write to it) shares no memory with an input or attribute, a ``contiguous`` one is."""
+    recorder = ValueRecorder(case.module)
+    recorder.values = {}
+    outputs = recorder.run(*case.example_inputs())
+    tensors = {n: v for n, v in recorder.values.items() if isinstance(v, torch.Tensor) and v.numel()}
+    outside = {v.untyped_storage().data_ptr() for n, v in tensors.items() if n.op in ("placeholder", "get_attr")}
+    for node, value in tensors.items():
+        claim = claims.get(node)
+        if claim is not None:
+            assert not (claim.fresh and value.untyped_storage().data_ptr() in outside), f"{node} claimed fresh"
+            assert not claim.contiguous or value.is_contiguous(), f"{node} claimed contiguous"
+    return outputs
+
+
+def test_every_seeded_graph_lints_runs_and_matches_its_predictions(monkeypatch):
+    from fxverify.strategies.builder import Builder
+
+    claims = {}
+    add = Builder.add
+    monkeypatch.setattr(Builder, "add", lambda self, value: claims.setdefault(value.node, add(self, value)))
+    for seed in range(300):  # the choices of --fxverify-random-graphs, not Hypothesis's
+        claims.clear()
+        case = fxs.graph_from_seed(seed, dtypes=ANY, max_nodes=13, allow_inplace=True)
+        try:
+            case.module.graph.lint()
+            outputs = case.check_predictions()
+            interpreted = check_claims(case, claims)
+            torch.testing.assert_close(interpreted, outputs, equal_nan=True, rtol=0, atol=0)
+        except Exception as exc:
+            raise AssertionError(f"seed {seed}: {exc}\n{case.module.code}") from exc
+        assert computation_nodes(case) <= 13
+
+
+def test_a_seed_gives_the_same_graph_in_another_process_and_options_match_graph_modules():
+    import inspect
+    import subprocess
+    import sys
+
+    code = "import fxverify.strategies as fxs; print(fxs.graph_from_seed(11, dtypes=('float32', 'int64')).module.code)"
+    runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": str(h)}).stdout for h in (0, 1)}
+    assert runs == {fxs.graph_from_seed(11, dtypes=("float32", "int64")).module.code + "\n"}
+    seeded = dict(inspect.signature(fxs.graph_from_seed).parameters)
+    del seeded["seed"]
+    assert seeded == dict(inspect.signature(fxs.graph_modules).parameters)  # same options, same defaults
+
+
 def test_every_op_runs_with_every_dtype_it_accepts():
-    for op in CATALOGUE:
+    for i, op in enumerate(CATALOGUE):
         for dtype in op.dtypes:
-            data = ConjectureData(random=random.Random(hash((op.name, str(dtype))) & 0xFFFF))
-            case = data.draw(fxs.graph_modules(ops=[op.name], dtypes=(dtype,), max_nodes=4, allow_inplace=True))
+            case = fxs.graph_from_seed(i, ops=[op.name], dtypes=(dtype,), max_nodes=4, allow_inplace=True)
             try:
                 case.check_predictions()
             except Exception as exc:  # name the op and dtype that broke
@@ -97,7 +150,7 @@ def test_a_failing_property_shrinks_to_a_tiny_graph():
 def test_repr_is_runnable_python_rebuilding_module_and_inputs():
     ops_seen = set()
     for seed in range(40):
-        case = ConjectureData(random=random.Random(seed)).draw(fxs.graph_modules(dtypes=ANY))
+        case = fxs.graph_from_seed(seed, dtypes=ANY)
         ops_seen.update(n.op for n in case.module.graph.nodes)
         namespace: dict = {}
         exec(repr(case), namespace)
@@ -119,6 +172,10 @@ def test_repr_is_runnable_python_rebuilding_module_and_inputs():
 def test_bad_options_raise_invalid_argument_naming_the_argument(kwargs, message):
     with pytest.raises(InvalidArgument, match=message):
         fxs.graph_modules(**kwargs)
+    with pytest.raises(InvalidArgument, match=message):
+        fxs.graph_from_seed(0, **kwargs)
+    with pytest.raises(InvalidArgument, match="seed must be at least 0, but got seed=-1"):
+        fxs.graph_from_seed(-1)
 
 
 def test_options_restrict_ops_dtypes_and_modules():
@@ -226,20 +283,6 @@ def test_random_graph_seeds_go_to_xdist_workers_as_is_and_a_skip_keeps_a_seed(tm
     controller.pytest_runtest_logreport(skipped)
     controller.pytest_sessionfinish(SimpleNamespace(config=fake_config(tmp_path)))
     assert b"11" in set(controller.database.fetch(controller.key))  # a skip proves nothing: still replayed
-
-
-def test_a_changed_hypothesis_internal_api_is_a_clear_usage_error(tmp_path, monkeypatch):
-    import hypothesis.internal.conjecture.data as conjecture
-
-    from fxverify.strategies.corpus import RandomGraphs
-
-    def changed(*args, **kwargs):
-        raise TypeError("unexpected keyword argument 'random'")
-
-    monkeypatch.setattr(conjecture, "ConjectureData", changed)
-    with pytest.raises(pytest.UsageError, match=r"--fxverify-random-graphs: .* installed Hypothesis \d+\.\d+.*"
-                       r"TypeError: unexpected keyword .*pip install"):
-        RandomGraphs(fake_config(tmp_path), 1, ["my.pass"])
 
 
 def test_random_graphs_option_rejects_a_negative_count(pytester):

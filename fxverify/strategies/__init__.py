@@ -8,12 +8,13 @@ embedding a rewrite pattern.
     def test_my_pass(case):
         fxverify.assert_transform_ok(my_pass, case)
 
+``graph_from_seed(seed, **options)`` builds one such graph from a seed, without Hypothesis.
 ``OPS`` lists the operator catalogue's names (``FAMILIES``: by family).
 """
 
 from __future__ import annotations
 
-from fxverify.strategies.graphs import GraphCase, graph_modules
+from fxverify.strategies.graphs import GraphCase, graph_from_seed, graph_modules
 from fxverify.strategies.ops import CATALOGUE, FAMILIES
 from fxverify.strategies.patterns import PatternCase, graphs_with_pattern
 from fxverify.strategies.tensors import SPECIAL_VALUES, Inputs, in_layout, inputs_for, tensors
@@ -22,5 +23,5 @@ OPS: tuple[str, ...] = tuple(op.name for op in CATALOGUE)
 
 __all__ = [
     "FAMILIES", "GraphCase", "Inputs", "OPS", "PatternCase", "SPECIAL_VALUES",
-    "graph_modules", "graphs_with_pattern", "in_layout", "inputs_for", "tensors",
+    "graph_from_seed", "graph_modules", "graphs_with_pattern", "in_layout", "inputs_for", "tensors",
 ]

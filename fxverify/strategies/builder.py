@@ -1,5 +1,9 @@
-"""Building a ``torch.fx.Graph`` node by node from Hypothesis draws, tracking every
+"""Building a ``torch.fx.Graph`` node by node from drawn choices, tracking every
 value's predicted shape and dtype (:class:`~fxverify.strategies.meta.Meta`).
+
+The choices come from Hypothesis (:class:`DrawnChoices`: under ``@given``, recorded
+so that a failing graph shrinks) or from ``random.Random(seed)`` (:class:`SeededChoices`:
+the same graph for a seed in every process, at a fraction of the cost, no shrinking).
 
 The builder owns the graph, the root module holding parameters, buffers,
 constants and submodules, and the pool of values operations may consume. An
@@ -11,8 +15,9 @@ through it. It never draws something it would have to reject.
 from __future__ import annotations
 
 import dataclasses
+import random
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from hypothesis import strategies as st
@@ -24,12 +29,6 @@ from fxverify.strategies.meta import INTS, Meta, broadcast, broadcastable, promo
 INT_RANGE = (-4, 5)
 
 ATTRIBUTE_KINDS = ("parameter", "buffer", "constant")
-
-# ``st.integers`` favours the bounds of ranges wider than this; the builder's direct draws
-# stay within it. (An expression: an int literal of 100 or more would join Hypothesis's
-# pool of local constants and so change which graph each seed draws.)
-UNWEIGHTED_SPAN = 2**7 - 1
-
 
 @dataclasses.dataclass
 class Value:
@@ -57,17 +56,74 @@ class Limits:
     allow_inplace: bool
 
 
-class Builder:
-    """One graph under construction. ``draw`` is Hypothesis's draw function."""
+class Choices(Protocol):
+    """Where a builder's choices come from: every choice is an int, a bool or a permutation."""
 
-    def __init__(self, draw: Callable[[st.SearchStrategy[Any]], Any], limits: Limits) -> None:
+    def integer(self, low: int, high: int) -> int:
+        """An int in ``low..high`` (shrinking, where there is any, goes towards ``low``)."""
+
+    def flag(self) -> bool:
+        """True or False (shrinking goes towards False)."""
+
+    def permutation(self, n: int) -> list[int]:
+        """A permutation of ``range(n)`` (shrinking goes towards the identity)."""
+
+
+class DrawnChoices:
+    """Choices drawn with a Hypothesis ``draw`` function (``@st.composite``'s), so recorded and shrunk.
+
+    ``@st.composite``'s draw is ``ConjectureData.draw``, whose ``draw_integer`` /
+    ``draw_boolean`` make the very choices ``st.integers`` / ``st.booleans`` make without the
+    strategy machinery (validation, a span) around each of a graph's ~90 small draws, which
+    was most of the drawing time. Any other draw function goes through the strategies.
+    """
+
+    def __init__(self, draw: Callable[[st.SearchStrategy[Any]], Any]) -> None:
         self.draw = draw
-        # @st.composite's draw is ConjectureData.draw, whose draw_integer / draw_boolean make the
-        # very choices st.integers / st.booleans / st.sampled_from make, without the strategy
-        # machinery (validation, a span) around each of a graph's ~90 small draws, which was
-        # most of its drawing time. Any other draw function goes through the strategies.
         data = getattr(draw, "__self__", None)
         self._data = data if hasattr(data, "draw_integer") and hasattr(data, "draw_boolean") else None
+
+    def integer(self, low: int, high: int) -> int:
+        if self._data is not None:
+            return self._data.draw_integer(low, high)
+        return self.draw(st.integers(low, high))
+
+    def flag(self) -> bool:
+        return self._data.draw_boolean() if self._data is not None else self.draw(st.booleans())
+
+    def permutation(self, n: int) -> list[int]:
+        return self.draw(st.permutations(range(n)))
+
+
+class SeededChoices:
+    """Choices from ``random.Random(seed)``: the same for a seed in every process, not
+    recorded (nothing to shrink: a failing seeded graph is minimised by
+    fxverify's minimiser instead), about twice as fast to build a graph with.
+
+    >>> SeededChoices(7).integer(0, 100) == SeededChoices(7).integer(0, 100)
+    True
+    """
+
+    def __init__(self, seed: int) -> None:
+        self._random = random.Random(seed)
+
+    def integer(self, low: int, high: int) -> int:
+        return self._random.randint(low, high)
+
+    def flag(self) -> bool:
+        return self._random.getrandbits(1) == 1
+
+    def permutation(self, n: int) -> list[int]:
+        order = list(range(n))
+        self._random.shuffle(order)
+        return order
+
+
+class Builder:
+    """One graph under construction, shaped by ``choices``."""
+
+    def __init__(self, choices: Choices, limits: Limits) -> None:
+        self.choices = choices
         self.limits = limits
         self.graph = fx.Graph()
         self.root = nn.Module()
@@ -95,24 +151,21 @@ class Builder:
         return self.choice([d for d in self.limits.dtypes if d in accepted])
 
     def integer(self, low: int, high: int) -> int:
-        """An int in ``low..high``, as ``st.integers(low, high)`` draws it."""
-        if self._data is not None and high - low <= UNWEIGHTED_SPAN:
-            return self._data.draw_integer(low, high)
-        return self.draw(st.integers(low, high))
+        """An int in ``low..high``; shrinks towards ``low``."""
+        return self.choices.integer(low, high)
 
     def index(self, size: int) -> int:
         return self.integer(0, size - 1)
 
     def flag(self) -> bool:
-        return self._data.draw_boolean() if self._data is not None else self.draw(st.booleans())
+        return self.choices.flag()
 
     def choice(self, options: Sequence[Any]) -> Any:
-        """One of ``options``, as ``st.sampled_from(options)`` draws it (one option: no draw)."""
-        if len(options) == 1:
-            return options[0]
-        if self._data is not None and options:
-            return options[self._data.draw_integer(0, len(options) - 1)]
-        return self.draw(st.sampled_from(options))
+        """One of ``options`` (one option: no choice made); shrinks towards the first."""
+        return options[0] if len(options) == 1 else options[self.integer(0, len(options) - 1)]
+
+    def permutation(self, n: int) -> list[int]:
+        return self.choices.permutation(n)
 
     # -- values ----------------------------------------------------------------------
     def add(self, value: Value) -> Value:
@@ -182,18 +235,19 @@ class Builder:
 
         return self.call(operator.getitem, value, index, meta=meta, fresh=fresh)
 
-    def module(self, module: nn.Module, *args: Value, meta: Meta) -> Value:
-        """A ``call_module`` node calling ``module`` (registered on the root)."""
+    def module(self, module: nn.Module, *args: Value, meta: Meta, fresh: bool = True) -> Value:
+        """A ``call_module`` node calling ``module`` (registered on the root); ``fresh`` as for :meth:`call`
+        (``nn.Identity`` returns its input)."""
         name = f"{type(module).__name__.lower()}{len(self.root._modules)}"
         self.root.add_module(name, module)
         node = self.graph.call_module(name, tuple(a.node for a in args))
         self.used += 1
-        value = self.add(Value(node, meta, contiguous=True))
+        value = self.add(Value(node, meta, fresh=fresh))
         if args and args[0].meta == meta and self.room > 0 and self.flag():
             # a shape-preserving module called again on its own output: one module, two call sites
             again = self.graph.call_module(name, (node,))
             self.used += 1
-            value = self.add(Value(again, meta, contiguous=True))
+            value = self.add(Value(again, meta, fresh=fresh))
         return value
 
     # -- second operands ----------------------------------------------------------------

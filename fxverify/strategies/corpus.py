@@ -1,8 +1,8 @@
 """Random graphs as corpus entries, for ``pytest --fxverify MOD:FN --fxverify-random-graphs N``.
 
-Each entry ``random_graph_<seed>`` is a graph drawn from :func:`graph_modules` with
-a seeded random source, rebuilt from its seed wherever it is needed (in another
-process too: the factory is ``fxverify.strategies.corpus:random_graph``). A run
+Each entry ``random_graph_<seed>`` is the graph :func:`graph_from_seed` builds for
+its seed, rebuilt from the seed wherever it is needed (in another process too: the
+factory is ``fxverify.strategies.corpus:random_graph``). A run
 checks ``N`` fresh seeds plus the seeds saved in the Hypothesis example database
 (``.hypothesis/`` under the rootdir): a seed is saved when one of its items fails
 and forgotten once all its items pass, so a failing graph replays until it passes
@@ -18,59 +18,29 @@ from __future__ import annotations
 import copy
 import functools
 import random
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 from torch import fx
 
 from fxverify.catalogue import CorpusEntry
 from fxverify.checks.golden import RANDOM_GRAPH_TAG
-from fxverify.strategies.graphs import GraphCase, graph_modules
+from fxverify.strategies.graphs import GraphCase, graph_from_seed
 
 PREFIX = "random_graph_"
 WORKER_SEEDS = "fxverify_random_graphs_seeds"
 DATABASE_DIR = Path(".hypothesis") / "fxverify"
-
-
-class ConjectureDataUnavailable(RuntimeError):
-    """The installed Hypothesis lacks the internal API :func:`draw_seeded` relies on."""
+# Part of the database key: raise it when what a seed builds changes, so that the seeds
+# saved for the old graphs are not replayed as other graphs.
+SEED_FORMAT = 2
 
 
 @functools.lru_cache(maxsize=64)
 def draw_graph(seed: int) -> GraphCase:
-    """The graph for ``seed``: ``graph_modules()`` drawn from ``random.Random(seed)``
-    (see :func:`draw_seeded`)."""
-    return draw_seeded(graph_modules(), seed)
-
-
-def draw_seeded(strategy: st.SearchStrategy[Any], seed: int) -> Any:
-    """One example of ``strategy`` drawn outside ``@given`` from ``random.Random(seed)``: the
-    same seed gives the same example in every process.
-
-    This uses Hypothesis's ``ConjectureData`` (internal API); if a Hypothesis release
-    changed it, this raises :class:`ConjectureDataUnavailable` naming the installed version
-    and what to do.
-
-    >>> draw_seeded(st.integers(0, 10**6), 3) == draw_seeded(st.integers(0, 10**6), 3)
-    True
-    """
-    try:
-        from hypothesis.internal.conjecture.data import ConjectureData
-
-        data = ConjectureData(random=random.Random(seed))
-    except (ImportError, TypeError) as exc:
-        raise ConjectureDataUnavailable(
-            f"fxverify draws seeded random graphs with hypothesis.internal.conjecture.data.ConjectureData, which "
-            f"the installed Hypothesis {version('hypothesis')} does not provide as expected "
-            f"({type(exc).__name__}: {exc}); install the release fxverify is tested with "
-            "(pip install 'hypothesis~=6.155.0'), or drop --fxverify-random-graphs and use "
-            "fxverify.strategies.graph_modules() inside @given"
-        ) from exc
-    return data.draw(strategy)
+    """The graph for ``seed``: ``graph_from_seed(seed)`` (``graph_modules()``'s defaults)."""
+    return graph_from_seed(seed)
 
 
 def random_graph(seed: int) -> fx.GraphModule:
@@ -100,7 +70,7 @@ class RandomGraphs:
 
     def __init__(self, config: pytest.Config, count: int, transforms: list[str]) -> None:
         self.database = DirectoryBasedExampleDatabase(str(Path(config.rootpath) / DATABASE_DIR))
-        self.key = ("fxverify-random-graphs:" + ",".join(sorted(transforms))).encode()
+        self.key = (f"fxverify-random-graphs-v{SEED_FORMAT}:" + ",".join(sorted(transforms))).encode()
         workerinput = getattr(config, "workerinput", None)
         if workerinput is not None and WORKER_SEEDS in workerinput:
             self.replayed: list[int] = []  # the controller replays and forgets; workers only run
@@ -111,10 +81,7 @@ class RandomGraphs:
             self.seeds = list(dict.fromkeys(self.replayed + fresh))
         self.failed: set[int] = set()
         self.passed: set[int] = set()
-        try:
-            self.entries = [entry_for(seed) for seed in self.seeds]
-        except ConjectureDataUnavailable as exc:
-            raise pytest.UsageError(f"fxverify: --fxverify-random-graphs: {exc}") from None
+        self.entries = [entry_for(seed) for seed in self.seeds]
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:

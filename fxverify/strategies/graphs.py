@@ -25,7 +25,7 @@ from fxverify.cases import ModelCase
 from fxverify.catalogue import CorpusEntry, InputSpec
 from fxverify.checks.golden import RANDOM_GRAPH_TAG
 from fxverify.strategies import ops as catalogue
-from fxverify.strategies.builder import INT_RANGE, Builder, Limits, Value
+from fxverify.strategies.builder import INT_RANGE, Builder, Choices, DrawnChoices, Limits, SeededChoices, Value
 from fxverify.strategies.meta import ANY, DTYPE_NAMES, Meta
 from fxverify.strategies.source import module_source
 
@@ -121,7 +121,8 @@ def select_ops(ops: Sequence[str] | None, *, limits: Limits) -> list[catalogue.O
             f"ops={ops!r} names {unknown}, which the catalogue does not have.{hint} "
             "See fxverify.strategies.OPS for the names."
         ) from None
-    usable = [op for op in chosen if set(op.dtypes) & set(limits.dtypes) and op.ranks[0] <= limits.max_rank - op.grows]
+    wanted = set(limits.dtypes)
+    usable = [op for op in chosen if not wanted.isdisjoint(op.dtypes) and op.ranks[0] <= limits.max_rank - op.grows]
     if not usable:
         raise InvalidArgument(
             f"no op of ops={ops!r} accepts any of dtypes={tuple(DTYPE_NAMES[d] for d in limits.dtypes)} "
@@ -162,6 +163,43 @@ def graph_modules(
     Shrinks towards fewer nodes, earlier catalogue ops (``exp``, ``add``), chains
     (each op consuming the previous value), size-1 dims, a single output, seed 0.
     """
+    return _graphs(_plan(ops=ops, min_nodes=min_nodes, max_nodes=max_nodes, dtypes=dtypes, max_side=max_side,
+                         max_rank=max_rank, allow_modules=allow_modules, allow_inplace=allow_inplace))
+
+
+def graph_from_seed(
+    seed: int,
+    *,
+    ops: Sequence[str] | None = None,
+    min_nodes: int = 1,
+    max_nodes: int = 12,
+    dtypes: Sequence[torch.dtype | str] = DEFAULT_DTYPES,
+    max_side: int = 4,
+    max_rank: int = 5,
+    allow_modules: bool = True,
+    allow_inplace: bool = False,
+) -> GraphCase:
+    """The graph ``random.Random(seed)`` draws from ``graph_modules(**options)``, without Hypothesis.
+
+    The same seed and options give the same graph in every process, which is how
+    ``pytest --fxverify-random-graphs`` names, distributes and replays its graphs. The
+    choices are not recorded, so there is nothing to shrink (fxverify's minimiser shrinks
+    a failing graph instead) and a graph costs about half what it costs under ``@given``.
+    Options and validation are ``graph_modules``'s.
+
+    >>> case = graph_from_seed(7, max_nodes=6)
+    >>> again = graph_from_seed(7, max_nodes=6)
+    >>> case.module.code == again.module.code and case.module is not again.module
+    True
+    """
+    plan = _plan(ops=ops, min_nodes=min_nodes, max_nodes=max_nodes, dtypes=dtypes, max_side=max_side,
+                 max_rank=max_rank, allow_modules=allow_modules, allow_inplace=allow_inplace)
+    return build_graph(plan, SeededChoices(_validate_int("seed", seed, 0)))
+
+
+def _plan(*, ops: Sequence[str] | None, min_nodes: int, max_nodes: int, dtypes: Sequence[torch.dtype | str],
+          max_side: int, max_rank: int, allow_modules: bool, allow_inplace: bool) -> Plan:
+    """The options of ``graph_modules`` / ``graph_from_seed``, validated (InvalidArgument naming the bad one)."""
     limits = Limits(
         dtypes=validate_dtypes(dtypes),
         max_nodes=_validate_int("max_nodes", max_nodes, 1, 200),
@@ -172,7 +210,7 @@ def graph_modules(
     )
     _validate_int("min_nodes", min_nodes, 1, max_nodes)
     chosen = select_ops(ops, limits=limits)
-    return _graphs(Plan(tuple(chosen), limits, min_nodes))
+    return Plan(tuple(chosen), limits, min_nodes)
 
 
 class Plan:
@@ -187,11 +225,16 @@ class Plan:
 
 @st.composite
 def _graphs(draw: Any, plan: Plan) -> GraphCase:
-    chosen, limits, min_nodes = plan.ops, plan.limits, plan.min_nodes
-    seed = draw(st.integers(0, 2**16 - 1))
+    return build_graph(plan, DrawnChoices(draw))
+
+
+def build_graph(plan: Plan, choices: Choices) -> GraphCase:
+    """A graph built as ``plan`` says from ``choices`` (whose first choice seeds torch's
+    generator for the graph's parameters and constants)."""
+    seed = choices.integer(0, 2**16 - 1)
     with seeded(seed):
-        builder = Builder(draw, limits)
-        used_ops = grow(builder, chosen, min_nodes, limits.max_nodes)
+        builder = Builder(choices, plan.limits)
+        used_ops = grow(builder, plan.ops, plan.min_nodes, plan.limits.max_nodes)
         module, predicted = builder.finish()
     inputs = tuple(_input_spec(meta) for meta in builder.inputs)
     return GraphCase(module, inputs, predicted, tuple(used_ops))

@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from hypothesis import strategies as st
 from torch import nn
 
 from fxverify.strategies.builder import Builder, Value, random_tensor
@@ -732,16 +731,17 @@ def _linear_module(b: Builder, x: Value) -> Value:
     return b.module(nn.Linear(k, m, bias=b.flag(), dtype=x.meta.dtype), x, meta=_same(x.meta, shape=x.meta.shape[:-1] + (m,)))
 
 
-def _activation_module(cls: type[nn.Module], **kwargs: Any) -> None:
+def _activation_module(cls: type[nn.Module], *, fresh: bool = True, **kwargs: Any) -> None:
     def emit(b: Builder, x: Value) -> Value:
-        return b.module(cls(**kwargs), x, meta=x.meta)
+        return b.module(cls(**kwargs), x, meta=x.meta, fresh=fresh)
 
     _register(Op(f"nn.{cls.__name__}", "activation", emit, module=True))
 
 
-for _cls in (nn.ReLU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Hardswish, nn.LeakyReLU, nn.ELU, nn.Identity):
+for _cls in (nn.ReLU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Hardswish, nn.LeakyReLU, nn.ELU):
     _activation_module(_cls)
-_activation_module(nn.Dropout, p=0.25)
+_activation_module(nn.Identity, fresh=False)  # returns its input
+_activation_module(nn.Dropout, fresh=False, p=0.25)  # in eval mode, its input
 _activation_module(nn.Softmax, dim=-1)
 
 
@@ -753,7 +753,7 @@ def _prelu_module(b: Builder, x: Value) -> Value:
 @_op("nn.Flatten", "view", ranks=(2, 4), module=True)
 def _flatten_module(b: Builder, x: Value) -> Value:
     shape = x.meta.shape[:1] + (math.prod(x.meta.shape[1:]),)
-    return b.module(nn.Flatten(), x, meta=_same(x.meta, shape=shape))
+    return b.module(nn.Flatten(), x, meta=_same(x.meta, shape=shape), fresh=False)  # a view when it can
 
 
 # -- views and shape changes ------------------------------------------------------------------------------
@@ -803,7 +803,7 @@ def _size_reshape(b: Builder, x: Value) -> Value:
 
 @_op("permute", "view", dtypes=ANY, ranks=(2, 4))
 def _permute(b: Builder, x: Value) -> Value:
-    order = b.draw(st.permutations(range(x.meta.rank)))
+    order = b.permutation(x.meta.rank)
     shape = tuple(x.meta.shape[i] for i in order)
     return b.call_either(torch.permute, x, tuple(order), meta=_same(x.meta, shape=shape), fresh=False)
 
@@ -1091,14 +1091,15 @@ def _cast_targets(b: Builder) -> tuple[torch.dtype, ...]:
 @_op("Tensor.to", "cast", dtypes=ANY)
 def _to(b: Builder, x: Value) -> Value:
     dtype = b.choice(_cast_targets(b))
+    fresh = dtype != x.meta.dtype  # a cast to the dtype it has returns the tensor itself
     if b.flag():
-        return b.call("to", x, dtype=dtype, meta=_same(x.meta, dtype), method=True)
-    return b.call("to", x, dtype, meta=_same(x.meta, dtype), method=True)
+        return b.call("to", x, dtype=dtype, meta=_same(x.meta, dtype), method=True, fresh=fresh)
+    return b.call("to", x, dtype, meta=_same(x.meta, dtype), method=True, fresh=fresh)
 
 
 def _cast_method(name: str, dtype: torch.dtype) -> None:
     def emit(b: Builder, x: Value) -> Value:
-        return b.call(name, x, meta=_same(x.meta, dtype), method=True)
+        return b.call(name, x, meta=_same(x.meta, dtype), method=True, fresh=dtype != x.meta.dtype)
 
     _register(Op(f"Tensor.{name}", "cast", emit, dtypes=ANY))
 
@@ -1112,7 +1113,8 @@ for _name, _dtype in (("float", torch.float32), ("double", torch.float64), ("bfl
 def _type_as(b: Builder, x: Value) -> Value:
     others = b.candidates(lambda v: True)
     other = others[b.index(len(others))]
-    return b.call("type_as", x, other, meta=_same(x.meta, other.meta.dtype), method=True)
+    return b.call("type_as", x, other, meta=_same(x.meta, other.meta.dtype), method=True,
+                  fresh=other.meta.dtype != x.meta.dtype)
 
 
 def _like(name: str, fn: Callable[..., Any], *args: Any) -> None:

@@ -32,7 +32,7 @@ from torch import fx
 
 from fxverify.recording import RecordingInterpreter
 from fxverify.result import exception_summary as exc_summary
-from fxverify.strategies.builder import Builder, Limits, Value
+from fxverify.strategies.builder import Builder, DrawnChoices, Limits, Value
 from fxverify.strategies.graphs import (
     DEFAULT_DTYPES, GraphCase, Plan, _input_spec, _validate_bool, _validate_int, grow, seeded, select_ops,
     validate_dtypes,
@@ -127,7 +127,7 @@ def _graphs_with_pattern(draw: Any, plan: Plan, embedding: Embedding) -> Pattern
     pattern_nodes = sum(1 for n in embedding.traced.graph.nodes if n.op not in ("placeholder", "output"))
     limits = dataclasses.replace(plan.limits, max_nodes=instances * (budget + pattern_nodes))
     with seeded(seed):
-        builder = Builder(draw, limits)
+        builder = Builder(DrawnChoices(draw), limits)
         used: list[str] = []
         for _ in range(instances):
             used += grow(builder, plan.ops, builder.used, builder.used + budget // 2)
