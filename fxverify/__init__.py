@@ -13,6 +13,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+# The checks in run order: fxverify.checks.CHECKS's keys (a test keeps them in step), here so
+# that the plugin's --help and the lazy exports need no torch import.
 _CHECK_NAMES = ("lint", "determinism", "numerics", "gradients", "devices", "cuda", "purity",
                 "recompile", "retrace", "to_folder", "pickle", "interpreter", "golden")
 

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from fxverify import _CHECK_NAMES as CHECK_NAMES  # fxverify's __init__ imports nothing heavy
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("fxverify", "fxverify: verify torch.fx transforms over a model corpus")
@@ -40,8 +42,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--fxverify-checks", default=None, metavar="CHECKS",
-        help="comma-separated subset of checks: lint,determinism,numerics,gradients,devices,cuda,purity,"
-        "recompile,retrace,to_folder,pickle,interpreter,golden (ini: fxverify_checks; default: all)",
+        help=f"comma-separated subset of checks: {','.join(CHECK_NAMES)} (ini: fxverify_checks; default: all)",
     )
     group.addoption(
         "--fxverify-golden-dir", default=None, metavar="DIR",

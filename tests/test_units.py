@@ -23,6 +23,19 @@ def test_public_names_all_resolve():
     assert callable(fxverify.contract) and fxverify.contract_of(fxverify.examples.fuse_conv_bn).modes == ("eval",)
 
 
+def test_every_check_is_exported_and_named_in_the_option_help(pytester):
+    import fxverify.api
+    from fxverify.checks import CHECKS
+
+    assert fxverify._CHECK_NAMES == tuple(CHECKS)
+    for name in CHECKS:
+        for public in (f"check_{name}", f"assert_{name}"):
+            assert public in fxverify.api.__all__ and public in fxverify.__all__, public
+            assert getattr(fxverify, public) is getattr(fxverify.api, public)
+    help_text = " ".join(pytester.runpytest("--help").outlines)
+    assert ",".join(CHECKS) in "".join(help_text.split("--fxverify-checks=CHECKS")[1].split()[:12])
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
