@@ -64,6 +64,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "pass (ini: fxverify_random_graphs)",
     )
     group.addoption(
+        "--fxverify-random-graph-options", default=None, metavar="JSON",
+        help="options of those graphs, as a JSON object of fxverify.strategies.graph_modules keywords, e.g. "
+        "'{\"dtypes\": [\"float32\", \"int64\"], \"max_nodes\": 20}' (ini: fxverify_random_graph_options; default: {})",
+    )
+    group.addoption(
         "--fxverify-repro-dir", default=None, metavar="DIR",
         help="for each failing numerics item, minimise the model to the few nodes that still fail and write a "
         "standalone repro (DIR/<model>-numerics-<transform>.py and its inputs) there (ini: fxverify_repro_dir)",
@@ -87,6 +92,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("fxverify_golden_dir", default="fxverify_golden", help="golden files directory (see --fxverify-golden-dir)")
     parser.addini("fxverify_timeout", default="300", help="transform timeout in seconds")
     parser.addini("fxverify_random_graphs", default="0", help="random graphs to add (see --fxverify-random-graphs)")
+    parser.addini("fxverify_random_graph_options", default="",
+                  help="options of the random graphs (see --fxverify-random-graph-options)")
     parser.addini("fxverify_repro_dir", default="", help="directory for minimised repros (see --fxverify-repro-dir)")
     parser.addini("fxverify_json", default="", help="JSON report file (see --fxverify-json)")
     parser.addini("fxverify_html", default="", help="HTML report file (see --fxverify-html)")
@@ -131,9 +138,13 @@ def random_graph_entries(config: pytest.Config, specs: list[str]) -> list[Any]:
         raise pytest.UsageError(f"fxverify: --fxverify-random-graphs must be a whole number >= 0, got {raw!r}")
     if not count:
         return []
-    from fxverify.strategies.corpus import RandomGraphs
+    from fxverify.strategies.corpus import RandomGraphs, parse_graph_options
 
-    graphs = RandomGraphs(config, count, specs)
+    try:
+        options = parse_graph_options(option(config, "fxverify_random_graph_options"))
+    except ValueError as exc:
+        raise pytest.UsageError(f"fxverify: --fxverify-random-graph-options {exc}") from None
+    graphs = RandomGraphs(config, count, specs, options)
     config.pluginmanager.register(graphs, "fxverify-random-graphs")
     return graphs.entries
 

@@ -285,6 +285,34 @@ def test_random_graph_seeds_go_to_xdist_workers_as_is_and_a_skip_keeps_a_seed(tm
     assert b"11" in set(controller.database.fetch(controller.key))  # a skip proves nothing: still replayed
 
 
+def test_random_graph_options_shape_the_graphs_and_key_their_saved_seeds(tmp_path):
+    from fxverify.cases import ModelCase
+    from fxverify.strategies.corpus import RandomGraphs
+
+    options = {"dtypes": ["int64"], "max_nodes": 3, "allow_modules": False}
+    graphs = RandomGraphs(fake_config(tmp_path), 6, ["my.pass"], options)
+    for entry in graphs.entries:
+        module = ModelCase(entry).build()  # through the entry's factory and kwargs, as another process does
+        assert {spec.dtype for spec in entry.inputs} == {"int64"}
+        assert sum(1 for n in module.graph.nodes if n.op not in ("placeholder", "output")) <= 3
+        assert all(n.op != "call_module" for n in module.graph.nodes)
+    assert graphs.key != RandomGraphs(fake_config(tmp_path), 1, ["my.pass"]).key  # seeds replay with their options
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    ("max_nodes=3", "is not JSON"),
+    ("[3]", "is not a JSON object"),
+    ('{"dtype": ["int64"]}', "names dtype, which graph_modules() does not take; its options are ops, "),
+    ('{"max_nodes": 0}', "max_nodes must be between 1 and 200, but got max_nodes=0"),
+])
+def test_bad_random_graph_options_are_a_usage_error_saying_what_is_wrong(pytester, given, message):
+    result = pytester.runpytest("-p", "no:cacheprovider", "--fxverify", "fxverify.examples:identity",
+                                "--fxverify-random-graphs", "2", "--fxverify-random-graph-options", given)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert f"--fxverify-random-graph-options {given!r}" in "\n".join(result.errlines)
+    assert message in "\n".join(result.errlines)
+
+
 def test_random_graphs_option_rejects_a_negative_count(pytester):
     result = pytester.runpytest("-p", "no:cacheprovider", "--fxverify", "fxverify.examples:identity",
                                 "--fxverify-random-graphs", "-2")

@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
+import json
 import random
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis.errors import InvalidArgument
 from torch import fx
 
 from fxverify.catalogue import CorpusEntry
@@ -37,25 +40,56 @@ DATABASE_DIR = Path(".hypothesis") / "fxverify"
 SEED_FORMAT = 2
 
 
+def parse_graph_options(text: str) -> dict[str, Any]:
+    """The options of ``--fxverify-random-graph-options``: a JSON object of ``graph_from_seed``
+    keywords (``graph_modules``'s options), checked by building one graph with them.
+    Raises ValueError saying what is wrong.
+
+    >>> parse_graph_options('{"dtypes": ["float32", "int64"], "max_nodes": 6}')
+    {'dtypes': ['float32', 'int64'], 'max_nodes': 6}
+    """
+    example = '\'{"dtypes": ["float32", "int64"], "max_nodes": 20, "allow_inplace": true}\''
+    if not text.strip():
+        return {}
+    try:
+        options = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{text!r} is not JSON ({exc}); give an object such as {example}") from None
+    if not isinstance(options, dict):
+        raise ValueError(f"{text!r} is not a JSON object; give one such as {example}")
+    known = [name for name in inspect.signature(graph_from_seed).parameters if name != "seed"]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ValueError(f"{text!r} names {', '.join(unknown)}, which graph_modules() does not take; "
+                         f"its options are {', '.join(known)}")
+    try:
+        graph_from_seed(0, **options)
+    except InvalidArgument as exc:
+        raise ValueError(f"{text!r}: {exc}") from None
+    return options
+
+
 @functools.lru_cache(maxsize=64)
-def draw_graph(seed: int) -> GraphCase:
-    """The graph for ``seed``: ``graph_from_seed(seed)`` (``graph_modules()``'s defaults)."""
-    return graph_from_seed(seed)
+def draw_graph(seed: int, options: str = "{}") -> GraphCase:
+    """The graph for ``seed``: ``graph_from_seed(seed, **json.loads(options))``."""
+    return graph_from_seed(seed, **json.loads(options))
 
 
-def random_graph(seed: int) -> fx.GraphModule:
-    """A fresh copy of the GraphModule for ``seed`` (the factory of random-graph entries)."""
-    return copy.deepcopy(draw_graph(seed).module)
+def random_graph(seed: int, **options: Any) -> fx.GraphModule:
+    """A fresh copy of the GraphModule for ``seed`` and ``graph_modules`` options (the factory of
+    random-graph entries)."""
+    return copy.deepcopy(draw_graph(seed, _canonical(options)).module)
 
 
-def entry_for(seed: int) -> CorpusEntry:
-    """The corpus entry of the graph for ``seed``."""
-    case = draw_graph(seed)
+def entry_for(seed: int, options: dict[str, Any] | None = None) -> CorpusEntry:
+    """The corpus entry of the graph for ``seed`` (and ``graph_modules`` options)."""
+    options = options or {}
+    case = draw_graph(seed, _canonical(options))
     return CorpusEntry(
         name=f"{PREFIX}{seed}",
         source="user",
         factory="fxverify.strategies.corpus:random_graph",
-        kwargs={"seed": seed},
+        kwargs={"seed": seed, **options},
         inputs=case.inputs,
         batch_sizes=(case.inputs[0].shape[0],),
         tags=(RANDOM_GRAPH_TAG,),
@@ -63,14 +97,22 @@ def entry_for(seed: int) -> CorpusEntry:
     )
 
 
+def _canonical(options: dict[str, Any]) -> str:
+    return json.dumps(options, sort_keys=True)
+
+
 class RandomGraphs:
     """A pytest plugin object: the random-graph entries of this run (the replayed seeds,
-    then ``count`` fresh ones), and the example database that remembers the seeds of
-    failing ones (one key per set of transforms). xdist workers take the controller's seeds."""
+    then ``count`` fresh ones, built with ``options``), and the example database that
+    remembers the seeds of failing ones (one key per set of transforms and options).
+    xdist workers take the controller's seeds."""
 
-    def __init__(self, config: pytest.Config, count: int, transforms: list[str]) -> None:
+    def __init__(self, config: pytest.Config, count: int, transforms: list[str],
+                 options: dict[str, Any] | None = None) -> None:
+        self.options = options or {}
         self.database = DirectoryBasedExampleDatabase(str(Path(config.rootpath) / DATABASE_DIR))
-        self.key = (f"fxverify-random-graphs-v{SEED_FORMAT}:" + ",".join(sorted(transforms))).encode()
+        key = f"fxverify-random-graphs-v{SEED_FORMAT}:" + ",".join(sorted(transforms))
+        self.key = (key + (f":{_canonical(self.options)}" if self.options else "")).encode()
         workerinput = getattr(config, "workerinput", None)
         if workerinput is not None and WORKER_SEEDS in workerinput:
             self.replayed: list[int] = []  # the controller replays and forgets; workers only run
@@ -81,7 +123,7 @@ class RandomGraphs:
             self.seeds = list(dict.fromkeys(self.replayed + fresh))
         self.failed: set[int] = set()
         self.passed: set[int] = set()
-        self.entries = [entry_for(seed) for seed in self.seeds]
+        self.entries = [entry_for(seed, self.options) for seed in self.seeds]
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
@@ -92,7 +134,7 @@ class RandomGraphs:
         fresh = len(self.seeds) - len(self.replayed)
         return (f"fxverify: {len(self.seeds)} random graphs ({len(self.replayed)} replayed from the example "
                 f"database {DATABASE_DIR}/, {fresh} new); rebuild one with "
-                "fxverify.strategies.corpus.random_graph(<seed>)")
+                f"fxverify.strategies.graph_from_seed(<seed>{''.join(f', {k}={v!r}' for k, v in self.options.items())})")
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Save the seed of a random graph as soon as one of its items fails."""
