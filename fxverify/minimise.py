@@ -150,7 +150,7 @@ def minimise_numerics(transform: Transform | Any, case: Any, *, budget_s: float 
 def minimise_failure(v: Any, *, budget_s: float = DEFAULT_BUDGET) -> Minimised:
     """Minimise a failing numerics check of a :class:`~fxverify.verification.Verification`: the
     first input configuration at which the transform fails (float64 first, with its tight
-    tolerance, then float32 with the check's), on the primary-mode original.
+    tolerance, then as built with the check's), on the primary-mode original.
 
     Raises :class:`FxVerifyError` when the transform fails at none of them. For example
     (``my_passes.fold_bn`` is the transform)::
@@ -165,7 +165,7 @@ def minimise_failure(v: Any, *, budget_s: float = DEFAULT_BUDGET) -> Minimised:
     """
     deadline = time.monotonic() + budget_s
     attempts = [(config, torch.float64, v.float64_tolerance) for config in v.case.configs]
-    attempts += [(config, torch.float32, v.tolerance) for config in v.case.configs]
+    attempts += [(config, None, v.tolerance) for config in v.case.configs]  # None: as built
     for config, dtype, tolerance in attempts:
         inputs = config.make(v.case.seed, dtype=dtype)
         try:

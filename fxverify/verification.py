@@ -174,8 +174,9 @@ class Verification:
         return None
 
     # -- running modules -----------------------------------------------------
-    def outputs(self, which: str, config: InputConfig | None = None, dtype: torch.dtype = torch.float32) -> Any:
-        """Eval-time outputs of the ``original`` or ``result`` module on ``config`` (cached)."""
+    def outputs(self, which: str, config: InputConfig | None = None, dtype: torch.dtype | None = None) -> Any:
+        """Eval-time outputs of the ``original`` or ``result`` module on ``config`` (cached), as built
+        (inputs in their own dtypes, float32 for the corpus), or with every float in ``dtype``."""
         config = config or self.primary
         key = (which, config.name, str(dtype))
         if key not in self._outputs:
@@ -184,11 +185,11 @@ class Verification:
                 self._outputs[key] = module(*config.make(self.case.seed, dtype=dtype))
         return self._outputs[key]
 
-    def module(self, which: str, dtype: torch.dtype = torch.float32) -> nn.Module:
-        """The primary-mode ``original`` or ``result`` module in ``dtype`` (other dtypes: a copy, cached)."""
+    def module(self, which: str, dtype: torch.dtype | None = None) -> nn.Module:
+        """The primary-mode ``original`` or ``result`` module as built, or in ``dtype`` (a copy, cached)."""
         applied = self.applied()
         module = applied.original if which == "original" else applied.result
-        if dtype == torch.float32:
+        if dtype is None:
             return module
         key = f"{which}-{dtype}"
         if key not in self._float64:

@@ -262,3 +262,11 @@ def test_a_model_that_cannot_run_in_float64_is_compared_in_float32_only():
     assert gradients.outcome == "skipped" and "does not run in float64" in gradients.message
     broken = fxverify.check_numerics(scales_output, case)  # a wrong result is still caught, in float32
     assert broken.outcome == "failed" and "outputs differ" in broken.message
+
+
+def test_a_model_built_in_another_dtype_runs_as_built():
+    case = fxverify.case_from_module("bf16_linear", lambda: torch.nn.Linear(3, 3, dtype=torch.bfloat16),
+                                     [fxverify.InputSpec((2, 3), "bfloat16")])
+    for result in fxverify.verify(mutations.transformer_identity, case, checks=["lint", "numerics", "purity"]):
+        assert result.outcome == "passed", result.message
+    assert fxverify.check_numerics(scales_output, case).outcome == "failed"
