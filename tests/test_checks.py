@@ -264,6 +264,22 @@ def test_a_model_that_cannot_run_in_float64_is_compared_in_float32_only():
     assert broken.outcome == "failed" and "outputs differ" in broken.message
 
 
+class FloorDivides(torch.nn.Module):
+    """Differentiable in name only: torch has no derivative for floor_divide."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.floor_divide(x, 0.5) * x
+
+
+def test_an_original_that_cannot_be_differentiated_skips_gradients_with_the_reason():
+    case = fxverify.case_from_module("floor_divides", FloorDivides, [(2, 3)])
+    gradients = fxverify.check_gradients(mutations.transformer_identity, case)
+    assert gradients.outcome == "skipped", gradients.message
+    assert "backward through the original raised RuntimeError" in gradients.message
+    assert "floor_divide" in gradients.message
+    assert fxverify.check_numerics(scales_output, case).outcome == "failed"  # the other checks still judge it
+
+
 def test_a_model_built_in_another_dtype_runs_as_built():
     case = fxverify.case_from_module("bf16_linear", lambda: torch.nn.Linear(3, 3, dtype=torch.bfloat16),
                                      [fxverify.InputSpec((2, 3), "bfloat16")])

@@ -90,6 +90,17 @@ def test_every_seeded_graph_lints_runs_and_matches_its_predictions(monkeypatch):
         assert computation_nodes(case) <= 13
 
 
+def test_a_correct_transform_passes_every_cpu_check_on_random_graphs_of_every_dtype():
+    checks = ["lint", "numerics", "gradients", "purity", "recompile", "retrace", "pickle", "interpreter"]
+    outcomes = set()
+    for seed in range(25):
+        case = fxs.graph_from_seed(seed, dtypes=ANY, allow_inplace=True, max_nodes=16)
+        for result in fxverify.verify(fxverify.examples.identity, case, checks=checks):
+            assert result.outcome in ("passed", "skipped"), f"seed {seed}: {result.message}"
+            outcomes.add((result.check, result.outcome))
+    assert {(check, "passed") for check in checks} <= outcomes
+
+
 def test_a_seed_gives_the_same_graph_in_another_process_and_options_match_graph_modules():
     import inspect
     import subprocess
