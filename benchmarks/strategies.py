@@ -1,4 +1,4 @@
-"""Random-graph generation (issue 4): fxverify's ``graph_modules`` side by side with NNSmith 0.1.0.
+"""Random-graph generation (issue 4): fxverify's random graphs side by side with NNSmith 0.1.0.
 
     python benchmarks/strategies.py [--graphs 1000] [--given-graphs 300] [--nodes 13] [--nnsmith-graphs 200]
                                     [--seed 0] [--threads 1]
@@ -63,9 +63,11 @@ def measure(n_graphs: int = 1000, nodes: int = 13, seed: int = 0, *, under_given
     wall, cpu = time.perf_counter(), time.process_time()
     if under_given:
         from hypothesis import HealthCheck, Phase, given, settings
+        from hypothesis import seed as hypothesis_seed
 
         @settings(max_examples=n_graphs, database=None, phases=[Phase.generate], deadline=None,
                   suppress_health_check=list(HealthCheck))
+        @hypothesis_seed(seed)  # the same examples every run
         @given(graph_modules(**options))
         def run(case: Any) -> None:
             tally.add(case, "a @given example")
@@ -175,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'':10} (distinct = torch operations; catalogue entries seen: {ours['catalogue_entries']} of "
           f"{ours['catalogue_size']}; distinct FX targets seen: {ours['distinct_targets']})")
     if args.given_graphs:
-        print(_row("  @given", measure(args.given_graphs, args.nodes + args.attrs, under_given=True)))
+        print(_row("  @given", measure(args.given_graphs, args.nodes + args.attrs, args.seed, under_given=True)))
         print(f"{'':10} (the same graphs' strategy under @given: every choice recorded, so failures shrink)")
     if args.nnsmith_graphs == 0:
         print("NNSmith: skipped (--nnsmith-graphs 0)")

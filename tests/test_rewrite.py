@@ -118,7 +118,7 @@ def relu_in_place(gm):
 
 def test_a_matcher_ignoring_outside_users_of_internal_nodes_is_found():
     with pytest.raises(RewriteFailed) as failure:
-        fxverify.check_rewrite(add_relu, rewrite=relu_in_place, max_examples=100, **SMALL)
+        fxverify.check_rewrite(add_relu, rewrite=relu_in_place, max_examples=300, **SMALL)  # found in 4 of 5 runs of 100
     adds = [n for n in failure.value.case.module.graph.nodes if n.target in (operator.add, torch.add)]
     assert any(len(n.users) > 1 for n in adds)  # the shrunk case has the add used outside the pattern
     fxverify.check_rewrite(add_relu, rewrite=relu_in_place, expose_internals=False, max_examples=20, **SMALL)

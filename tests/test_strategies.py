@@ -3,7 +3,9 @@ runnable reprs, and random graphs in ``pytest --fxverify`` with replay."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -77,9 +79,14 @@ def test_every_seeded_graph_lints_runs_and_matches_its_predictions(monkeypatch):
     claims = {}
     add = Builder.add
     monkeypatch.setattr(Builder, "add", lambda self, value: claims.setdefault(value.node, add(self, value)))
-    for seed in range(300):  # the choices of --fxverify-random-graphs, not Hypothesis's
+    # the choices of --fxverify-random-graphs (not Hypothesis's) over everything, then many more
+    # graphs of the ops whose claims are easy to get wrong (layouts that modules keep, views)
+    views = {"ops": ["transpose", "Tensor.view", "nn.ReLU", "nn.GELU", "nn.Identity", "nn.Flatten", "Tensor.float"]}
+    runs = [(seed, {"dtypes": ANY, "allow_inplace": True}) for seed in range(300)]
+    runs += [(seed, views) for seed in range(300)]
+    for seed, options in runs:
         claims.clear()
-        case = fxs.graph_from_seed(seed, dtypes=ANY, max_nodes=13, allow_inplace=True)
+        case = fxs.graph_from_seed(seed, max_nodes=13, **options)
         try:
             case.module.graph.lint()
             outputs = case.check_predictions()
@@ -101,18 +108,57 @@ def test_a_correct_transform_passes_every_cpu_check_on_random_graphs_of_every_dt
     assert {(check, "passed") for check in checks} <= outcomes
 
 
+def built_from_seed(seed: int, **options) -> str:
+    """Everything ``graph_from_seed`` builds: code, input specs, and a digest of the state's values."""
+    case = fxs.graph_from_seed(seed, **{"dtypes": ANY, **options})
+    values = hashlib.sha256()
+    for name, tensor in case.module.state_dict().items():
+        values.update(name.encode() + tensor.contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return f"{case.module.code}{case.inputs}\n{values.hexdigest()}"
+
+
+# What graph_from_seed builds for seeds 0..9 with the default options, for each SEED_FORMAT.
+SEEDED_GRAPHS = {2: "502808f7f5e6c9de"}
+
+
+def test_what_seeds_build_changes_only_with_the_seed_format():
+    from fxverify.strategies.corpus import SEED_FORMAT
+
+    structure = hashlib.sha256()
+    for seed in range(10):
+        case = fxs.graph_from_seed(seed)
+        nodes = [(n.op, getattr(n.target, "__name__", str(n.target)), len(n.args)) for n in case.module.graph.nodes]
+        structure.update(repr((nodes, case.inputs)).encode())
+    digest = structure.hexdigest()[:16]
+    assert SEEDED_GRAPHS.get(SEED_FORMAT) == digest, (
+        f"graph_from_seed builds other graphs than before (digest {digest}): the seeds saved by earlier runs would "
+        "replay as other graphs. Raise SEED_FORMAT in fxverify/strategies/corpus.py and pin the new digest here")
+
+
 def test_a_seed_gives_the_same_graph_in_another_process_and_options_match_graph_modules():
     import inspect
     import subprocess
     import sys
 
-    code = "import fxverify.strategies as fxs; print(fxs.graph_from_seed(11, dtypes=('float32', 'int64')).module.code)"
+    code = "import fxverify.strategies as fxs, tests.test_strategies as t; print(t.built_from_seed(11))"
     runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                           env={**os.environ, "PYTHONHASHSEED": str(h)}).stdout for h in (0, 1)}
-    assert runs == {fxs.graph_from_seed(11, dtypes=("float32", "int64")).module.code + "\n"}
+                           cwd=Path(__file__).parents[1], env={**os.environ, "PYTHONHASHSEED": str(h)}).stdout
+            for h in (0, 1)}
+    assert runs == {built_from_seed(11) + "\n"}
     seeded = dict(inspect.signature(fxs.graph_from_seed).parameters)
     del seeded["seed"]
     assert seeded == dict(inspect.signature(fxs.graph_modules).parameters)  # same options, same defaults
+
+
+@settings(max_examples=5, database=None)
+@given(st.data())
+def test_drawn_choices_also_work_through_a_plain_draw_function(data):
+    from fxverify.strategies.builder import DrawnChoices
+
+    choices = DrawnChoices(data.draw)  # st.data()'s draw: not ConjectureData's, so through the strategies
+    assert choices._data is None
+    assert 2 <= choices.integer(2, 300) <= 300 and isinstance(choices.flag(), bool)
+    assert sorted(choices.permutation(4)) == [0, 1, 2, 3]
 
 
 def test_every_op_runs_with_every_dtype_it_accepts():

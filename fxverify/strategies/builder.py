@@ -30,6 +30,7 @@ INT_RANGE = (-4, 5)
 
 ATTRIBUTE_KINDS = ("parameter", "buffer", "constant")
 
+
 @dataclasses.dataclass
 class Value:
     """A node with its predicted meta.

@@ -179,7 +179,8 @@ def graph_from_seed(
     allow_modules: bool = True,
     allow_inplace: bool = False,
 ) -> GraphCase:
-    """The graph ``random.Random(seed)`` draws from ``graph_modules(**options)``, without Hypothesis.
+    """A graph built like ``graph_modules(**options)``'s, with choices from ``random.Random(seed)``
+    instead of Hypothesis.
 
     The same seed and options give the same graph in every process, which is how
     ``pytest --fxverify-random-graphs`` names, distributes and replays its graphs. The

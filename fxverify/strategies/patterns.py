@@ -121,13 +121,14 @@ class Embedding:
 
 @st.composite
 def _graphs_with_pattern(draw: Any, plan: Plan, embedding: Embedding) -> PatternCase:
-    seed = draw(st.integers(0, 2**16 - 1))
-    instances = draw(st.integers(1, embedding.max_instances))
+    choices = DrawnChoices(draw)
+    seed = choices.integer(0, 2**16 - 1)
+    instances = choices.integer(1, embedding.max_instances)
     budget = plan.limits.max_nodes
     pattern_nodes = sum(1 for n in embedding.traced.graph.nodes if n.op not in ("placeholder", "output"))
     limits = dataclasses.replace(plan.limits, max_nodes=instances * (budget + pattern_nodes))
     with seeded(seed):
-        builder = Builder(DrawnChoices(draw), limits)
+        builder = Builder(choices, limits)
         used: list[str] = []
         for _ in range(instances):
             used += grow(builder, plan.ops, builder.used, builder.used + budget // 2)
@@ -164,14 +165,15 @@ def embed(b: Builder, embedding: Embedding) -> list[Value]:
             continue
         if node.op == "output":
             results = node.args[0] if isinstance(node.args[0], (tuple, list)) else [node.args[0]]
-            outputs.extend(b.add(Value(env[out], metas[out.name])) for out in results)
+            # fresh=False: the pattern's values may be views of its inputs (in-place ops never write to them)
+            outputs.extend(b.add(Value(env[out], metas[out.name], fresh=False)) for out in results)
             continue
         if node.op in ("get_attr", "call_module"):
             raise InvalidArgument(f"the pattern {embedding.pattern!r} uses {node.op} nodes; use plain tensor functions")
         env[node] = b.graph.node_copy(node, lambda n: env[n])
         b.used += 1
         if embedding.expose_internals and node.name in metas and b.flag():
-            b.add(Value(env[node], metas[node.name]))
+            b.add(Value(env[node], metas[node.name], fresh=False))
     return outputs
 
 
