@@ -37,7 +37,7 @@ WORKER_SEEDS = "fxverify_random_graphs_seeds"
 DATABASE_DIR = Path(".hypothesis") / "fxverify"
 # Part of the database key: raise it when what a seed builds changes, so that the seeds
 # saved for the old graphs are not replayed as other graphs.
-SEED_FORMAT = 2
+SEED_FORMAT = 3
 
 
 def parse_graph_options(text: str) -> dict[str, Any]:

@@ -263,6 +263,15 @@ for _name, _fn in (("operator.lt", operator.lt), ("operator.gt", operator.gt)):
 _binary("isclose", torch.isclose, "comparison", FLOATS, _boolean, scalar=False, same_dtype=True)
 
 
+@_op("div(rounding_mode=)", "binary", dtypes=FLOATS, cost=2)  # floats only: integers raise on a zero divisor
+def _div_rounding(b: Builder, x: Value) -> Value:
+    other, meta = b.operand(x.meta, FLOATS)
+    mode = b.choice(("floor", "trunc"))
+    if b.flag():
+        return b.call("div", x, other, rounding_mode=mode, meta=meta, method=True)
+    return b.call(torch.div, x, other, rounding_mode=mode, meta=meta)
+
+
 def _condition(b: Builder, x: Value) -> Value:
     """A bool value that broadcasts to ``x``'s shape: an existing one, or ``x > 0``-like."""
     found = b.candidates(lambda v: v.meta.dtype == torch.bool and v.meta.rank > 0 and broadcastable(v.meta.shape, x.meta.shape)
