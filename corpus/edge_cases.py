@@ -377,10 +377,11 @@ class BuffersAndConstants(nn.Module):
 
 class IntegerInputs(nn.Module):
     """An int64 index input first, a float input second: ``nn.Embedding`` lookup,
-    ``gather`` and ``index_select`` by the indices, and the indices cast with
-    ``.to(x.dtype)``. Inputs must not be scaled or cast to float64 when they are
-    integers, nor have gradients; the sequence length (trailing size of the first
-    input) varies between configurations."""
+    ``gather`` and ``index_select`` by the indices, and the indices floor-divided
+    (``torch.div(..., rounding_mode="floor")``: a normaliser that drops the keyword
+    makes it a true division) and cast with ``.to(x.dtype)``. Inputs must not be
+    scaled or cast to float64 when they are integers, nor have gradients; the
+    sequence length (trailing size of the first input) varies between configurations."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -391,7 +392,7 @@ class IntegerInputs(nn.Module):
         emb = self.fc(self.embed(tokens)).squeeze(-1)
         g = torch.gather(x, 1, tokens)
         sel = x.index_select(1, tokens[0])
-        return emb + g * sel + tokens.to(x.dtype) * 0.1
+        return emb + g * sel + torch.div(tokens, 3, rounding_mode="floor").to(x.dtype) * 0.1
 
 
 class BoolMaskInputs(nn.Module):

@@ -85,7 +85,8 @@ def retrace_with_tracer_class(m: nn.Module, tracer_class: type = fx.Tracer) -> n
 def torch_normalize_operators(gm: fx.GraphModule) -> nn.Module:
     """torch's NormalizeOperators: torch.add / torch.mul / ... respelled as operator.add / ... A bug
     fxverify found in it (torch 2.14): ``torch.div(x, 2, rounding_mode='floor')`` becomes ``x / 2``,
-    dropping the rounding mode (timm's edgenext computes positional encodings that way)."""
+    dropping the rounding mode (timm's edgenext computes positional encodings that way; the edge
+    corpus now has it in ``edge_integer_inputs``, and random graphs draw it as ``div(rounding_mode=)``)."""
     return _rewrap(gm, NormalizeOperators(gm).transform())
 
 

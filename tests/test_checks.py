@@ -24,7 +24,7 @@ MODEL_FOR = {
     mutations.legalize_graph_reorders_mutations: "edge_inplace_ops",  # needs an in-place write with no users
     mutations.unties_tied_weights: "edge_tied_weights",  # needs a shared Parameter
     mutations.plain_transformer_drops_wraps: "edge_wrapped_function",  # needs a torch.fx.wrap-ed function
-    mutations.torch_normalize_operators: "edgenext_xx_small",  # needs torch.div(..., rounding_mode="floor")
+    mutations.torch_normalize_operators: "edge_integer_inputs",  # needs torch.div(..., rounding_mode="floor")
 }
 
 
