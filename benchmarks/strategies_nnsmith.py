@@ -1,9 +1,10 @@
 """The NNSmith 0.1.0 side of the random-graph benchmark (issue 4): graphs
 generated + materialised as torch modules + executed per second, distinct
-operators covered, validity rate. `benchmarks/strategies.py` calls `measure`
-next to fxverify's own strategies; run alone it prints NNSmith's figures:
+operators covered, validity rate. `benchmarks/strategies.py` runs it (with
+`--json`, once per PYTHONHASHSEED) next to fxverify's own strategies; run alone it
+prints NNSmith's figures:
 
-    python benchmarks/strategies_nnsmith.py [--graphs 1000] [--nodes 13] [--seed 0]
+    python benchmarks/strategies_nnsmith.py [--graphs 1000] [--nodes 13] [--seed 0] [--threads N] [--json]
 
 NNSmith lives outside the project's environment, in a target folder (env var
 NNSMITH_SITE, default /work/nnsmith-site) that is appended to sys.path, so the
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib.machinery
 import importlib.util
+import json
 import logging
 import os
 import random
@@ -177,9 +179,18 @@ def main() -> None:
     parser.add_argument("--graphs", type=int, default=1000, help="graphs to draw (default 1000)")
     parser.add_argument("--nodes", type=int, default=13, help="operators per graph (default 13)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--json", action="store_true", help="print measure()'s result as one line of JSON")
     args = parser.parse_args()
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
     start = time.perf_counter()
     result = measure(n_graphs=args.graphs, nodes=args.nodes, seed=args.seed)
+    if args.json:
+        print(json.dumps(result))
+        return
     if "unavailable" in result:
         print(f"NNSmith side skipped: {result['unavailable']}")
         return
