@@ -17,6 +17,7 @@ output[0]: values differ: max abs err 1 at index (0,), max rel err 1 (rtol=1.3e-
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -35,20 +36,37 @@ _DEFAULT_TOLERANCES = {
 
 @dataclasses.dataclass(frozen=True)
 class Tolerance:
-    """Extra looseness over the dtype defaults (a contract's or an entry's)."""
+    """Extra looseness over the dtype defaults (a contract's or an entry's). ``range_tol``
+    accepts absolute differences up to that fraction of each expected value's range
+    (``max - min``): a tolerance relative to the output's scale, as a quantizing pass needs.
+
+    >>> Tolerance(range_tol=1e-3).atol_for(torch.tensor([0.0, 2000.0]))
+    2.0
+    """
 
     rtol: float | None = None
     atol: float | None = None
+    range_tol: float | None = None
 
     def for_dtype(self, dtype: torch.dtype) -> tuple[float, float]:
         rtol, atol = _DEFAULT_TOLERANCES.get(dtype, (0.0, 0.0))
         return max(rtol, self.rtol or 0.0), max(atol, self.atol or 0.0)
 
+    def atol_for(self, expected: torch.Tensor) -> float:
+        """The absolute tolerance for ``expected``: the dtype's (or the declared one), or
+        ``range_tol`` of its finite values' range when that is larger."""
+        atol = self.for_dtype(expected.dtype)[1]
+        finite = expected[torch.isfinite(expected)] if expected.is_floating_point() else expected
+        if self.range_tol and finite.numel():
+            atol = max(atol, self.range_tol * float(finite.max().double() - finite.min().double()))
+        return atol
+
     def loosest(self, other: Tolerance) -> Tolerance:
         def pick(a: float | None, b: float | None) -> float | None:
             return None if a is None and b is None else max(a or 0.0, b or 0.0)
 
-        return Tolerance(pick(self.rtol, other.rtol), pick(self.atol, other.atol))
+        return Tolerance(pick(self.rtol, other.rtol), pick(self.atol, other.atol),
+                         pick(self.range_tol, other.range_tol))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,28 +105,39 @@ def compare_trees(
     *,
     tolerance: Tolerance = Tolerance(),
     fp64_expected: Callable[[], Any] | None = None,
+    fp64_allowance: Callable[[], list[float]] | None = None,
     root: str = "output",
 ) -> Mismatch | None:
     """The first difference between two output trees, or ``None``.
 
     ``fp64_expected`` lazily gives the float64 reference tree, computed only
-    when some float32 leaf fails allclose.
+    when some float32 leaf fails allclose; ``fp64_allowance`` lazily gives, per
+    leaf, the rmse that rounding the result's new parameters alone costs (see
+    :func:`compare_values`).
     """
     actual_leaves, actual_spec = leaves_with_paths(actual, root)
     expected_leaves, expected_spec = leaves_with_paths(expected, root)
     if actual_spec != expected_spec:
         return Mismatch(root, f"output structure differs: expected {expected_spec}, got {actual_spec}")
-    fp64_leaves: list[Any] | None = None
-    for i, ((path, a), (_, e)) in enumerate(zip(actual_leaves, expected_leaves)):
-        def fp64_leaf(i: int = i) -> Any:
-            nonlocal fp64_leaves
-            if fp64_expected is None:
-                return None
-            if fp64_leaves is None:
-                fp64_leaves = [leaf for _, leaf in leaves_with_paths(fp64_expected())[0]]
-            return fp64_leaves[i]
+    lazy: dict[str, list[Any]] = {}
 
-        found = compare_values(a, e, path=path, tolerance=tolerance, fp64=fp64_leaf)
+    def leaf(name: str, make: Callable[[], list[Any]] | None, i: int) -> Any:
+        if make is None:
+            return None
+        if name not in lazy:
+            lazy[name] = make()
+        return lazy[name][i]
+
+    def fp64_leaves() -> list[Any]:
+        assert fp64_expected is not None
+        return [value for _, value in leaves_with_paths(fp64_expected())[0]]
+
+    for i, ((path, a), (_, e)) in enumerate(zip(actual_leaves, expected_leaves)):
+        found = compare_values(
+            a, e, path=path, tolerance=tolerance,
+            fp64=functools.partial(leaf, "fp64", fp64_leaves if fp64_expected else None, i),
+            allowance=functools.partial(leaf, "allowance", fp64_allowance, i) if fp64_allowance else None,
+        )
         if found is not None:
             return found
     return None
@@ -121,8 +150,12 @@ def compare_values(
     path: str,
     tolerance: Tolerance = Tolerance(),
     fp64: Callable[[], Any] | None = None,
+    allowance: Callable[[], float] | None = None,
 ) -> Mismatch | None:
-    """Compare two leaves (tensors or plain values)."""
+    """Compare two leaves (tensors or plain values). A float32 leaf that is not allclose is
+    judged against the float64 reference ``fp64()`` when given; ``allowance()`` is the rmse that
+    rounding the result's new parameters to the result's dtype costs by itself (a fusion computes
+    new weights in float64 and stores them in float32), added to the original's own error."""
     if not isinstance(expected, torch.Tensor) or not isinstance(actual, torch.Tensor):
         if isinstance(expected, torch.Tensor) != isinstance(actual, torch.Tensor) or actual != expected:
             return Mismatch(path, f"expected {_brief(expected)}, got {_brief(actual)}")
@@ -137,7 +170,7 @@ def compare_values(
             return None
         index = _first_index(a != e)
         return Mismatch(path, f"values differ (first at {index}: expected {e[index].item()}, got {a[index].item()})")
-    rtol, atol = tolerance.for_dtype(e.dtype)
+    rtol, atol = tolerance.for_dtype(e.dtype)[0], tolerance.atol_for(e)
     if torch.equal(a, e) or torch.allclose(a, e, rtol=rtol, atol=atol, equal_nan=True):  # the common cases
         return None
     for name, test in (("NaN", torch.isnan), ("+inf", torch.isposinf), ("-inf", torch.isneginf)):
@@ -161,7 +194,7 @@ def compare_values(
     reference = fp64() if fp64 is not None and e.dtype != torch.float64 else None
     if isinstance(reference, torch.Tensor):
         ref64 = reference.detach().cpu().double()
-        ok, rule = _fp64_rule(a64, e64, ref64, finite, rtol, atol)
+        ok, rule = _fp64_rule(a64, e64, ref64, finite, rtol, atol, allowance() if allowance is not None else 0.0)
         if ok:
             return None
         tol_text += f"; {rule}"
@@ -176,7 +209,8 @@ def compare_values(
 
 
 def _fp64_rule(
-    a: torch.Tensor, e: torch.Tensor, ref: torch.Tensor, finite: torch.Tensor, rtol: float, atol: float
+    a: torch.Tensor, e: torch.Tensor, ref: torch.Tensor, finite: torch.Tensor, rtol: float, atol: float,
+    allowance: float = 0.0,
 ) -> tuple[bool, str]:
     def rmse(x: torch.Tensor) -> float:
         return float(torch.sqrt(torch.mean(torch.square(x[finite] - ref[finite]))))
@@ -184,10 +218,33 @@ def _fp64_rule(
     res_err, ref_err = rmse(a), rmse(e)
     multiplier = 3.0 if e.numel() < 1000 else 2.0
     tol = max(rtol, atol)
-    ok = res_err <= multiplier * ref_err + tol / 10.0 or (math.isnan(res_err) and math.isnan(ref_err))
-    return ok, (
-        f"vs float64 reference: rmse(result)={res_err:.3g} > {multiplier:g} x rmse(original)={ref_err:.3g} + {tol / 10:.2g}"
-    )
+    ok = (res_err <= multiplier * (ref_err + allowance) + tol / 10.0
+          or (math.isnan(res_err) and math.isnan(ref_err)))
+    own = f"rmse(original)={ref_err:.3g}"
+    if allowance:
+        own = f"({own} + {allowance:.3g} for rounding the new parameters)"
+    return ok, f"vs float64 reference: rmse(result)={res_err:.3g} > {multiplier:g} x {own} + {tol / 10:.2g}"
+
+
+def rmse_per_leaf(actual: Any, expected: Any) -> list[float]:
+    """The root-mean-square difference of each floating leaf of two trees of the same structure
+    (0 for other leaves and where the structure differs).
+
+    >>> rmse_per_leaf((torch.zeros(4), 1), (torch.ones(4), 1))
+    [1.0, 0.0]
+    """
+    a_leaves, a_spec = leaves_with_paths(actual)
+    e_leaves, e_spec = leaves_with_paths(expected)
+    if a_spec != e_spec:
+        return [0.0] * len(e_leaves)
+    found = []
+    for (_, a), (_, e) in zip(a_leaves, e_leaves):
+        if isinstance(a, torch.Tensor) and isinstance(e, torch.Tensor) and e.is_floating_point() and a.shape == e.shape:
+            diff = (a.detach().double() - e.detach().double())[torch.isfinite(e)]
+            found.append(float(diff.square().mean().sqrt()) if diff.numel() else 0.0)
+        else:
+            found.append(0.0)
+    return found
 
 
 def _first_index(mask: torch.Tensor) -> tuple[int, ...]:

@@ -1,9 +1,11 @@
 """What a transform promises: the modes it supports, whether it may change
-parameters, and the tolerances its numerics are judged with.
+parameters, the dtypes and devices its result is meant for, whether its result
+can be saved, and the tolerances its numerics are judged with.
 
 A transform without a declared contract gets the strictest one
-(:data:`STRICT`): it must keep every parameter and match the original model in
-both eval and train mode within the default tolerances of the dtype.
+(:data:`STRICT`): it must keep every parameter, match the original model in
+both eval and train mode within the default tolerances of the dtype, and give
+a result that moves to any dtype and device and can be saved.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Any, TypeVar
 from fxverify.errors import FxVerifyError
 
 MODES = ("eval", "train")
+DTYPES = ("float32", "float64")  # the floating dtypes the checks run a result in
+DEVICES = ("cpu", "cuda", "meta")  # the device types the checks run a result on
 _ATTRIBUTE = "__fxverify_contract__"
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -28,43 +32,99 @@ class Contract:
     ``modes``: the module modes the transform supports ("eval", "train").
     ``changes_parameters``: whether the transform may replace, remove or
     rewrite parameters (a conv/BN fusion does).
+    ``dtypes``: the floating dtypes its result is meant to run in (None: any; a
+    float32-only result, such as mkldnn layouts, declares ``("float32",)`` and
+    its float64 stages skip).
+    ``devices``: the device types its result is meant for, "cpu" among them
+    (None: any; a backend-specific result declares ``("cpu",)`` and its meta and
+    CUDA stages skip).
+    ``serializable``: whether its result can be saved (False: a run-time
+    optimisation whose result ``torch.save`` cannot write; the pickle and
+    to_folder round trips skip).
     ``rtol`` / ``atol``: tolerances that loosen the dtype defaults.
+    ``range_tol``: an absolute tolerance relative to each output's scale:
+    differences up to ``range_tol * (max - min)`` of the expected output are
+    accepted (a quantizing pass: "within 1e-3 of the output range").
+
+    >>> Contract(modes=("eval",), dtypes=("float32",)).describe()
+    'declared: modes=eval changes_parameters=no dtypes=float32'
     """
 
     modes: tuple[str, ...] = MODES
     changes_parameters: bool = False
+    dtypes: tuple[str, ...] | None = None
+    devices: tuple[str, ...] | None = None
+    serializable: bool = True
     rtol: float | None = None
     atol: float | None = None
+    range_tol: float | None = None
 
     def __post_init__(self) -> None:
-        modes = tuple(self.modes)
-        if not modes or any(m not in MODES for m in modes):
-            raise FxVerifyError(
-                f"contract modes must be a non-empty subset of {MODES}, got modes={self.modes!r}"
-            )
-        object.__setattr__(self, "modes", modes)
-        for name in ("rtol", "atol"):
+        object.__setattr__(self, "modes", _subset("modes", self.modes, MODES))
+        for name, allowed in (("dtypes", DTYPES), ("devices", DEVICES)):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, (int, float)) or value < 0):
+            if value is not None:
+                names = tuple(str(v).removeprefix("torch.") for v in _as_tuple(value))
+                object.__setattr__(self, name, _subset(name, names, allowed))
+        if self.devices is not None and "cpu" not in self.devices:
+            raise FxVerifyError(f"contract devices must include 'cpu' (fxverify runs its checks on the CPU), "
+                                f"got devices={self.devices!r}")
+        for name in ("rtol", "atol", "range_tol"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0):
                 raise FxVerifyError(
                     f"contract {name} must be a non-negative number, got {name}={value!r}"
                 )
+        for name in ("changes_parameters", "serializable"):
+            if not isinstance(getattr(self, name), bool):
+                raise FxVerifyError(f"contract {name} must be True or False, got {name}={getattr(self, name)!r}")
 
     @property
     def primary_mode(self) -> str:
         """The mode most checks run in: eval when supported, else the first mode."""
         return "eval" if "eval" in self.modes else self.modes[0]
 
+    def supports_dtype(self, dtype: str) -> bool:
+        """Whether the result is meant to run in ``dtype`` (``"float64"``)."""
+        return self.dtypes is None or dtype in self.dtypes
+
+    def supports_device(self, device: str) -> bool:
+        """Whether the result is meant to run on devices of type ``device`` (``"meta"``, ``"cuda"``)."""
+        return self.devices is None or device in self.devices
+
+    @property
+    def moves(self) -> bool:
+        """Whether the result is meant to move off the CPU (to another device), so that
+        what stays behind on a move is a defect."""
+        return self.supports_device("cuda") or self.supports_device("meta")
+
     def describe(self) -> str:
         """One line for summaries, e.g. ``modes=eval changes_parameters=yes``."""
         parts = [f"modes={'+'.join(self.modes)}"]
         parts.append(f"changes_parameters={'yes' if self.changes_parameters else 'no'}")
-        if self.rtol is not None:
-            parts.append(f"rtol={self.rtol:g}")
-        if self.atol is not None:
-            parts.append(f"atol={self.atol:g}")
+        for name in ("dtypes", "devices"):
+            value = getattr(self, name)
+            if value is not None:
+                parts.append(f"{name}={'+'.join(value)}")
+        if not self.serializable:
+            parts.append("serializable=no")
+        for name in ("rtol", "atol", "range_tol"):
+            value = getattr(self, name)
+            if value is not None:
+                parts.append(f"{name}={value:g}")
         label = "strict (default)" if self == STRICT else "declared"
         return f"{label}: {' '.join(parts)}"
+
+
+def _as_tuple(value: Any) -> tuple[Any, ...]:
+    return (value,) if isinstance(value, str) or not hasattr(value, "__iter__") else tuple(value)
+
+
+def _subset(name: str, value: Any, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    chosen = _as_tuple(value)
+    if not chosen or any(v not in allowed for v in chosen):
+        raise FxVerifyError(f"contract {name} must be a non-empty subset of {allowed}, got {name}={value!r}")
+    return tuple(dict.fromkeys(chosen))
 
 
 STRICT = Contract()
@@ -74,10 +134,14 @@ def contract(
     *,
     modes: tuple[str, ...] = MODES,
     changes_parameters: bool = False,
+    dtypes: tuple[Any, ...] | None = None,
+    devices: tuple[str, ...] | None = None,
+    serializable: bool = True,
     rtol: float | None = None,
     atol: float | None = None,
+    range_tol: float | None = None,
 ) -> Callable[[F], F]:
-    """Declare a transform's contract.
+    """Declare a transform's contract (see :class:`Contract` for each promise).
 
     The decorated callable is wrapped, never modified, so it is safe on
     functions you do not own::
@@ -87,8 +151,11 @@ def contract(
             ...
 
         inference_only = fxverify.contract(modes=("eval",))(remove_dropout)
+        mkldnn = fxverify.contract(modes=("eval",), changes_parameters=True, dtypes=("float32",),
+                                   devices=("cpu",), serializable=False)(optimize_for_inference)
     """
-    declared = Contract(modes=modes, changes_parameters=changes_parameters, rtol=rtol, atol=atol)
+    declared = Contract(modes=modes, changes_parameters=changes_parameters, dtypes=dtypes, devices=devices,
+                        serializable=serializable, rtol=rtol, atol=atol, range_tol=range_tol)
 
     def decorate(fn: F) -> F:
         if not callable(fn):

@@ -3,28 +3,30 @@
 original nodes (:func:`fxverify.node_map.correspondence`: name, provenance,
 position), and the first node the transform kept whose value differs beyond
 tolerance is reported with its opcode, target, line of generated code, shape,
-dtype and error, and the nodes the transform changed that feed it. For a
-gradient failure with equal values, :func:`localise_gradients` names the kept
-node nearest the outputs whose gradient differs, and the changed nodes it feeds.
+dtype and error, the nodes the transform changed that feed it, and the original's
+nodes it removed that fed it (in-place writes included). For a gradient failure
+with equal values, :func:`localise_gradients` names the kept node nearest the
+outputs whose gradient differs, and the changed nodes it feeds.
 
 >>> import copy, torch
 >>> from fxverify.compare import Tolerance
 >>> gm = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Tanh()))
->>> broken = copy.deepcopy(gm)  # a rewrite of the relu that forgets what it computes
->>> broken.add_module("identity", torch.nn.Identity())
->>> broken.graph.find_nodes(op="call_module", target="0")[0].target = "identity"
+>>> broken = copy.deepcopy(gm)  # a "cleanup" that removes the relu as if it were a no-op
+>>> relu = broken.graph.find_nodes(op="call_module", target="0")[0]
+>>> _ = relu.replace_all_uses_with(relu.args[0]); broken.graph.erase_node(relu)
 >>> _ = broken.recompile()
 >>> found = localise(gm, broken, (torch.tensor([[-1.0, 2.0]]),), Tolerance())
 >>> print(found.divergence.describe())  # doctest: +ELLIPSIS
 %_1 (call_module 1): %_1: values differ: max abs err 0.762 at index (0, 0), max rel err ...
-code: _1 = getattr(self, "1")(_0);  _0 = None
+code: _1 = getattr(self, "1")(input_1);  input_1 = None
 value: (1, 2) float32; the original's %_1, mapped by name
-reads nodes the transform changed: %_0 (call_module identity)
+the original's nodes the transform removed before it: %_0 (call_module 0)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import operator
 import re
 from collections.abc import Callable
 from typing import Any
@@ -52,6 +54,7 @@ class Divergence:
     value: Any
     changed: tuple[str, ...]  # result nodes the transform changed that feed it (or that it feeds)
     changed_role: str = "reads"  # "reads": a value diverged; "feeds": a gradient diverged
+    removed: tuple[str, ...] = ()  # original nodes the transform removed that fed its counterpart
 
     def details(self) -> dict[str, Any]:
         """JSON-serialisable facts (``CheckResult.details["divergence"]``)."""
@@ -68,6 +71,8 @@ class Divergence:
             "max_abs": self.mismatch.max_abs,
             "max_rel": self.mismatch.max_rel,
             "how_mapped": self.match.how,
+            "changed": list(self.changed),
+            "removed": list(self.removed),
         }
 
     def describe(self, note: str = "") -> str:
@@ -83,6 +88,9 @@ class Divergence:
         if self.changed:
             changed = describe_nodes(self.result_node.graph, self.changed)
             lines.append(f"{self.changed_role} nodes the transform changed: {changed}")
+        if self.removed:
+            removed = describe_nodes(self.match.original.graph, self.removed)
+            lines.append(f"the original's nodes the transform removed before it: {removed}")
         return "\n".join(lines)
 
 
@@ -114,20 +122,24 @@ def localise(
             expected, actual = original(*inputs), guard(lambda: result(*inputs))
         return Localisation(compare_trees(actual, expected, tolerance=tolerance), None, 0)
     matches = correspondence(original, result)
-    pairs = kept_nodes(original, result, matches)
+    strict = kept_nodes(original, result, matches)
+    pairs = kept_nodes(original, result, matches, strict=False)
     with torch.no_grad():
         expected_recorder = RecordingInterpreter(original, {old.name for old, _ in pairs})
         expected = expected_recorder.run(*inputs)
         recorder = RecordingInterpreter(result, {new.name for _, new in pairs})
         actual = guard(lambda: recorder.run(*inputs))
     outputs = compare_trees(actual, expected, tolerance=tolerance)
+    if outputs is None:  # outputs agree: only a node known to compute the same value may fail the check
+        pairs = strict
     kept = {new for _, new in pairs} | set(result.graph.find_nodes(op="placeholder"))
     for old, new in pairs:
         found = compare_trees(recorder.values.get(new.name), expected_recorder.values.get(old.name),
                               tolerance=tolerance, root=f"%{new.name}")
         if found is not None:
             divergence = Divergence(new, matches[new], found, code_line(result, new),
-                                    recorder.values.get(new.name), changed_upstream(new, kept))
+                                    recorder.values.get(new.name), changed_upstream(new, kept),
+                                    removed=removed_upstream(old, {m.original for m in matches.values()}))
             return Localisation(outputs, divergence, len(pairs))
     changed = changed_upstream(next(iter(result.graph.find_nodes(op="output"))), kept)
     return Localisation(outputs, None, len(pairs), describe_nodes(result.graph, changed))
@@ -156,7 +168,7 @@ def localise_gradients(
     ('_0', ('detach', '_1'), 'expected tensor (3,) torch.float32, got None')
     """
     matches = correspondence(original, result)
-    pairs = kept_nodes(original, result, matches)
+    pairs = kept_nodes(original, result, matches, strict=False)  # gradients already differ: name where
     grads = []
     for module, names in ((original, {old.name for old, _ in pairs}), (result, {new.name for _, new in pairs})):
         recorder = RecordingInterpreter(module, names, retain_grad=True)
@@ -197,6 +209,48 @@ def changed_upstream(node: fx.Node, kept: set[fx.Node]) -> tuple[str, ...]:
     """Names of the nodes that feed ``node`` through nodes the transform changed (not in
     ``kept``), stopping at kept nodes, in graph order."""
     return _changed_around(node, kept, lambda n: n.all_input_nodes)
+
+
+def removed_upstream(node: fx.Node, corresponded: set[fx.Node]) -> tuple[str, ...]:
+    """Names of the original's nodes the transform removed (no counterpart in the result) that fed
+    ``node``: those above it through removed nodes only, and the in-place writes (``y.relu_()``, no
+    users of their own) before it into a value it, or one of those, reads."""
+    region: set[fx.Node] = set()
+    stack = list(node.all_input_nodes)
+    while stack:
+        current = stack.pop()
+        if current not in corresponded and current not in region:
+            region.add(current)
+            stack.extend(current.all_input_nodes)
+    read = set(node.all_input_nodes) | region
+    for earlier in node.graph.nodes:
+        if earlier is node:
+            break
+        if earlier not in corresponded and mutates(earlier) and earlier.args and earlier.args[0] in read:
+            region.add(earlier)
+    return tuple(n.name for n in node.graph.nodes if n in region)
+
+
+_INPLACE_OPERATORS = {getattr(operator, name) for name in fx.graph.inplace_methods}
+
+
+def mutates(node: fx.Node) -> bool:
+    """Whether ``node`` writes into a tensor it is given: ``x.add_()``, ``operator.iadd``,
+    ``F.relu(x, inplace=True)``, ``nn.ReLU(inplace=True)``.
+
+    >>> gm = torch.fx.symbolic_trace(lambda x: x.relu_() + torch.relu(x))
+    >>> [mutates(n) for n in gm.graph.nodes]
+    [False, True, False, False, False]
+    """
+    if node.op == "call_module":
+        owner = node.graph.owning_module
+        module = owner.get_submodule(str(node.target)) if owner is not None else None
+        return getattr(module, "inplace", False) is True
+    if node.op not in ("call_function", "call_method"):
+        return False
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    return ((name.endswith("_") and not name.endswith("__")) or node.target in _INPLACE_OPERATORS
+            or node.kwargs.get("inplace") is True)
 
 
 def changed_downstream(node: fx.Node, kept: set[fx.Node]) -> tuple[str, ...]:

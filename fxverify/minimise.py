@@ -30,6 +30,7 @@ from torch._functorch.fx_minifier import minifier
 
 from fxverify.compare import Mismatch, Tolerance, compare_trees
 from fxverify.errors import FxVerifyError, TransformFailed
+from fxverify.result import exception_summary
 from fxverify.transform import Transform, as_transform
 
 DEFAULT_BUDGET = 120.0
@@ -269,7 +270,7 @@ class _Predicate:
         try:
             expected = candidate(*_clone(inputs))
         except Exception as exc:
-            raise _NotThisFailure(f"the subgraph itself raised {type(exc).__name__}: {exc}") from None
+            raise _NotThisFailure(f"the subgraph itself raised {exception_summary(exc)}") from None
         try:
             result, _ = self.transform.apply(given, self.tracer_class, timeout=self.timeout)
         except TransformFailed as exc:

@@ -25,14 +25,32 @@ def resolve(module: nn.Module, target: str) -> Any:
 
 
 def tensors_equal(a: Any, b: Any) -> bool:
-    """Same shape, dtype and values (NaNs equal)."""
+    """Same shape, dtype, layout and values (NaNs equal), for any kind of tensor (mkldnn,
+    sparse and quantized ones are compared by their values).
+
+    >>> w = torch.randn(2, 2)
+    >>> tensors_equal(w, w.clone()), tensors_equal(w.to_mkldnn(), w.to_mkldnn()), tensors_equal(w, w.to_mkldnn())
+    (True, True, False)
+    """
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
         return not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor) and bool(a == b)
-    if a.shape != b.shape or a.dtype != b.dtype:
+    if a.shape != b.shape or a.dtype != b.dtype or a.layout != b.layout or a.device.type != b.device.type:
         return False
-    a, b = a.detach().cpu(), b.detach().cpu()
+    if a.device.type == "meta":
+        return True  # no values to compare
+    a, b = strided(a.detach().cpu()), strided(b.detach().cpu())
     return torch.equal(a, b) or bool(a.is_floating_point() and torch.equal(a.isnan(), b.isnan())
                                      and torch.equal(a.nan_to_num(), b.nan_to_num()))
+
+
+def strided(t: torch.Tensor) -> torch.Tensor:
+    """A plain dense tensor holding ``t``'s values: mkldnn and sparse tensors made dense, quantized
+    ones dequantized (what ``torch.equal`` and the comparisons can read)."""
+    if t.is_quantized:
+        return t.dequantize()
+    if t.layout != torch.strided:
+        return t.to_dense()
+    return t
 
 
 def tensor_state(module: nn.Module) -> dict[str, torch.Tensor]:
@@ -44,29 +62,31 @@ def tensor_state(module: nn.Module) -> dict[str, torch.Tensor]:
 
 @dataclasses.dataclass(frozen=True)
 class Snapshot:
-    """A copy of a module's state, graph and code, to find what changed later.
+    """A copy of a module's state, graph, code, module classes and node meta keys, to find
+    what changed later.
 
     >>> m = nn.Linear(2, 2); s = Snapshot.take(m)
-    >>> _ = m.bias.data.add_(1); s.first_difference(m)
-    "tensor 'bias' changed"
+    >>> _ = m.bias.data.add_(1); s.first_difference(m), s.differences(m)
+    ("tensor 'bias' changed", ['state'])
     """
 
     state: dict[str, torch.Tensor]
     graph: str | None
     code: str | None
+    modules: tuple[tuple[str, str], ...]
+    meta: tuple[tuple[str, ...], ...] | None
 
     @classmethod
     def take(cls, module: nn.Module) -> Snapshot:
         state = {k: v.detach().clone() for k, v in tensor_state(module).items()}
+        modules = _module_classes(module)
         if isinstance(module, fx.GraphModule):
-            return cls(state, canonical_text(module.graph), module.code)
-        return cls(state, None, None)
+            return cls(state, canonical_text(module.graph), module.code, modules, _meta_keys(module.graph))
+        return cls(state, None, None, modules, None)
 
     def first_difference(self, module: nn.Module, *, code: bool = True) -> str | None:
-        """What differs between this snapshot and ``module`` now, or None.
-
-        ``code=False`` ignores differences in generated code alone (type
-        annotations that a ``Transformer`` drops, for example)."""
+        """What differs in parameters, buffers, graph or (unless ``code=False``) generated code
+        between this snapshot and ``module`` now, or None."""
         now = tensor_state(module)
         for name in self.state.keys() - now.keys():
             return f"tensor {name!r} was removed"
@@ -83,6 +103,33 @@ class Snapshot:
         elif self.graph is not None:
             return "it is no longer a GraphModule"
         return None
+
+    def differences(self, module: nn.Module) -> list[str]:
+        """Which aspects of ``module`` differ from this snapshot, of ``state`` (parameters and
+        buffers), ``graph``, ``code``, ``modules`` (module classes and paths, the root's class
+        included) and ``meta`` (the keys of each node's meta); empty when nothing does."""
+        found = []
+        now = tensor_state(module)
+        if now.keys() != self.state.keys() or not all(tensors_equal(v, now[k]) for k, v in self.state.items()):
+            found.append("state")
+        graph_module = isinstance(module, fx.GraphModule)
+        if (self.graph is not None) != graph_module or (graph_module and self.graph != canonical_text(module.graph)):
+            found.append("graph")
+        if graph_module and self.code != module.code:
+            found.append("code")
+        if self.modules != _module_classes(module):
+            found.append("modules")
+        if graph_module and self.meta != _meta_keys(module.graph):
+            found.append("meta")
+        return found
+
+
+def _module_classes(module: nn.Module) -> tuple[tuple[str, str], ...]:
+    return tuple((name, f"{type(m).__module__}.{type(m).__qualname__}") for name, m in module.named_modules())
+
+
+def _meta_keys(graph: fx.Graph) -> tuple[tuple[str, ...], ...]:
+    return tuple(tuple(sorted(node.meta)) for node in graph.nodes)
 
 
 def first_line_difference(before: str, after: str) -> str:

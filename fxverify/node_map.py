@@ -15,10 +15,13 @@ A corresponding node is *kept* (:func:`kept_nodes`) when it computes the same
 thing: same opcode and target, the same constant arguments (when the positional
 arguments are as many), inputs that are kept nodes corresponding to its original
 inputs, and for ``call_module`` / ``get_attr`` the same parameters and buffers.
-An input may be rewired around a node the transform removed (after a BN fold,
-the relu reads the conv directly), but the value must not change: the values of
-kept nodes must agree between the original and the transformed module, which is
-how fxverify finds the first node where things went wrong.
+An input may be rewired around nodes the transform removed (after a BN fold,
+the relu reads the conv directly: a node upstream of the removed BN), but the
+value must not change: the values of kept nodes must agree between the original
+and the transformed module, which is how fxverify finds the first node where
+things went wrong. A node that reads a new node in place of a removed one (a
+partition's output, a decomposition's last op) is not kept, even when its name
+matches: what it reads is not known to be the same value.
 """
 
 from __future__ import annotations
@@ -87,11 +90,15 @@ def correspondence(original: fx.GraphModule, result: fx.GraphModule) -> dict[fx.
 
 
 def kept_nodes(original: fx.GraphModule, result: fx.GraphModule,
-               matches: dict[fx.Node, Match] | None = None) -> list[tuple[fx.Node, fx.Node]]:
+               matches: dict[fx.Node, Match] | None = None, *, strict: bool = True) -> list[tuple[fx.Node, fx.Node]]:
     """Pairs ``(original_node, result_node)`` the transform kept, in result order.
 
     A fused conv keeps its node name but not its weights, so it is not kept;
-    the relu after the removed BN is, and must see the same value.
+    the relu after the removed BN is, and must see the same value. With
+    ``strict=False`` a node that reads a new node in place of a removed one (the
+    conv after a relu swapped for a sigmoid) counts as kept too: its value is only
+    expected to agree if the new node computes what the removed one did, which is
+    what a failure's localisation assumes, never what makes a failure.
     """
     matches = correspondence(original, result) if matches is None else matches
     counterpart = {m.original: new for new, m in matches.items()}
@@ -103,7 +110,7 @@ def kept_nodes(original: fx.GraphModule, result: fx.GraphModule,
         if match is None or node.op in ("placeholder", "output"):
             continue
         old = match.original
-        if not _same_constants(old, node) or not _same_inputs(old, node, counterpart, kept):
+        if not _same_constants(old, node) or not _same_inputs(old, node, counterpart, kept, matches, strict):
             continue
         if node.op in ("call_module", "get_attr"):
             target = str(node.target)
@@ -165,13 +172,37 @@ def _unique_index(nodes: Iterable[fx.Node], key: Callable[[fx.Node], list[tuple[
     return {k: found[0] for k, found in seen.items() if len(found) == 1}
 
 
-def _same_inputs(old: fx.Node, new: fx.Node, counterpart: dict[fx.Node, fx.Node], kept: set[fx.Node]) -> bool:
-    """Each input is the kept counterpart of the original input, unless the original input
-    has no counterpart in the result (rewired around a removed node, as after a BN fold)."""
+def _same_inputs(old: fx.Node, new: fx.Node, counterpart: dict[fx.Node, fx.Node], kept: set[fx.Node],
+                 matches: dict[fx.Node, Match], strict: bool) -> bool:
+    """Each input is the kept counterpart of the original input, or the original input was removed
+    and the result reads, in its place, the counterpart of a node upstream of it through removed
+    nodes only (rewired around a removed node, as after a BN fold the relu reads the conv). A new
+    node in place of a removed one (a partition's output, a decomposition) is no correspondence,
+    unless not ``strict``."""
     before, after = old.all_input_nodes, new.all_input_nodes
     return len(before) == len(after) and all(
-        (counterpart.get(a) is b and b in kept) or a not in counterpart for a, b in zip(before, after)
+        (counterpart.get(a) is b and b in kept)
+        or (a not in counterpart and (_rewired_around(a, b, counterpart, matches) or (not strict and b not in matches)))
+        for a, b in zip(before, after)
     )
+
+
+def _rewired_around(removed: fx.Node, new_input: fx.Node, counterpart: dict[fx.Node, fx.Node],
+                    matches: dict[fx.Node, Match]) -> bool:
+    """Whether ``new_input`` stands for a node that feeds ``removed`` through removed nodes only."""
+    match = matches.get(new_input)
+    if match is None:
+        return False
+    stack, seen = [removed], set()
+    while stack:
+        node = stack.pop()
+        for upstream in node.all_input_nodes:
+            if upstream is match.original:
+                return True
+            if upstream not in counterpart and upstream not in seen:
+                seen.add(upstream)
+                stack.append(upstream)
+    return False
 
 
 def _same_constants(old: fx.Node, new: fx.Node) -> bool:

@@ -19,17 +19,21 @@ import pytest
 
 from fxverify.cases import ModelCase
 from fxverify.catalogue import CorpusEntry
+from fxverify.checks.golden import RANDOM_GRAPH_TAG
 from fxverify.checks import CHECKS
 from fxverify.crossprocess import CrossProcessDigests
 from fxverify.errors import CheckFailed, FxVerifyError
 from fxverify.reports.pytest_plugin import report_properties
-from fxverify.result import FAILED, SKIPPED, XFAILED
-from fxverify.summary import format_table
+from fxverify.result import ERROR, FAILED, SKIPPED, XFAILED
+from fxverify.summary import format_table, rewrite_warning
 from fxverify.transform import Transform
 from fxverify.verification import Verification
 
 ITEM_PREFIX = "fxverify["
 ITEM_SUFFIX = "]"
+OUTCOME = "fxverify_outcome"  # user_properties key: the item's outcome when it is an fxverify error
+CHANGED = "fxverify_changed"  # user_properties key: what the transform changed on the item's model
+CRASHED = "???"  # the ``when`` of the report pytest-xdist makes for an item whose worker died
 
 
 @dataclasses.dataclass(eq=False)  # pytest plugins must be hashable
@@ -50,7 +54,7 @@ class FxVerifyRun:
             t.spec: CrossProcessDigests(t, self.cases, timeout=self.timeout) for t in self.transforms
         }
         self._outcomes: dict[str, dict[tuple[str, str], str]] = defaultdict(dict)
-        self._no_op: dict[str, dict[str, bool | None]] = defaultdict(dict)
+        self._changes: dict[str, dict[str, list[str] | None]] = defaultdict(dict)
         self._golden_updates: dict[str, list[str]] = defaultdict(list)  # status -> golden files
         self._digest_wanted: set[tuple[str, str]] = set()  # (transform, model) with a selected determinism item
 
@@ -117,30 +121,51 @@ class FxVerifyRun:
         spec, model, check = parsed
         if hasattr(report, "wasxfail"):
             outcome = "xfail"
+        elif is_error(report):
+            outcome = "ERR"
         else:
             outcome = {"passed": "pass", "failed": "FAIL", "skipped": "skip"}[report.outcome]
         self._outcomes[spec][(model, check)] = outcome
         for key, value in report.user_properties:
-            if key == "fxverify_no_op":
-                self._no_op[spec][model] = value
+            if key == CHANGED:
+                self._changes[spec][model] = value
             if key == "fxverify_golden_update":
                 status, path = value
                 self._golden_updates[status].append(path)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_report_teststatus(self, report: pytest.TestReport) -> tuple[str, str, str] | None:
+        """An item fxverify could not judge (its own code raised, or the worker died) is an error,
+        not a failure of the transform."""
+        if is_error(report) and parse_nodeid(report.nodeid) is not None:
+            return "error", "E", "ERROR"
+        return None
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self._outcomes:
             return
         terminalreporter.write_sep("=", "fxverify summary")
+        random_graphs = {c.name for c in self.cases if RANDOM_GRAPH_TAG in c.entry.tags}
         for transform in self.transforms:
             outcomes = self._outcomes.get(transform.spec)
             if outcomes:
-                table = format_table(transform.spec, transform.contract.describe(), outcomes, self.checks, self._no_op[transform.spec])
+                changes = self._changes[transform.spec]
+                table = format_table(transform.spec, transform.contract.describe(), outcomes, self.checks, changes)
                 terminalreporter.write_line(table)
+                warning = rewrite_warning(transform.spec, changes, random_graphs)
+                if warning:
+                    terminalreporter.write_line(warning, yellow=True, bold=True)
                 terminalreporter.write_line("")
         if self._golden_updates:
             from fxverify.golden import format_updates
 
             terminalreporter.write_line(format_updates(self._golden_updates, terminalreporter.config.rootpath))
+
+
+def is_error(report: pytest.TestReport) -> bool:
+    """Whether ``report`` is of an item fxverify could not judge: its own code raised (an ERROR
+    outcome), or the process running it died (pytest-xdist's crash report)."""
+    return report.failed and (report.when == CRASHED or (OUTCOME, ERROR) in report.user_properties)
 
 
 class TransformCollector(pytest.Collector):
@@ -173,15 +198,23 @@ class CheckItem(pytest.Item):
         assert isinstance(parent, TransformCollector)
         v = parent.run.verification(parent.transform, self.case)
         result = v.run(self.check)
-        self.user_properties.extend(report_properties(self.config, v, result))
-        if not self.case.entry.xfail:
-            self.user_properties.append(("fxverify_no_op", v.no_op))
-        if v.update_golden and "golden_file" in result.details:
-            self.user_properties.append(("fxverify_golden_update", (result.details["golden"], result.details["golden_file"])))
+        try:
+            changes = None if self.case.entry.xfail else v.changes
+            self.user_properties.extend(report_properties(self.config, v, result, changes))
+            if not self.case.entry.xfail:
+                self.user_properties.append((CHANGED, changes))
+            if v.update_golden and "golden_file" in result.details:
+                self.user_properties.append(("fxverify_golden_update", (result.details["golden"], result.details["golden_file"])))
+        except Exception as exc:  # fxverify's bookkeeping must not turn the check's verdict into a failure
+            result = v.internal_error(self.check, exc, doing="recording the item's result for the summary and reports")
+            self.user_properties.extend(report_properties(self.config, None, result))
         if result.outcome == SKIPPED:
             pytest.skip(result.message)
         if result.outcome == XFAILED:
             pytest.xfail(result.message)
+        if result.outcome == ERROR:
+            self.user_properties.append((OUTCOME, ERROR))
+            raise CheckFailed(result.message)
         if result.outcome == FAILED:
             raise CheckFailed(result.message)
 
@@ -209,7 +242,10 @@ def parse_nodeid(nodeid: str) -> tuple[str, str, str] | None:
 
 class XdistGrouping:
     """Under ``-n``, keep each (transform, model)'s items on one worker so the
-    expensive per-model work is shared (xdist's ``load`` distribution otherwise)."""
+    expensive per-model work is shared (xdist's ``load`` distribution otherwise),
+    and when a model kills its worker (``os.abort()`` in a transform, a crash in
+    a C++ extension), report that model's items as errors instead of crashing a
+    new worker with each of them; the other models go on."""
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
@@ -218,8 +254,40 @@ class XdistGrouping:
         from xdist.scheduler import LoadScopeScheduling
 
         class ModelScheduling(LoadScopeScheduling):
+            """xdist's scope scheduling with one scope per (transform, model). Overrides the
+            private ``_split_scope`` (the public ``xdist_group`` mark needs ``--dist loadgroup``,
+            which a user would have to pass)."""
+
             def _split_scope(self, nodeid: str) -> str:
                 parsed = parse_nodeid(nodeid)
                 return f"{parsed[0]}::{parsed[1]}" if parsed else nodeid
 
+            def drop_scope(self, nodeid: str) -> list[str]:
+                """Take the items of ``nodeid``'s scope out of the queue; return the others not run."""
+                work = self.workqueue.pop(self._split_scope(nodeid), {})
+                return [other for other, done in work.items() if not done and other != nodeid]
+
         return ModelScheduling(config, log)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched: Any) -> None:
+        parsed = parse_nodeid(crashitem)
+        if parsed is None or not hasattr(sched, "drop_scope"):
+            return
+        spec, model, check = parsed
+        worker = getattr(getattr(report, "node", None), "gateway", None)
+        died = (f"the worker process{f' {worker.id}' if worker else ''} died while running the {check} check of "
+                f"{spec} on model {model!r}: the transform or the model killed the process (os.abort(), sys.exit "
+                "from a thread, a crash in a C++ extension). fxverify could not judge it")
+        report.longrepr = died
+        report.user_properties.append((OUTCOME, ERROR))
+        for nodeid in sched.drop_scope(crashitem):
+            config = sched.config
+            fspath = nodeid.split("::")[0]
+            skipped = pytest.TestReport(
+                nodeid=nodeid, location=(fspath, None, fspath), keywords={}, outcome="failed",
+                longrepr=f"not run: {died} (on its {check} check); the other items of {model!r} would kill their "
+                         "workers too",
+                when=CRASHED, user_properties=[(OUTCOME, ERROR)],  # type: ignore[arg-type]
+            )
+            config.hook.pytest_runtest_logreport(report=skipped)

@@ -4,12 +4,14 @@ inside to fail (:class:`Finding`) or to skip (:class:`Skip`)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 from fxverify.errors import CheckFailed
 
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
 XFAILED = "xfailed"  # a corpus entry known not to trace or run failed, as its catalogue entry says
+ERROR = "error"  # fxverify's own code raised: no verdict on the transform (a bug to report to fxverify)
 
 
 class Finding(Exception):
@@ -29,14 +31,63 @@ class Finding(Exception):
         self.details = details or {}
 
 
+MAX_SUMMARY = 300  # characters of an exception's message kept in a one-line summary
+_DISPATCHER = re.compile(r"^(Could not run '[^']+' with arguments from the '[^']+' backend)\..*")
+
+
+class ModuleRaised(Finding):
+    """The ``original`` or the ``result`` module raised when made or run: for the original the
+    corpus entry is to blame (it cannot run this configuration), for the result the transform.
+    ``cause`` is the exception in one line."""
+
+    def __init__(self, which: str, exc: BaseException, where: str) -> None:
+        self.which, self.cause = which, exception_summary(exc)
+        what = (ORIGINAL_RAISED if which == "original" else RESULT_RAISED).format(error=self.cause)
+        super().__init__(what, input=where)
+
+
+ORIGINAL_RAISED = (
+    "the original model itself raised when run, before any transform: {error}. Not the transform's doing: "
+    "the corpus entry cannot run this configuration; fix its inputs, batch_sizes or spatial_sizes"
+)
+RESULT_RAISED = "the transformed module raised when run: {error}"
+
+
 def exception_summary(exc: BaseException) -> str:
-    r"""``Type: first line of the message`` (torch errors often append whole graphs).
+    r"""``Type: the line that explains``: the first line of the message (torch errors often append
+    whole graphs), with the line after it when it ends in a colon (``Error(s) in loading state_dict
+    for FxModule:`` says nothing alone), without the backend list torch's dispatcher appends.
+    Never raises, even for an exception whose ``str()`` does.
 
     >>> exception_summary(RuntimeError("bad node\n%x = ..."))
     'RuntimeError: bad node'
+    >>> exception_summary(RuntimeError("Error(s) in loading state_dict for M:\n\tsize mismatch for fc.weight"))
+    'RuntimeError: Error(s) in loading state_dict for M: size mismatch for fc.weight'
+    >>> exception_summary(NotImplementedError("Could not run 'aten::equal' with arguments from the 'MkldnnCPU' "
+    ...                                       "backend. This could be because ... [CPU, CUDA, Meta, ...]."))
+    "NotImplementedError: Could not run 'aten::equal' with arguments from the 'MkldnnCPU' backend"
     """
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    try:
+        text = str(exc)
+    except Exception as err:  # a user's exception class with a broken __str__
+        text = f"(its str() raised {type(err).__name__})"
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    head = _DISPATCHER.sub(r"\1", lines[0])
+    if head.endswith(":") and len(lines) > 1:
+        head += " " + lines[1]
+    if len(head) > MAX_SUMMARY:
+        head = head[: MAX_SUMMARY - 3] + "..."
+    return f"{type(exc).__name__}: {head}"
+
+
+def exception_text(exc: BaseException) -> str:
+    """``str(exc)``, or a note saying it could not be had (never raises)."""
+    try:
+        return str(exc)
+    except Exception as err:
+        return f"(its str() raised {type(err).__name__})"
 
 
 class Skip(Exception):
@@ -61,12 +112,12 @@ class CheckResult:
 
     @property
     def ok(self) -> bool:
-        """True unless the check failed (a skip or an expected failure is ok)."""
-        return self.outcome != FAILED
+        """True unless the check failed or fxverify itself raised (a skip or an expected failure is ok)."""
+        return self.outcome not in (FAILED, ERROR)
 
     def raise_for_failure(self) -> CheckResult:
-        """Raise :class:`CheckFailed` with the message when the check failed."""
+        """Raise :class:`CheckFailed` with the message when the check failed (or could not run)."""
         __tracebackhide__ = True
-        if self.outcome == FAILED:
+        if not self.ok:
             raise CheckFailed(self.message)
         return self

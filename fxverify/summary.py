@@ -1,8 +1,9 @@
-"""The end-of-run table: models x checks, one block per transform.
+"""The end-of-run table: models x checks, one block per transform, with what the
+transform changed on each model, and a warning when it rewrote (almost) nothing.
 
 Pure formatting over precomputed outcomes, so it is testable without pytest.
 
->>> print(format_table("my:pass", "strict (default)", {("m", "lint"): "pass"}, ["lint"], {"m": True}))
+>>> print(format_table("my:pass", "strict (default)", {("m", "lint"): "pass"}, ["lint"], {"m": []}))
 transform my:pass  [contract strict (default)]
 model  lint  changed
 m      pass  no-op
@@ -10,7 +11,23 @@ m      pass  no-op
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
+
+REWRITES = ("graph", "state")  # what a transform must change on a model for its rewrite to be verified there
+FEW = 0.1  # a transform that rewrote at most this share of the models "changed almost nothing"
+SHOWN = 5  # models named in a warning
+
+
+def changed_cell(changes: Sequence[str] | None) -> str:
+    """The ``changed`` column: ``no-op`` (nothing at all changed), what changed
+    (``graph+state``, ``code``, ``meta``), or ``?`` when the transform failed.
+
+    >>> changed_cell([]), changed_cell(["graph", "state"]), changed_cell(None)
+    ('no-op', 'graph+state', '?')
+    """
+    if changes is None:
+        return "?"
+    return "+".join(changes) if changes else "no-op"
 
 
 def format_table(
@@ -18,16 +35,46 @@ def format_table(
     contract: str,
     outcomes: Mapping[tuple[str, str], str],
     checks: Sequence[str],
-    no_op: Mapping[str, bool | None],
+    changes: Mapping[str, Sequence[str] | None],
 ) -> str:
-    """One transform's block: a row per model, a column per check, and whether it changed anything."""
+    """One transform's block: a row per model, a column per check, and what it changed."""
     models = list(dict.fromkeys(model for model, _ in outcomes))
     header = ["model", *checks, "changed"]
     rows = [header]
     for model in models:
-        changed = {True: "no-op", False: "yes", None: "?"}[no_op.get(model)]
-        rows.append([model, *(outcomes.get((model, c), "-") for c in checks), changed])
+        rows.append([model, *(outcomes.get((model, c), "-") for c in checks), changed_cell(changes.get(model))])
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = [f"transform {transform}  [contract {contract}]"]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     return "\n".join(lines)
+
+
+def rewrite_warning(transform: str, changes: Mapping[str, Sequence[str] | None],
+                    random_graphs: Collection[str] = ()) -> str | None:
+    """A loud line when ``transform`` changed the graph or parameters of no model it ran on
+    ("nothing was verified"), or of only a few; with random graphs among the models, how many
+    of them it changed. None when it rewrote enough to say nothing.
+
+    >>> print(rewrite_warning("my:pass", {"a": ["code"], "b": []}))  # doctest: +ELLIPSIS
+    WARNING: my:pass changed the graph or parameters of none of the 2 models it ran on: nothing it rewrites was verified. Select ...
+    >>> print(rewrite_warning("my:pass", {"a": ["graph"], "random_graph_7": []}, {"random_graph_7"}))
+    my:pass changed 0 of 1 random graphs (graph or parameters)
+    """
+    ran = [model for model, changed in changes.items() if changed is not None]
+    rewrote = [model for model in ran if set(REWRITES) & set(changes[model] or ())]
+    lines = []
+    if ran and not rewrote:
+        lines.append(f"WARNING: {transform} changed the graph or parameters of none of the {len(ran)} models it "
+                     "ran on: nothing it rewrites was verified")
+    elif ran and len(rewrote) <= FEW * len(ran):
+        names = ", ".join(rewrote[:SHOWN]) + (f" and {len(rewrote) - SHOWN} more" if len(rewrote) > SHOWN else "")
+        lines.append(f"WARNING: {transform} changed the graph or parameters of only {len(rewrote)} of the {len(ran)} "
+                     f"models it ran on ({names}): little of what it rewrites was verified")
+    if lines:
+        lines[-1] += (". Select models that have what it rewrites (--fxverify-corpus, --fxverify-tags), or add "
+                      "random graphs of the ops it rewrites (--fxverify-random-graphs N)")
+    graphs = [model for model in ran if model in random_graphs]
+    if graphs:
+        changed = sum(model in rewrote for model in graphs)
+        lines.append(f"{transform} changed {changed} of {len(graphs)} random graphs (graph or parameters)")
+    return "\n".join(lines) or None

@@ -24,6 +24,7 @@ from typing import Any
 
 from fxverify.contracts import Contract, contract_of
 from fxverify.errors import TransformFailed, TransformLoadError
+from fxverify.result import exception_summary
 
 ACCEPTED_RETURNS = (
     "an nn.Module (usually a torch.fx.GraphModule), None (the argument was modified in place), "
@@ -106,9 +107,11 @@ class Transform:
                 f"transform {self.spec} did not finish within {timeout:g} s "
                 "(raise --fxverify-timeout if it is just slow)"
             ) from None
-        except Exception as exc:  # the user's own error, reported with its traceback
+        except KeyboardInterrupt:  # the user stopping the run
+            raise
+        except BaseException as exc:  # the user's own error (sys.exit() too), reported with its traceback
             tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-            raise TransformFailed(f"transform {self.spec} raised {type(exc).__name__}: {exc}\n{tb}") from exc
+            raise TransformFailed(f"transform {self.spec} raised {_raised(exc)}\n{tb}") from exc
         finally:
             forget_unpatchable_wraps()
         return self.normalize_result(returned, gm)
@@ -131,6 +134,17 @@ class Transform:
             f"transform {self.spec} returned {type(returned).__module__}.{type(returned).__qualname__} "
             f"({_short_repr(returned)}); accepted: {ACCEPTED_RETURNS}.{hint}"
         )
+
+
+def _raised(exc: BaseException) -> str:
+    """How the transform's exception reads in one line: ``SystemExit(3)``, ``ValueError: why``.
+
+    >>> _raised(SystemExit(3)), _raised(ValueError("too big"))
+    ('SystemExit(3)', 'ValueError: too big')
+    """
+    if isinstance(exc, SystemExit):
+        return f"SystemExit({exc.code!r})"
+    return exception_summary(exc)
 
 
 def as_transform(transform: Transform | Callable[..., Any] | str) -> Transform:
@@ -201,19 +215,19 @@ def _import_module(module_part: str, spec: str) -> Any:
         except Exception as exc:
             del sys.modules[name]
             raise TransformLoadError(
-                f"transform spec {spec!r}: importing {str(path)!r} raised {type(exc).__name__}: {exc}"
+                f"transform spec {spec!r}: importing {str(path)!r} raised {exception_summary(exc)}"
             ) from exc
         return module
     try:
         return importlib.import_module(module_part)
     except ImportError as exc:
         raise TransformLoadError(
-            f"transform spec {spec!r}: cannot import module {module_part!r} ({exc}). "
+            f"transform spec {spec!r}: cannot import module {module_part!r} ({exception_summary(exc)}). "
             "Is the package installed, or the project root on sys.path (pytest's rootdir / pythonpath ini option)?"
         ) from exc
     except Exception as exc:
         raise TransformLoadError(
-            f"transform spec {spec!r}: importing module {module_part!r} raised {type(exc).__name__}: {exc}"
+            f"transform spec {spec!r}: importing module {module_part!r} raised {exception_summary(exc)}"
         ) from exc
 
 

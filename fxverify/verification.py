@@ -27,8 +27,12 @@ from fxverify.contracts import Contract
 from fxverify.errors import FxVerifyError, TransformFailed
 from fxverify.inputs import InputConfig
 from fxverify.module_state import Snapshot
-from fxverify.result import FAILED, PASSED, SKIPPED, XFAILED, CheckResult, Finding, Skip, exception_summary
+from fxverify.parameters import Fate, rewrites_state, tensor_fates
+from fxverify.result import (ERROR, FAILED, PASSED, SKIPPED, XFAILED, CheckResult, Finding, ModuleRaised, Skip,
+                             exception_summary)
 from fxverify.transform import Transform, as_transform
+
+BUG_REPORT = "https://github.com/fxverify/fxverify/issues"
 
 DEFAULT_TIMEOUT = 300.0
 
@@ -51,6 +55,10 @@ class Applied:
     the transform made to that copy, seen as it returned (None: untouched or in
     place). Running the result later may legitimately change state it shares with
     the copy (a leaf module caching by input size), so that is not compared.
+    ``fates`` says what became of each parameter and buffer of the original (seen as
+    the transform returned, see :mod:`fxverify.parameters`); ``rewrites_state``
+    whether the result holds other parameters or buffers than the original's;
+    ``changes`` which aspects of the module the transform changed (empty: none).
     """
 
     mode: str
@@ -58,6 +66,9 @@ class Applied:
     result: nn.Module
     in_place: bool
     input_change: str | None
+    fates: list[Fate]
+    rewrites_state: bool
+    changes: list[str]
 
 
 class Verification:
@@ -94,6 +105,7 @@ class Verification:
         self._outputs: dict[tuple[str, str, str], Any] = {}
         self._float64: dict[str, nn.Module] = {}
         self._float64_exact = True
+        self.float64_fallback: str | None = None  # why the transform could not be applied to a float64 copy
 
     @property
     def contract(self) -> Contract:
@@ -102,17 +114,17 @@ class Verification:
     @functools.cached_property
     def tolerance(self) -> Tolerance:
         entry = self.case.entry
-        return Tolerance(self.contract.rtol, self.contract.atol).loosest(Tolerance(entry.rtol, entry.atol))
+        declared = Tolerance(self.contract.rtol, self.contract.atol, self.contract.range_tol)
+        return declared.loosest(Tolerance(entry.rtol, entry.atol))
 
     @functools.cached_property
     def float64_tolerance(self) -> Tolerance:
         """Tolerance for float64 runs: tight, unless the transform rewrites parameters and
         could only be applied in float32, so its new parameters carry float32 rounding."""
-        self.module("result", torch.float64)  # decides how the float64 result is made
-        if self._float64_exact:
+        if self.float64_exact:
             return self.tolerance
         rtol, atol = self.tolerance.for_dtype(torch.float32)
-        return Tolerance(rtol, atol)
+        return Tolerance(rtol, atol, self.tolerance.range_tol)
 
     @property
     def primary(self) -> InputConfig:
@@ -138,28 +150,40 @@ class Verification:
     def apply_fresh(self, mode: str) -> Applied:
         """Trace the case anew in ``mode`` and apply the transform to a copy."""
         original = self.case.trace(training=mode == "train")
-        given = copy.deepcopy(original)
+        copies: dict[int, Any] = {}
+        given = copy.deepcopy(original, copies)
         before = Snapshot.take(given)
         result, in_place = self.transform.apply(given, self.case.tracer_class, timeout=self.timeout)
         input_change = None if in_place else before.first_difference(given)
         result.train(mode == "train")
-        return Applied(mode, original, result, in_place, input_change)
+        changes = Snapshot.take(original).differences(result)
+        fates = tensor_fates(original, result, copies)
+        return Applied(mode, original, result, in_place, input_change, fates,
+                       rewrites_state(original, result, copies), changes)
+
+    def apply_to(self, gm: fx.GraphModule, mode: str) -> nn.Module:
+        """The transform's result for ``gm`` (a fresh trace, or a copy of one), in ``mode``."""
+        result, _ = self.transform.apply(gm, self.case.tracer_class, timeout=self.timeout)
+        return result.train(mode == "train")
 
     def transformed_fresh(self, mode: str) -> nn.Module:
         """Only the result of the transform applied to a fresh trace in ``mode``, for work that
         needs no reference or snapshot (determinism reruns, train mode, the cross-process digest)."""
-        traced = self.case.trace(training=mode == "train")
-        result, _ = self.transform.apply(traced, self.case.tracer_class, timeout=self.timeout)
-        return result.train(mode == "train")
+        return self.apply_to(self.case.trace(training=mode == "train"), mode)
 
     @functools.cached_property
-    def no_op(self) -> bool | None:
-        """True when the transform changed nothing (graph and state), None if it failed."""
+    def changes(self) -> list[str] | None:
+        """Which aspects of the model the transform changed in its primary mode (``state``, ``graph``,
+        ``code``, ``modules``, ``meta``): empty for a no-op; None if the transform failed."""
         try:
-            applied = self.applied()
+            return self.applied().changes
         except TransformFailed:
             return None
-        return Snapshot.take(applied.original).first_difference(applied.result, code=False) is None
+
+    @property
+    def no_op(self) -> bool | None:
+        """True when the transform changed nothing at all, None if it failed."""
+        return None if self.changes is None else not self.changes
 
     @functools.cached_property
     def float64_problem(self) -> str | None:
@@ -167,10 +191,34 @@ class Verification:
         or None. The float64 stages of numerics and gradients need it; the float32 ones do not."""
         try:
             self.outputs("original", dtype=torch.float64)
-        except TransformFailed:
-            raise
-        except Exception as exc:  # whatever the model raises: it cannot be compared in float64
-            return exception_summary(exc)
+        except ModuleRaised as raised:  # whatever the model raises: it cannot be compared in float64
+            return raised.cause
+        return None
+
+    @functools.cached_property
+    def result_float64_problem(self) -> str | None:
+        """Why the result cannot be made or run in float64 (mkldnn tensors, an op taking float32
+        only), or None. Not asked when the contract declares the result float32-only."""
+        try:
+            self.outputs("result", dtype=torch.float64)
+        except ModuleRaised as raised:  # whatever converting or running the result raises
+            problem = raised.cause
+            if self.float64_fallback:
+                problem = (f"the transform refuses a float64 copy of the model ({self.float64_fallback}), and its "
+                           f"float32 result fails in float64: {problem}")
+            return problem
+        return None
+
+    @functools.cached_property
+    def float64_skip(self) -> str | None:
+        """Why the float64 stages of numerics and gradients do not run, or None when they do."""
+        if self.float64_problem is not None:
+            return f"the original does not run in float64 ({self.float64_problem})"
+        if not self.contract.supports_dtype("float64"):
+            return "the contract declares the result float32-only (dtypes=float32)"
+        if self.result_float64_problem is not None:
+            return (f"the result does not run in float64 ({self.result_float64_problem}); the devices check "
+                    "judges that")
         return None
 
     # -- running modules -----------------------------------------------------
@@ -180,20 +228,32 @@ class Verification:
         config = config or self.primary
         key = (which, config.name, str(dtype))
         if key not in self._outputs:
-            module = self.module(which, dtype)
-            with torch.no_grad():
-                self._outputs[key] = module(*config.make(self.case.seed, dtype=dtype))
-        return self._outputs[key]
+            self.applied()  # a transform that fails is its own finding, not a module that raised
+            try:
+                module = self.module(which, dtype)
+                with torch.no_grad():
+                    self._outputs[key] = module(*config.make(self.case.seed, dtype=dtype))
+            except Exception as exc:
+                where = f"{config.describe()}, {str(dtype or 'float32').removeprefix('torch.')}, {self.applied().mode} mode"
+                self._outputs[key] = ModuleRaised(which, exc, where)
+        found = self._outputs[key]
+        if isinstance(found, ModuleRaised):
+            raise found
+        return found
 
     def module(self, which: str, dtype: torch.dtype | None = None) -> nn.Module:
-        """The primary-mode ``original`` or ``result`` module as built, or in ``dtype`` (a copy, cached)."""
+        """The primary-mode ``original`` or ``result`` module as built, or in ``dtype`` (a copy, cached).
+
+        A result holding other parameters than the original's (a fusion) is the transform applied
+        to a ``dtype`` copy of the original, so that its new parameters are computed in ``dtype``;
+        any other result is converted (``copy.deepcopy(result).to(dtype)``)."""
         applied = self.applied()
         module = applied.original if which == "original" else applied.result
         if dtype is None:
             return module
         key = f"{which}-{dtype}"
         if key not in self._float64:
-            if which == "result" and self.contract.changes_parameters:
+            if which == "result" and applied.rewrites_state:
                 self._float64[key] = self._transformed_in(dtype)
             else:
                 self._float64[key] = copy.deepcopy(module).to(dtype)
@@ -207,10 +267,18 @@ class Verification:
         try:
             result, _ = self.transform.apply(copy.deepcopy(applied.original).to(dtype), self.case.tracer_class,
                                              timeout=self.timeout)
-        except TransformFailed:
+        except TransformFailed as exc:
             self._float64_exact = False
+            self.float64_fallback = str(exc).splitlines()[0].removeprefix(f"transform {self.transform.spec} raised ")
             return copy.deepcopy(applied.result).to(dtype)
         return result.to(dtype).train(applied.mode == "train")
+
+    @property
+    def float64_exact(self) -> bool:
+        """Whether the float64 result was made without float32 rounding of new parameters: converted
+        from a result that keeps the original's parameters, or the transform applied in float64."""
+        self.module("result", torch.float64)
+        return self._float64_exact
 
     # -- checks ----------------------------------------------------------------
     def run(self, check: str) -> CheckResult:
@@ -230,11 +298,24 @@ class Verification:
         except TransformFailed as exc:
             message = self._failure_message(check, Finding(f"the transform failed on this model:\n{exc}"))
             return self._result(check, FAILED, message)
-        except Exception as exc:  # a crash while checking is a finding too, with its traceback
-            tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-            finding = Finding(f"running the check raised {type(exc).__name__}: {exc}\n{tb}")
-            return self._result(check, FAILED, self._failure_message(check, finding))
+        except Exception as exc:  # fxverify's own code raised: no verdict on the transform
+            return self.internal_error(check, exc)
         return self._result(check, PASSED, "", details)
+
+    def internal_error(self, check: str, exc: BaseException, doing: str = "") -> CheckResult:
+        """The result of a check that fxverify itself could not complete: an ERROR naming the
+        model and transform, saying it is no verdict on the transform, with the traceback."""
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        what = doing or f"running the {check} check"
+        lines = [
+            f"fxverify error in the {check} check (not a finding about the transform)",
+            f"  model:      {self.case.name}",
+            f"  transform:  {self.transform.spec}",
+            f"  error:      {what} raised {exception_summary(exc)} inside fxverify; this says nothing about "
+            f"the transform. Please report it, with this message, at {BUG_REPORT}",
+            tb.rstrip(),
+        ]
+        return self._result(check, ERROR, "\n".join(lines))
 
     @functools.cached_property
     def model_error(self) -> str | None:

@@ -132,10 +132,12 @@ def test_transform_failures_fail_with_the_transform_traceback():
     assert "returned torch.fx.graph.Graph" in wrong and "accepted:" in wrong
 
 
-def test_no_op_is_reported_not_failed():
-    v = Verification(mutations.transformer_identity, "edge_conv_bn_head")
-    assert v.no_op is True and v.run("lint").ok
-    assert Verification(mutations.torch_fuse, "edge_conv_bn_head").no_op is False
+def test_no_op_means_nothing_changed_at_all():
+    v = Verification(lambda gm: None, "edge_conv_bn_head")
+    assert v.no_op is True and v.changes == [] and v.run("lint").ok
+    # a Transformer rebuilds the same graph, but drops the code's annotations and adds node meta
+    assert Verification(mutations.transformer_identity, "edge_conv_bn_head").changes == ["code", "meta"]
+    assert Verification(mutations.torch_fuse, "edge_conv_bn_head").changes[:2] == ["state", "graph"]
 
 
 def test_assert_helpers_raise_readable_failures():

@@ -209,7 +209,7 @@ def test_golden_dir_option_ini_and_summary_of_changes(pytester):
     assert pytester.runpytest(*common).ret == 0
     other = pytester.runpytest(*common[:3], f"{Path(mutations.__file__)}:relu_to_clamp_in_place", *common[4:])
     other.assert_outcomes(skipped=1)  # no golden folder for that transform yet
-    other.stdout.fnmatch_lines(["model * golden * changed", "edge_conv_bn_head * skip * yes"])
+    other.stdout.fnmatch_lines(["model * golden * changed", "edge_conv_bn_head * skip * graph+code"])
 
 
 def test_the_update_flag_without_the_golden_check_is_a_usage_error(pytester):

@@ -16,7 +16,7 @@ from fxverify.node_map import correspondence
 from tests import mutations
 
 DIVERGENCE_KEYS = {"result_node", "original_node", "op", "target", "code_line", "shape", "dtype", "max_abs",
-                   "max_rel", "how_mapped"}
+                   "max_rel", "how_mapped", "changed", "removed"}
 
 
 def test_the_first_divergent_node_of_a_broken_bn_fold_is_the_relu_reading_the_folded_conv():
@@ -32,6 +32,8 @@ def test_the_first_divergent_node_of_a_broken_bn_fold_is_the_relu_reading_the_fo
     assert divergence["max_abs"] > 0.1  # the running mean the fold dropped, scaled
     assert "code: relu = torch.nn.functional.relu(conv1" in result.message
     assert "reads nodes the transform changed: %conv1 (call_module conv1)" in result.message
+    assert (divergence["changed"], divergence["removed"]) == (["conv1"], ["bn1"])  # the fold removed the BN
+    assert "the original's nodes the transform removed before it: %bn1 (call_module bn1)" in result.message
     assert result.details["max_abs"] > 0  # the output numbers stay
 
 

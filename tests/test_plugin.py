@@ -24,7 +24,7 @@ def test_correct_transform_passes_with_readable_ids_and_summary(pytester):
         "*fxverify summary*",
         "transform *mutations.py:torch_fuse  [[]contract declared: modes=eval changes_parameters=yes[]]",
         "model * lint * determinism * numerics * gradients * devices * cuda * purity * changed",
-        "edge_conv_bn_head * pass * pass * pass * pass * pass * skip * pass * yes",
+        "edge_conv_bn_head * pass * pass * pass * pass * pass * skip * pass * state+graph+code+modules+meta",
     ])
 
 
@@ -37,15 +37,18 @@ def test_buggy_transform_fails_its_check_and_exits_1(pytester):
         "*fxverify numerics check failed*",
         "*model:      edge_conv_bn_head*",
         "*first node: %relu*",
-        "edge_conv_bn_head * pass * pass * FAIL * FAIL * pass * skip * pass * yes",
+        "edge_conv_bn_head * pass * pass * FAIL * FAIL * pass * skip * pass * state+graph+code+meta",
     ])
 
 
-def test_no_op_is_shown_in_the_summary(pytester):
-    result = pytester.runpytest("-p", "no:cacheprovider", "--fxverify", spec("transformer_identity"), EDGE,
-                                "--fxverify-checks=lint")
-    assert result.ret == 0
-    result.stdout.fnmatch_lines(["edge_conv_bn_head * pass * no-op"])
+def test_a_transform_that_changes_nothing_is_shown_as_verifying_nothing(pytester):
+    pytester.makepyfile(passes="def untouched(gm):\n    return None\n")
+    for transform, changed in (("passes.py:untouched", "no-op"), (spec("transformer_identity"), "code+meta")):
+        result = pytester.runpytest("-p", "no:cacheprovider", "--fxverify", transform, EDGE, "--fxverify-checks=lint")
+        assert result.ret == 0
+        result.stdout.fnmatch_lines([f"edge_conv_bn_head * pass * {changed}",
+                                     "WARNING: * changed the graph or parameters of none of the 1 models it ran on: "
+                                     "nothing it rewrites was verified*"])
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from fxverify.compare import Tolerance, compare_trees
 from fxverify.errors import CorpusError, FxVerifyError, TransformFailed, TransformLoadError
 from fxverify.graph_text import canonical_text
 from fxverify.pytest_items import parse_nodeid
-from fxverify.summary import format_table
+from fxverify.summary import format_table, rewrite_warning
 from fxverify.transform import Transform
 
 
@@ -171,12 +171,22 @@ def test_canonical_text_is_address_free_and_sensitive_to_order():
     assert canonical_text(gm.graph) != text
 
 
-def test_summary_table_lists_every_check_and_no_op():
-    table = format_table("p:f", "strict", {("m1", "lint"): "pass", ("m1", "numerics"): "FAIL", ("m2", "lint"): "skip"},
-                         ["lint", "numerics"], {"m1": False, "m2": True})
+def test_summary_table_lists_every_check_and_what_changed():
+    table = format_table("p:f", "strict", {("m1", "lint"): "pass", ("m1", "numerics"): "FAIL", ("m2", "lint"): "skip",
+                                           ("m3", "lint"): "FAIL"},
+                         ["lint", "numerics"], {"m1": ["graph", "state"], "m2": [], "m3": None})
     assert table.splitlines()[1].split() == ["model", "lint", "numerics", "changed"]
-    assert table.splitlines()[2].split() == ["m1", "pass", "FAIL", "yes"]
+    assert table.splitlines()[2].split() == ["m1", "pass", "FAIL", "graph+state"]
     assert table.splitlines()[3].split() == ["m2", "skip", "-", "no-op"]
+    assert table.splitlines()[4].split() == ["m3", "FAIL", "-", "?"]
+
+
+def test_a_transform_that_rewrites_nothing_is_warned_about_loudly():
+    assert "nothing it rewrites was verified" in rewrite_warning("p:f", {"m1": ["code", "meta"], "m2": []})
+    few = rewrite_warning("p:f", {"m0": ["graph"], **{f"m{i}": [] for i in range(1, 12)}})
+    assert "only 1 of the 12 models it ran on (m0)" in few
+    assert rewrite_warning("p:f", {"m1": ["graph"], "m2": ["state"], "m3": []}) is None
+    assert rewrite_warning("p:f", {"m1": None}) is None  # the transform failed: its failures say so
 
 
 def test_node_ids_group_by_transform_and_model():

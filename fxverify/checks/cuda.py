@@ -16,6 +16,9 @@ from fxverify.result import Finding, Skip, exception_summary
 
 
 def check(v: Any) -> dict[str, Any]:
+    if not v.contract.supports_device("cuda"):
+        raise Skip(f"the contract declares devices={'+'.join(v.contract.devices or ())}: the result is not meant "
+                   "to run on CUDA")
     if not torch.cuda.is_available():
         raise Skip("CUDA is not available (torch.cuda.is_available() is False): run on a GPU machine to check CUDA numerics")
     result = v.applied().result
@@ -24,12 +27,12 @@ def check(v: Any) -> dict[str, Any]:
     previous = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     try:
-        module = copy.deepcopy(result).to("cuda")
-        with torch.no_grad():
-            try:
+        try:
+            module = copy.deepcopy(result).to("cuda")
+            with torch.no_grad():
                 actual = module(*config.make(v.case.seed, device="cuda"))
-            except Exception as exc:
-                raise Finding(f"the result moved to CUDA raised {exception_summary(exc)}", input=where) from None
+        except Exception as exc:
+            raise Finding(f"the result moved to CUDA raised {exception_summary(exc)}", input=where) from None
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
     actual = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.cpu(), actual)
@@ -37,7 +40,7 @@ def check(v: Any) -> dict[str, Any]:
         actual,
         v.outputs("original", config),
         tolerance=v.tolerance,
-        fp64_expected=lambda: v.outputs("original", config, torch.float64),
+        fp64_expected=None if v.float64_problem else lambda: v.outputs("original", config, torch.float64),
     )
     if found is not None:
         raise Finding(f"CUDA outputs differ from the CPU reference: {found.describe()}", input=where, where=found.path)

@@ -1,27 +1,69 @@
 """determinism: the transform gives the same graph and code every time.
 
-A pass that iterates a ``set`` of nodes orders its output by object address
-(which changes with the allocator) or by string hash (which changes with
-``PYTHONHASHSEED``). The transform is applied to independent fresh traces in
-this process, with the allocator perturbed between runs, and the canonical
-graph and code are compared; then with a digest computed in another process
-under a different hash seed (one long-lived server process for the whole run,
-see :mod:`fxverify.crossprocess`).
+A pass that iterates a ``set`` of nodes orders its output by the nodes' hashes
+(their object addresses) or, for a set of names, by string hash (which changes
+with ``PYTHONHASHSEED``). The transform is applied to two more fresh traces in
+this process whose nodes hash in graph order and in reverse graph order (see
+:func:`hash_ordered_copy`), so a set of nodes iterates one way, then the other:
+an order-dependent pass gives two graphs, every time, where address-dependent
+reruns would agree by chance. Their canonical graph and code are compared; then
+with a digest computed in another process under a different hash seed (one
+long-lived server process for the whole run, see :mod:`fxverify.crossprocess`).
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
-import random
+import itertools
+from collections.abc import Iterator
 from typing import Any
 
+import torch.fx.graph as fx_graph
 from torch import fx, nn
 
 from fxverify.graph_text import canonical_text
 from fxverify.module_state import first_line_difference
 from fxverify.result import Finding, Skip
 
-IN_PROCESS_RUNS = 2
+ORDERS = ("ascending", "descending")  # how the nodes of the reruns' traces hash: in graph order, reversed
+
+
+class _HashOrderedNode(fx.Node):
+    """A Node whose hash is set when it is made (``hash_ordered_copy``), not its address."""
+
+    _order_hash: int
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._order_hash = next(_next_hash)  # before Node.__init__, which puts the node in dicts
+        super().__init__(*args, **kwargs)
+
+    def __hash__(self) -> int:
+        return self._order_hash
+
+
+_next_hash: Iterator[int] = iter(())
+
+
+def hash_ordered_copy(gm: fx.GraphModule, order: str) -> fx.GraphModule:
+    """A copy of ``gm`` whose nodes hash to small integers in graph order (``"ascending"``) or in
+    reverse graph order (``"descending"``): a ``set`` of its nodes iterates in that order (a set
+    puts a small integer hash at that slot of its table), whatever the addresses.
+
+    >>> gm = fx.symbolic_trace(nn.Sequential(nn.ReLU(), nn.Tanh(), nn.Sigmoid()))
+    >>> [n.name for n in set(hash_ordered_copy(gm, "descending").graph.nodes)]
+    ['output', '_2', '_1', '_0', 'input_1']
+    """
+    global _next_hash
+    step = 1 if order == "ascending" else -1
+    _next_hash = itertools.count(1 if step == 1 else -2, step)  # -1 is no hash: CPython makes it -2
+    plain = fx_graph.Node
+    fx_graph.Node = _HashOrderedNode  # Graph.create_node makes its nodes from this name
+    try:
+        return copy.deepcopy(gm)
+    finally:
+        fx_graph.Node = plain
+        _next_hash = iter(())
 
 
 def fingerprint(module: nn.Module) -> str:
@@ -37,24 +79,28 @@ def digest(module: nn.Module) -> str:
 
 
 def check(v: Any) -> dict[str, Any]:
+    mode = v.contract.primary_mode
     first = fingerprint(v.applied().result)
-    for run in range(IN_PROCESS_RUNS):
-        ballast = _perturb_allocator(run)
-        again = fingerprint(v.transformed_fresh(v.contract.primary_mode))
-        del ballast
+    runs = {}
+    for order in ORDERS:
+        runs[order] = fingerprint(v.apply_to(hash_ordered_copy(v.case.trace(training=mode == "train"), order), mode))
+    for order, again in runs.items():
         if again != first:
             raise Finding(
-                "two fresh traces transformed in the same process gave different graphs "
-                "(node order, names or users depend on object addresses: is a set or id() iterated?)",
+                "fresh traces transformed in the same process gave different graphs: with the nodes hashing in "
+                f"{order} graph order the transform made another graph than with the nodes hashing by address "
+                "(its output depends on the order of a set or dict of nodes, or on id(): iterate the graph's "
+                "node list, or sort)",
                 where=first_line_difference(first, again),
             )
+    in_process = {"in_process_runs": 1 + len(ORDERS)}
     if v.cross_process is None:
-        return {"in_process_runs": IN_PROCESS_RUNS + 1, "cross_process": "not run (no cross-process runner)"}
+        return {**in_process, "cross_process": "not run (no cross-process runner)"}
     other = v.cross_process(v.case.name)
     if other.startswith("error:"):
         raise Finding(f"the cross-process run (different PYTHONHASHSEED) failed: {other[6:].strip()}")
     if other.startswith("skip:"):
-        return {"in_process_runs": IN_PROCESS_RUNS + 1, "cross_process": other}
+        return {**in_process, "cross_process": other}
     here = digest(v.applied().result)
     if other != here:
         raise Finding(
@@ -62,10 +108,4 @@ def check(v: Any) -> dict[str, Any]:
             "(node order depends on string hashing: is a set of names or targets iterated?)",
             where=f"digest here {here}, in the other process {other}",
         )
-    return {"in_process_runs": IN_PROCESS_RUNS + 1, "cross_process": "same digest"}
-
-
-def _perturb_allocator(run: int) -> list[object]:
-    """Allocate a random number of objects of assorted sizes so new objects get other addresses."""
-    rng = random.Random(run)
-    return [object() if i % 3 else [0] * rng.randint(1, 64) for i in range(rng.randint(500, 5000))]
+    return {**in_process, "cross_process": "same digest"}

@@ -4,13 +4,20 @@ A plain tensor attribute (not a registered parameter or buffer) stays behind
 when the module is moved: fine on CPU in float32, wrong on CUDA or in float64.
 Checked on CPU: the result must hold no tensor that ``.to()`` cannot convert
 (tensors the original already held that way are not blamed on the
-transform), no node may create tensors on a hard-coded device, and moved to
-the meta device it must run there.
+transform), no node may create tensors on a hard-coded device, it must run in
+float64 where the original does, and moved to the meta device it must run there.
+
+A result built for one backend by design (mkldnn layouts, an op with CPU
+kernels only, as ``optimize_for_inference`` and dynamic quantization make) is
+told apart from a graph that forgets to move: the failure says which, and a
+contract that declares it (``devices=("cpu",)``, ``dtypes=("float32",)``)
+skips the stages that do not apply, saying why.
 """
 
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 import torch
@@ -19,13 +26,40 @@ from torch import fx, nn
 from fxverify.recording import RecordingInterpreter
 from fxverify.result import Finding, Skip, exception_summary
 
+_NO_KERNEL = re.compile(r"Could not run '(?P<op>[\w:.]+)' with arguments from the '(?P<backend>\w+)' backend")
+_DEVICE_MISMATCH = ("Expected all tensors to be on the same device", "found at least two devices")
+_DATA_DEPENDENT = ("cannot be called on meta tensors", "Cannot copy out of meta tensor", "data-dependent",
+                   "item() on meta", "meta tensors have no data")
+
 
 def check(v: Any) -> dict[str, Any]:
     applied = v.applied()
     result = applied.result
     if not isinstance(result, fx.GraphModule):
         raise Skip(f"the transform returned a {type(result).__name__}, not a GraphModule")
-    already_stuck = set(_unmovable_tensors(applied.original))
+    contract = v.contract
+    moves = contract.moves or contract.supports_dtype("float64")
+    if moves:
+        _check_unmovable(applied.original, result)
+    if contract.moves:
+        already_pinned = _pinned_devices(applied.original)
+        for name, device in _pinned_devices(result).items():
+            if already_pinned.get(name) != device:
+                raise Finding(
+                    f"%{name} creates a tensor on the hard-coded device {device!r}: it stays there when the "
+                    "module is moved. Derive the device from an input (x.device) instead",
+                    node=f"%{name}",
+                )
+    details: dict[str, Any] = {"float64": _check_float64(v)}
+    if contract.moves:
+        details["meta_run"] = _run_on_meta(v, applied)
+    else:
+        details["meta_run"] = f"skipped: the contract declares devices={'+'.join(contract.devices or ())}"
+    return details
+
+
+def _check_unmovable(original: nn.Module, result: fx.GraphModule) -> None:
+    already_stuck = set(_unmovable_tensors(original))
     for where, tensor in _unmovable_tensors(result).items():
         if where not in already_stuck:
             raise Finding(
@@ -34,15 +68,24 @@ def check(v: Any) -> dict[str, Any]:
                 "(or as an nn.Parameter)",
                 where=where,
             )
-    already_pinned = _pinned_devices(applied.original)
-    for name, device in _pinned_devices(result).items():
-        if already_pinned.get(name) != device:
-            raise Finding(
-                f"%{name} creates a tensor on the hard-coded device {device!r}: it stays there when the "
-                "module is moved. Derive the device from an input (x.device) instead",
-                node=f"%{name}",
-            )
-    return {"meta_run": _run_on_meta(v, applied)}
+
+
+def _check_float64(v: Any) -> str:
+    """The result must run in float64 where the original does, unless the contract says float32 only."""
+    if not v.contract.supports_dtype("float64"):
+        return "skipped: the contract declares dtypes=float32"
+    if v.float64_problem is not None:
+        return f"skipped: the original does not run in float64 ({v.float64_problem})"
+    problem = v.result_float64_problem
+    if problem is None:
+        return "runs"
+    raise Finding(
+        f"the result does not run in float64 where the original does: {problem}. A module moved with "
+        "module.to(torch.float64) (or another dtype) fails. If the transform makes float32-only modules by "
+        "design (mkldnn layouts, quantized kernels), declare @fxverify.contract(dtypes=('float32',)); "
+        "otherwise keep dtypes out of the graph (read them from the inputs)",
+        input=f"{v.primary.describe()}, float64",
+    )
 
 
 def _pinned_devices(module: fx.GraphModule) -> dict[str, str]:
@@ -73,12 +116,16 @@ def _unmovable_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
     return found
 
 
-def _run_on_meta(v: Any, applied: Any) -> bool:
+def _run_on_meta(v: Any, applied: Any) -> str:
     config = v.primary
     inputs = config.make(v.case.seed, device="meta")
+    where = f"{config.describe()} on device 'meta'"
 
     def run(module: fx.GraphModule) -> tuple[Exception | None, fx.Node | None]:
-        interpreter = RecordingInterpreter(_meta_copy(module))
+        try:
+            interpreter = RecordingInterpreter(_meta_copy(module))
+        except Exception as exc:  # the module's tensors do not move to meta
+            return exc, None
         try:
             with torch.no_grad():
                 interpreter.run(*inputs)
@@ -88,16 +135,57 @@ def _run_on_meta(v: Any, applied: Any) -> bool:
 
     error, _ = run(applied.original)
     if error is not None:
-        return False  # the original cannot run on meta (data-dependent ops): nothing to compare
+        return "not judged: the original does not run on meta either"  # data-dependent ops, say
     error, node = run(applied.result)
-    if error is not None:
+    if error is None:
+        return "runs"
+    at = f"%{node.name} ({node.op} {node.target})" if node is not None else None
+    backend = _backend_specific(applied.result, error)
+    if backend is not None:
         raise Finding(
-            f"the result moved to the meta device fails to run: {exception_summary(error)}. "
-            "Look for a hard-coded device or a tensor created outside the graph",
-            input=f"{config.describe()} on device 'meta'",
-            node=f"%{node.name} ({node.op} {node.target})" if node is not None else None,
+            f"the result is specific to one backend: {backend}. It cannot move off the CPU (to CUDA, or to meta, "
+            "where it was tried). If the transform makes CPU-only modules by design, declare "
+            "@fxverify.contract(devices=('cpu',)); otherwise keep backend-specific tensors and ops out of it",
+            input=where, node=at,
         )
-    return True
+    text = exception_summary(error)
+    if any(marker in text for marker in _DATA_DEPENDENT) or _no_kernel(error) is not None:
+        return f"not judged: {text}"
+    advice = ""
+    if any(marker in text for marker in _DEVICE_MISMATCH) or ("'meta'" in text and "cpu" in text.lower()):
+        advice = (". A tensor the graph reads is not on the module's device: look for a hard-coded device, or a "
+                  "tensor created without device= (derive it from an input: x.device)")
+    raise Finding(f"the result moved to the meta device fails to run, while the original runs there: {text}{advice}",
+                  input=where, node=at)
+
+
+def _no_kernel(error: BaseException) -> str | None:
+    """The op named by a dispatcher error saying it has no kernel for a backend, else None."""
+    found = _NO_KERNEL.search(exception_summary(error))
+    return found.group("op") if found else None
+
+
+def _backend_specific(result: nn.Module, error: BaseException) -> str | None:
+    """Why ``result`` cannot leave the CPU by design, or None: it holds tensors of a CPU-only
+    layout (mkldnn), or the op that failed on meta has kernels for the CPU only."""
+    for name, tensor in [*result.named_parameters(), *result.named_buffers()]:
+        if tensor.layout == torch._mkldnn:
+            return f"it holds mkldnn tensors ({name!r}), which exist on the CPU only"
+    op = _no_kernel(error)
+    if op is not None and _has_kernel(op, "Meta") is False and _has_kernel(op, "CUDA") is False:
+        return f"it calls {op}, which has kernels for the CPU only (none for meta or CUDA)"
+    if "mkldnn" in exception_summary(error).lower():
+        return f"it uses mkldnn, which runs on the CPU only ({exception_summary(error)})"
+    return None
+
+
+def _has_kernel(op: str, backend: str) -> bool | None:
+    """Whether the dispatcher has a kernel of ``op`` (``quantized::linear_dynamic_fp16``) for
+    ``backend``; None when it does not know the name."""
+    try:
+        return bool(torch._C._dispatch_has_kernel_for_dispatch_key(op, backend))
+    except RuntimeError:
+        return None
 
 
 def _meta_copy(module: nn.Module) -> nn.Module:

@@ -1,10 +1,12 @@
 """gradients: backward through the result matches backward through the original.
 
 Gradients with respect to the inputs, and to every parameter the transform
-kept unchanged, are compared in float64. Unless the contract says
-``changes_parameters=True``, every parameter must be kept. A parameter of the
-original that survives in the result as a tensor must still be a trainable
-``nn.Parameter``. A gradient difference names the first kept node whose value
+kept unchanged, are compared in float64. Parameters are matched by identity,
+then by name, then by value (:mod:`fxverify.parameters`): one the transform
+moved to another path (``split_module``, a wrapper) is kept. Unless the
+contract says ``changes_parameters=True``, every parameter must be kept. When
+the contract covers train mode, a parameter of the original that survives in
+the result as a tensor must still be a trainable ``nn.Parameter``. A gradient difference names the first kept node whose value
 differs, or else the kept node nearest the outputs whose gradient differs
 (:mod:`fxverify.localise`; ``details["divergence"]``).
 """
@@ -19,29 +21,28 @@ from torch import fx, nn
 
 from fxverify.compare import compare_values
 from fxverify.localise import differentiable, localise, localise_gradients
-from fxverify.module_state import resolve, tensors_equal
+from fxverify.parameters import FROZEN, MOVED, Fate
 from fxverify.result import Finding, Skip, exception_summary
 
 
 def check(v: Any) -> dict[str, Any]:
     applied = v.applied()
-    original_params = dict(applied.original.named_parameters())
-    _check_still_trainable(original_params, applied.result)
-    kept = _kept_parameters(v, original_params, applied.result)
-    if v.float64_problem is not None:
-        raise Skip(f"gradients are compared in float64, and the original does not run in float64 ({v.float64_problem})")
+    compared = _surviving_parameters(v, [f for f in applied.fates if f.is_parameter])
+    if v.float64_skip is not None:
+        raise Skip(f"gradients are compared in float64, and {v.float64_skip}")
     original, result = v.module("original", torch.float64), v.module("result", torch.float64)
     config = v.primary
     where = f"{config.describe()}, float64, {applied.mode} mode, loss = sum(outputs * fixed random weights)"
     try:
-        expected = _gradients(original, config.make(v.case.seed, dtype=torch.float64), v.case.seed, kept)
+        expected = _gradients(original, config.make(v.case.seed, dtype=torch.float64), v.case.seed,
+                              {name: name for name in compared})
     except Exception as exc:  # e.g. an op without a derivative (floor_divide), or an in-place op on a saved value
         raise Skip(f"backward through the original raised {exception_summary(exc)}: there are no gradients to "
                    "compare the result's with") from None
     if expected is None:
         raise Skip("the original's outputs do not depend differentiably on its inputs or parameters")
     try:
-        actual = _gradients(result, config.make(v.case.seed, dtype=torch.float64), v.case.seed, kept)
+        actual = _gradients(result, config.make(v.case.seed, dtype=torch.float64), v.case.seed, compared)
     except Exception as exc:
         raise Finding(f"backward through the result raised {exception_summary(exc)}", input=where) from None
     if actual is None:
@@ -54,7 +55,8 @@ def check(v: Any) -> dict[str, Any]:
             finding = Finding(f"gradients differ: {found.describe()}", input=where, where=found.path)
             _localise_into(v, finding, original, result, config.make(v.case.seed, dtype=torch.float64))
             raise finding
-    return {"inputs_and_parameters_compared": len(expected)}
+    moved = [f.describe() for f in applied.fates if f.kind == MOVED]
+    return {"inputs_and_parameters_compared": len(expected), "moved": moved}
 
 
 def _localise_into(v: Any, finding: Finding, original: nn.Module, result: nn.Module, inputs: tuple[Any, ...]) -> None:
@@ -77,49 +79,24 @@ def _localise_into(v: Any, finding: Finding, original: nn.Module, result: nn.Mod
         finding.details["divergence"] = divergence.details()
 
 
-def _kept_parameters(v: Any, original: dict[str, nn.Parameter], result: nn.Module) -> list[str]:
-    now = dict(result.named_parameters())
-    kept, changed = [], []
-    for name, param in original.items():
-        if name in now and tensors_equal(now[name], param):
-            kept.append(name)
-        else:
-            changed.append(name)
-    if changed and not v.contract.changes_parameters:
-        name = changed[0]
-        how = "was removed" if name not in now else "changed value or shape"
+def _surviving_parameters(v: Any, fates: list[Fate]) -> dict[str, str]:
+    """The original's parameters the result still holds as trainable parameters, by their name in
+    the original -> their name in the result (moved ones included: the same tensors under another
+    path are no change). Raises a Finding for a parameter that no longer trains when the contract
+    covers train mode, or for any parameter not kept when the contract does not allow changing them."""
+    frozen = [f for f in fates if f.kind == FROZEN]
+    if frozen and "train" in v.contract.modes:
+        raise Finding(f"{frozen[0].describe()} ({len(frozen)} of {len(fates)} parameters no longer train). Keep "
+                      "it an nn.Parameter with requires_grad=True", where=f"parameter {frozen[0].name!r}")
+    lost = [f for f in fates if not f.survives]
+    if lost and not v.contract.changes_parameters:
         raise Finding(
-            f"parameter {name!r} {how} ({len(changed)} of {len(original)} parameters were not kept). "
-            "If the transform is meant to rewrite parameters (a fusion), declare "
+            f"{lost[0].describe()} ({len(lost)} of {len(fates)} parameters were not kept). "
+            "If the transform is meant to rewrite parameters (a fusion, or freezing them for inference), declare "
             "@fxverify.contract(changes_parameters=True)",
-            where=f"parameter {name!r}",
+            where=f"parameter {lost[0].name!r}",
         )
-    return kept
-
-
-def _check_still_trainable(original: dict[str, nn.Parameter], result: nn.Module) -> None:
-    for name, param in original.items():
-        try:
-            now = resolve(result, name)
-        except AttributeError:
-            continue
-        if isinstance(now, torch.Tensor) and (not isinstance(now, nn.Parameter) or not now.requires_grad):
-            raise Finding(
-                f"parameter {name!r} survives in the result as a {'frozen' if isinstance(now, nn.Parameter) else 'plain'} "
-                "tensor: it will not train. Keep it an nn.Parameter with requires_grad=True",
-                where=f"parameter {name!r}",
-            )
-    if isinstance(result, fx.GraphModule):
-        for node in result.graph.find_nodes(op="get_attr"):
-            value = resolve(result, str(node.target))
-            if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter):
-                for name, param in original.items():
-                    if tensors_equal(value, param):
-                        raise Finding(
-                            f"parameter {name!r} survives as the plain tensor {node.target!r} read by get_attr "
-                            f"%{node.name}: it will not train. Register it as an nn.Parameter",
-                            node=f"%{node.name}",
-                        )
+    return {f.name: str(f.now) for f in fates if f.survives}
 
 
 def _loss(outputs: Any, seed: int) -> torch.Tensor:
@@ -129,7 +106,10 @@ def _loss(outputs: Any, seed: int) -> torch.Tensor:
     return sum(weighted)  # type: ignore[return-value]
 
 
-def _gradients(module: nn.Module, inputs: tuple[torch.Tensor, ...], seed: int, params: list[str]) -> dict[str, torch.Tensor] | None:
+def _gradients(module: nn.Module, inputs: tuple[torch.Tensor, ...], seed: int,
+               params: dict[str, str]) -> dict[str, torch.Tensor] | None:
+    """Gradients of the loss w.r.t. the floating inputs and ``params`` (label -> name in ``module``),
+    labelled ``input 0`` and ``parameter '<label>'``; None when no output requires grad."""
     inputs = tuple(t.requires_grad_(True) if t.is_floating_point() else t for t in inputs)
     module.zero_grad(set_to_none=True)
     outputs = module(*inputs)
@@ -137,7 +117,8 @@ def _gradients(module: nn.Module, inputs: tuple[torch.Tensor, ...], seed: int, p
         return None
     _loss(outputs, seed).backward()
     grads = {f"input {i}": t.grad for i, t in enumerate(inputs) if t.is_floating_point() and t.grad is not None}
-    named = dict(module.named_parameters())
-    grads.update({f"parameter {n!r}": named[n].grad for n in params if n in named and named[n].grad is not None})
+    named = dict(module.named_parameters(remove_duplicate=False))
+    grads.update({f"parameter {label!r}": named[name].grad for label, name in params.items()
+                  if name in named and named[name].grad is not None})
     module.zero_grad(set_to_none=True)
     return grads

@@ -2,10 +2,15 @@
 
 Outputs are compared at every input configuration (batch sizes, spatial
 sizes, a large-magnitude set) in float32, judged against a float64 reference
-when not allclose; then in float64, tightly, together with the values of every
-node the transform kept; then in train mode unless the contract is eval-only,
-with the RNG reseeded so dropout masks match, including updated buffers such
-as BatchNorm running statistics.
+when not allclose (a result with new parameters is allowed what rounding them
+to float32 alone costs); then in float64, tightly, together with the values of
+every node the transform kept; then in train mode unless the contract is
+eval-only, with the RNG reseeded so dropout masks match, judged by the same
+float64-reference rule, including updated buffers such as BatchNorm running
+statistics. For a contract covering both modes, the result transformed in one
+mode and switched to the other (``.train()`` / ``.eval()``, as a training loop
+does between epochs and validation) must behave as the original trace switched
+the same way: a training flag baked in at transform time shows there.
 
 A failure names the first node whose float64 value diverges (see
 :mod:`fxverify.localise`; ``details["divergence"]``). With a repro directory
@@ -16,24 +21,27 @@ minimised (:mod:`fxverify.minimise`) and written as a standalone file
 
 from __future__ import annotations
 
+import copy
 import textwrap
+from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import fx, nn
 
-from fxverify.compare import Mismatch, compare_trees, compare_values
+from fxverify.compare import Mismatch, compare_trees, compare_values, leaves_with_paths, rmse_per_leaf
 from fxverify.errors import FxVerifyError
 from fxverify.localise import Localisation, localise
 from fxverify.module_state import tensor_state
-from fxverify.result import Finding, exception_summary
+from fxverify.result import Finding, ModuleRaised, exception_summary
 
 
 def check(v: Any) -> dict[str, Any]:
     compared = []
     for config in v.case.configs:
-        expected = _run_original(lambda: v.outputs("original", config), config.describe() + ", float32")
+        expected = v.outputs("original", config)
         try:
-            actual = _run(lambda: v.outputs("result", config), config.describe() + ", float32")
+            actual = v.outputs("result", config)
         except Finding as raised:
             raise _with_repro(v, raised) from None
         found = compare_trees(
@@ -41,6 +49,7 @@ def check(v: Any) -> dict[str, Any]:
             expected,
             tolerance=v.tolerance,
             fp64_expected=None if v.float64_problem else lambda config=config: v.outputs("original", config, torch.float64),
+            fp64_allowance=_rounding_allowance(v, config),
         )
         if found is not None:
             finding = _finding(found, f"{config.describe()}, float32, {v.contract.primary_mode} mode")
@@ -52,32 +61,33 @@ def check(v: Any) -> dict[str, Any]:
                 finding.node = f"not localised: {exception_summary(exc)}"
             raise _with_repro(v, finding)
         compared.append(config.name)
-    if v.float64_problem is not None:  # a float32 cast pinned in the graph, say: float32 results stand alone
-        located = None
-    else:
-        located = _float64_localisation(v)
+    located = None if v.float64_skip else _float64_localisation(v)
     if located is not None and (located.outputs is not None or located.divergence is not None):
         found = located.outputs
         what = (
             f"outputs differ: {found.describe()}" if found
             else "outputs agree, but a value the transform kept differs (a later op hides it)"
         )
+        copy_problem = _copy_problem(v) if found else None
+        if copy_problem:
+            what += f"\n{copy_problem}"
         finding = Finding(what, input=_float64_input(v), where=found.path if found else None, details=_numbers(found))
         _localise_into(finding, located)
         raise _with_repro(v, finding)
     modes = [m for m in v.contract.modes if m != v.contract.primary_mode]
-    for mode in modes:
-        try:
-            _compare_other_mode(v, mode)
-        except Finding as finding:
-            if v.repro_dir:
-                finding.what += f"\nno repro written: only failures in {v.contract.primary_mode} mode are minimised"
-            raise
+    try:
+        trained = [_compare_other_mode(v, mode) for mode in modes]
+        switched = _compare_switched_modes(v, trained[0]) if trained else []
+    except Finding as finding:
+        if v.repro_dir:
+            finding.what += f"\nno repro written: only failures in {v.contract.primary_mode} mode are minimised"
+        raise
     return {
         "configs": compared,
-        "float64": "compared" if located else f"skipped: the original does not run in float64 ({v.float64_problem})",
+        "float64": "compared" if located else f"skipped: {v.float64_skip}",
         "kept_nodes_compared": located.compared if located else 0,
         "other_modes": modes,
+        "switched_modes": switched,
     }
 
 
@@ -93,6 +103,51 @@ def _float64_localisation(v: Any) -> Localisation:
     original, result = v.module("original", torch.float64), v.module("result", torch.float64)
     inputs = v.primary.make(v.case.seed, dtype=torch.float64)
     return localise(original, result, inputs, v.float64_tolerance, guard=lambda run: _run(run, _float64_input(v)))
+
+
+def _rounding_allowance(v: Any, config: Any) -> Callable[[], list[float]] | None:
+    """For a result with new parameters, computed in float64 and stored in float32 (a fusion): what
+    rounding them alone costs, per output, in rmse: the float64 result against the float32 result
+    converted to float64. None when the result keeps the original's parameters, or when the float64
+    result is itself the float32 one converted (nothing to measure)."""
+    if not v.applied().rewrites_state or v.float64_skip or not v.float64_exact:
+        return None
+
+    def allowance() -> list[float]:
+        try:
+            rounded = copy.deepcopy(v.applied().result).to(torch.float64)
+            with torch.no_grad():
+                outputs = rounded(*config.make(v.case.seed, dtype=torch.float64))
+        except Exception:  # a result that cannot be converted: no allowance, the rule as for any result
+            return [0.0] * len(leaves_with_paths(v.outputs("result", config))[0])
+        return rmse_per_leaf(outputs, v.outputs("result", config, torch.float64))
+
+    return allowance
+
+
+def _copy_problem(v: Any) -> str | None:
+    """When the float64 result is a converted copy of the result: whether ``copy.deepcopy`` of the
+    result already computes something else in float32 (say, a copy that loses its eval mode)."""
+    applied = v.applied()
+    if applied.rewrites_state:
+        return None  # the float64 result is the transform applied again, not a copy
+    result = applied.result
+    try:
+        copied = copy.deepcopy(result)
+        with torch.no_grad():
+            outputs = copied(*v.primary.make(v.case.seed))
+    except Exception as exc:
+        return f"fxverify runs the float64 stage on copy.deepcopy(result).to(torch.float64); the copy raises: {exception_summary(exc)}"
+    found = compare_trees(outputs, v.outputs("result"), tolerance=v.tolerance)
+    if found is None:
+        return None
+    mode = ""
+    if copied.training != result.training:
+        mode = (f" (the copy is in {'train' if copied.training else 'eval'} mode, the result in "
+                f"{'train' if result.training else 'eval'} mode)")
+    return ("fxverify runs the float64 stage on copy.deepcopy(result).to(torch.float64), and copy.deepcopy(result) "
+            f"already computes something else in float32{mode}: {found.describe()}. The result does not survive "
+            "copy.deepcopy (as torch.save, checkpoints and many passes copy it): make its copy behave like it")
 
 
 def _localise_into(finding: Finding, located: Localisation) -> None:
@@ -130,22 +185,62 @@ def _with_repro(v: Any, finding: Finding) -> Finding:
     return finding
 
 
-def _compare_other_mode(v: Any, mode: str) -> None:
-    """Trace, transform and run in ``mode`` (train): outputs and buffers after one step."""
+def _compare_other_mode(v: Any, mode: str) -> tuple[fx.GraphModule, nn.Module]:
+    """Trace, transform and run in ``mode`` (train): outputs and buffers after one step. Returns
+    the trace and the result (both run once) for the switched-mode comparison."""
     original = v.case.trace(training=mode == "train")
     result = v.transformed_fresh(mode)
+    _compare_runs(v, original, result, f"{mode} mode (RNG reseeded per run)")
+    return original, result
+
+
+def _compare_switched_modes(v: Any, trained: tuple[fx.GraphModule, nn.Module]) -> list[str]:
+    """The result transformed in one mode and switched to the other must behave like the original
+    trace switched the same way: a transform that reads ``module.training`` when it runs and writes
+    it into the graph (``F.dropout(x, p, training=False)``) breaks the ``.train()`` / ``.eval()``
+    switch every training loop makes. Comparing with the switched trace leaves out what tracing
+    itself bakes in (``if self.training:`` in a module traced through)."""
+    applied = v.applied()
+    pairs = [("eval", "train", applied.original, applied.result), ("train", "eval", *trained)]
+    done = []
+    for source, target, original, result in pairs:
+        try:
+            result = copy.deepcopy(result)
+        except Exception:  # lint reports a result that cannot be copied
+            continue
+        switched = (copy.deepcopy(original).train(target == "train"), result.train(target == "train"))
+        _compare_runs(v, *switched, f"transformed in {source} mode, then switched to {target} mode with "
+                                    f".{target}() (RNG reseeded per run)", switched_from=source)
+        done.append(f"{source}->{target}")
+    return done
+
+
+def _compare_runs(v: Any, original: nn.Module, result: nn.Module, how: str, *, switched_from: str | None = None) -> None:
+    """Run ``original`` and ``result`` once on the primary inputs with the RNG reseeded; compare
+    outputs (judged against the original run in float64 with the same seed) and buffers after the run."""
     config = v.primary
-    where = f"{config.describe()}, float32, {mode} mode (RNG reseeded per run)"
-    runs = []
-    for module, run in ((original, _run_original), (result, _run)):
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
-            torch.manual_seed(v.case.seed + 1)
-            outputs = run(lambda: module(*config.make(v.case.seed)), where)
-        runs.append((outputs, module))
-    (expected, original), (actual, result) = runs
-    found = compare_trees(actual, expected, tolerance=v.tolerance)
+    where = f"{config.describe()}, float32, {how}"
+    reference = None
+    if v.float64_problem is None:
+        try:
+            reference = copy.deepcopy(original).to(torch.float64)
+        except Exception:  # no float64 reference: plain float32 tolerances
+            reference = None
+    expected = _run_reseeded(v, original, config.make(v.case.seed), where, original=True)
+    actual = _run_reseeded(v, result, config.make(v.case.seed), where)
+
+    def fp64() -> Any:
+        return _run_reseeded(v, reference, config.make(v.case.seed, dtype=torch.float64), where, original=True)
+
+    found = compare_trees(actual, expected, tolerance=v.tolerance, fp64_expected=fp64 if reference is not None else None)
     if found is not None:
-        raise _finding(found, where)
+        finding = _finding(found, where)
+        if switched_from:
+            finding.what += (f"\nthe result does not follow the switch as the original trace does: the transform "
+                             f"baked {switched_from} mode into the graph (it read module.training when it ran, or "
+                             "removed a module that behaves differently in the two modes); keep what depends on "
+                             "the mode in modules, read at run time")
+        raise finding
     before, after = tensor_state(original), tensor_state(result)
     parameters = {name for name, _ in original.named_parameters()}
     for name in sorted((before.keys() & after.keys()) - parameters):
@@ -154,6 +249,12 @@ def _compare_other_mode(v: Any, mode: str) -> None:
             raise Finding(
                 f"buffers updated differently: {found_buffer.describe()}", input=where, where=found_buffer.path
             )
+
+
+def _run_reseeded(v: Any, module: nn.Module, inputs: tuple[Any, ...], where: str, *, original: bool = False) -> Any:
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(v.case.seed + 1)
+        return _run(lambda: module(*inputs), where, original=original)
 
 
 def _finding(found: Mismatch, where: str) -> Finding:
@@ -166,19 +267,8 @@ def _numbers(found: Mismatch | None) -> dict[str, Any]:
     return {"max_abs": found.max_abs, "max_rel": found.max_rel}
 
 
-ORIGINAL_RAISED = (
-    "the original model itself raised when run, before any transform: {error}. Not the transform's doing: "
-    "the corpus entry cannot run this configuration; fix its inputs, batch_sizes or spatial_sizes"
-)
-RESULT_RAISED = "the transformed module raised when run: {error}"
-
-
-def _run_original(fn: Any, where: str) -> Any:
-    return _run(fn, where, ORIGINAL_RAISED)
-
-
-def _run(fn: Any, where: str, message: str = RESULT_RAISED) -> Any:
+def _run(fn: Any, where: str, *, original: bool = False) -> Any:
     try:
         return fn()
     except Exception as exc:
-        raise Finding(message.format(error=exception_summary(exc)), input=where) from None
+        raise ModuleRaised("original" if original else "result", exc, where) from None

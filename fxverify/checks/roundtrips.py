@@ -47,7 +47,7 @@ from torch.fx.operator_schemas import normalize_function
 from fxverify import tracing
 from fxverify.compare import compare_trees
 from fxverify.graph_text import canonical_text
-from fxverify.module_state import first_line_difference
+from fxverify.module_state import first_line_difference, resolve
 from fxverify.recording import RecordingInterpreter
 from fxverify.result import Finding, Skip, exception_summary
 
@@ -63,6 +63,7 @@ def check_retrace(v: Any) -> dict[str, Any]:
 
 
 def check_to_folder(v: Any) -> dict[str, Any]:
+    _require_serializable(v)
     result = v.applied().result
     if isinstance(result, fx.GraphModule) and _WRAP_REGISTRATION in result.code:
         raise Skip("torch's to_folder() cannot export code that registers torch.fx.wrap-ed functions (it puts "
@@ -74,7 +75,14 @@ _WRAP_REGISTRATION = "torch.fx._symbolic_trace.wrap("
 
 
 def check_pickle(v: Any) -> dict[str, Any]:
+    _require_serializable(v)
     return _round_trip(v, _pickle, retraces=True)  # unpickling re-traces the code
+
+
+def _require_serializable(v: Any) -> None:
+    if not v.contract.serializable:
+        raise Skip("the contract declares the result not serializable (serializable=False): a run-time "
+                   "optimisation that torch.save cannot write, so it is not saved and loaded")
 
 
 def check_interpreter(v: Any) -> dict[str, Any]:
@@ -141,7 +149,7 @@ def _retrace(v: Any, which: str) -> None:
         graph = _step(f"re-tracing with {name}", lambda: tracer().trace(module))
     finally:
         tracing.forget_unpatchable_wraps()
-    _same_graph(module.graph, graph,
+    _same_graph(module, module.graph, module, graph,
                 f"re-tracing the generated code with {name} gives another graph: a call_function target that is a "
                 "plain Python function is traced into unless registered with torch.fx.wrap; a pass that retraces "
                 "will see the other graph")
@@ -168,7 +176,7 @@ def _pickle(v: Any, which: str) -> None:
     del copied  # one extra copy of a big model in memory at a time
     loaded = _step("pickle.loads", functools.partial(pickle.loads, data))  # re-traces the pickled code
     del data
-    _same_graph(module.graph, loaded.graph, "the unpickled module has another graph")
+    _same_graph(module, module.graph, loaded, loaded.graph, "the unpickled module has another graph")
     _same_outputs(v, which, loaded, "the unpickled module computes something else")
 
 
@@ -200,23 +208,41 @@ def _same_code(module: fx.GraphModule, other: fx.GraphModule, what: str) -> None
         raise Finding(what, where=first_line_difference(module.code, other.code))
 
 
-def _same_graph(graph: fx.Graph, other: fx.Graph, what: str) -> None:
+def _same_graph(owner: nn.Module, graph: fx.Graph, other_owner: nn.Module, other: fx.Graph, what: str) -> None:
     """Isomorphic: the same anonymous canonical text (see :mod:`fxverify.graph_text`) once
     equivalent spellings are made one: call_function arguments bound by keyword
     (``normalize_function``: ``relu(input=x)`` and ``relu(x)`` are one call; a re-trace binds them
-    positionally), and attribute reads nothing uses left out (tracing creates those lazily, so a
-    re-trace of ``y = x.ndim; y = None`` drops them)."""
-    before, after = _isomorphism_form(graph), _isomorphism_form(other)
+    positionally), attribute reads nothing uses left out (tracing creates those lazily, so a
+    re-trace of ``y = x.ndim; y = None`` drops them), and get_attr / call_module targets named by
+    the first path at which their object is found (after a fusion or a partition one module can be
+    reachable under two paths, and a re-trace names it by the first)."""
+    before, after = _isomorphism_form(graph, owner), _isomorphism_form(other, other_owner)
     if before != after:
         raise Finding(f"{what} (nodes numbered, names ignored, arguments bound by keyword)",
                       where=first_line_difference(before, after))
 
 
-def _isomorphism_form(graph: fx.Graph) -> str:
+def _first_paths(owner: nn.Module) -> dict[int, str]:
+    """``id()`` of each submodule, parameter and buffer of ``owner`` -> the first path it is found at,
+    in the order a tracer looks (``named_modules``, ``named_parameters``, ``named_buffers``)."""
+    paths: dict[int, str] = {}
+    for found in (owner.named_modules(), owner.named_parameters(), owner.named_buffers()):
+        for path, obj in found:
+            paths.setdefault(id(obj), path)
+    return paths
+
+
+def _isomorphism_form(graph: fx.Graph, owner: nn.Module) -> str:
     graph = copy.deepcopy(graph)
+    paths = _first_paths(owner)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # normalize_function warns about type hints it cannot build
         for node in list(graph.nodes):
+            if node.op in ("get_attr", "call_module"):
+                try:
+                    node.target = paths.get(id(resolve(owner, str(node.target))), node.target)
+                except AttributeError:  # lint reports targets that do not resolve
+                    pass
             if node.op != "call_function":
                 continue
             if node.target is getattr and not node.users:

@@ -20,10 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from fxverify.reports.records import FIGURES, header
+from fxverify.summary import changed_cell, rewrite_warning
 
 Record = Mapping[str, Any]
 
-SHORT = {"passed": "pass", "failed": "FAIL", "skipped": "skip", "xfailed": "xfail"}
+SHORT = {"passed": "pass", "failed": "FAIL", "error": "ERROR", "skipped": "skip", "xfailed": "xfail"}
+SHOWN = ("failed", "error")  # outcomes with a section of their own
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 1.5em; color: #1d1d1f; }
@@ -34,7 +36,8 @@ table.matrix th, table.matrix td { border: 1px solid #ccc; padding: .25em .6em; 
 table.matrix th.model { text-align: left; font-weight: normal; font-family: monospace; }
 td.passed { background: #d9f2dc; } td.failed { background: #f8c9c9; font-weight: bold; }
 td.skipped { background: #eee; color: #666; } td.xfailed { background: #fbe7c6; }
-td.failed a { color: #8b0000; }
+td.failed a { color: #8b0000; } td.error { background: #e4d4f4; font-weight: bold; }
+td.changed { font-family: monospace; font-size: .85em; }
 section.failure { border-top: 2px solid #d33; margin-top: 1.5em; padding-top: .5em; }
 pre.message { background: #f6f6f6; padding: .6em; overflow-x: auto; font-size: .85em; }
 table.numbers td { padding: .1em .8em .1em 0; font-family: monospace; }
@@ -70,7 +73,7 @@ def render_html(records: Iterable[Record], head: Mapping[str, Any] | None = None
         "<h1>fxverify report</h1>",
         f'<p class="meta">{escape(head["created"])} &middot; {escape(versions)} &middot; {escape(counts)}</p>',
     ]
-    failures = [r for r in records if r["outcome"] == "failed"]
+    failures = [r for r in records if r["outcome"] in SHOWN]
     anchors = {id(r): f"failure-{i}" for i, r in enumerate(failures, 1)}
     for transform in dict.fromkeys(r["transform"] for r in records):
         parts.append(_matrix(transform, [r for r in records if r["transform"] == transform], anchors))
@@ -99,12 +102,17 @@ def _counts(records: list[Record]) -> str:
 
 
 def _matrix(transform: str, records: list[Record], anchors: Mapping[int, str]) -> str:
-    """One transform's table: a row per model, a column per check, cells linking to failures."""
+    """One transform's table: a row per model, a column per check, cells linking to failures, and
+    what the transform changed on each model; a warning above it when it rewrote (almost) nothing."""
     checks = list(dict.fromkeys(r["check"] for r in records))
     cells = {(r["model"], r["check"]): r for r in records}
-    rows = [f'<h2>transform <code>{escape(transform)}</code></h2>',
-            f'<table class="matrix" data-transform="{escape(transform)}"><tr><th>model</th>'
-            + "".join(f"<th>{escape(c)}</th>" for c in checks) + "</tr>"]
+    changes = {r["model"]: r.get("changed") for r in records if r.get("changed") is not None}
+    rows = [f'<h2>transform <code>{escape(transform)}</code></h2>']
+    warning = rewrite_warning(transform, changes)
+    if warning:
+        rows.append(f'<p class="note">{escape(warning)}</p>')
+    rows.append(f'<table class="matrix" data-transform="{escape(transform)}"><tr><th>model</th>'
+                + "".join(f"<th>{escape(c)}</th>" for c in checks) + "<th>changed</th></tr>")
     for model in dict.fromkeys(r["model"] for r in records):
         row = [f'<tr><th class="model">{escape(model)}</th>']
         for check in checks:
@@ -118,6 +126,7 @@ def _matrix(transform: str, records: list[Record], anchors: Mapping[int, str]) -
             title = escape(r["message"].splitlines()[0] if r.get("message") else r["outcome"])
             row.append(f'<td class="{escape(r["outcome"])}" data-model="{escape(model)}" '
                        f'data-check="{escape(check)}" title="{title}">{text}</td>')
+        row.append(f'<td class="changed">{escape(changed_cell(changes.get(model)))}</td>')
         rows.append("".join(row) + "</tr>")
     rows.append("</table>")
     return "\n".join(rows)

@@ -15,14 +15,16 @@ import pytest
 
 from fxverify.plugin import option, path_option
 from fxverify.reports.records import record
-from fxverify.result import FAILED, CheckResult, exception_summary
+from fxverify.result import ERROR, FAILED, CheckResult, exception_summary
 
 RECORD = "fxverify_record"
 
 
-def report_properties(config: pytest.Config, v: Any, result: CheckResult) -> list[tuple[str, Any]]:
-    """The ``user_properties`` entry of an item: its record, and for a failure in a run writing
-    HTML, the pictures and code (made here, where the models are). Empty without a report option."""
+def report_properties(config: pytest.Config, v: Any, result: CheckResult,
+                      changed: list[str] | None = None) -> list[tuple[str, Any]]:
+    """The ``user_properties`` entry of an item: its record (with what the transform changed on the
+    model), and for a failure in a run writing HTML, the pictures and code (made here, where the
+    models are). Empty without a report option."""
     html, json_path = option(config, "fxverify_html"), option(config, "fxverify_json")
     if not (html or json_path):
         return []
@@ -34,7 +36,7 @@ def report_properties(config: pytest.Config, v: Any, result: CheckResult) -> lis
             figures = failure_figures(v, result)
         except Exception as exc:  # drawing must never hide the check's own result
             figures = {"note": f"no pictures: drawing them raised {exception_summary(exc)}"}
-    return [(RECORD, record(result, figures=figures))]
+    return [(RECORD, record(result, figures=figures, changed=changed))]
 
 
 class ReportWriter:
@@ -64,7 +66,7 @@ class ReportWriter:
             self.records[report.nodeid] = {**given, "nodeid": report.nodeid, "duration": report.duration,
                                            "outcome": _outcome(report)}
         elif report.failed or (report.skipped and report.nodeid not in self.records):
-            spec, model, check = parsed  # failed outside the check (setup, teardown, an internal error)
+            spec, model, check = parsed  # failed outside the check (setup, teardown, a dead worker)
             self.records[report.nodeid] = record(
                 CheckResult(check, model, spec, _outcome(report), report.longreprtext),
                 duration=report.duration, nodeid=report.nodeid,
@@ -91,6 +93,10 @@ class ReportWriter:
 
 
 def _outcome(report: pytest.TestReport) -> str:
+    from fxverify.pytest_items import is_error
+
     if hasattr(report, "wasxfail"):
         return "xfailed"
+    if is_error(report):
+        return ERROR
     return {"passed": "passed", "failed": "failed", "skipped": "skipped"}[report.outcome]

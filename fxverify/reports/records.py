@@ -27,8 +27,10 @@ _FIRST_NODE = re.compile(r"^\s*first node: %(?P<result_node>\w+) \((?P<op>\w+) (
 
 
 def record(result: CheckResult, *, duration: float | None = None, nodeid: str | None = None,
-           figures: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The record of one check result; ``figures`` (see :mod:`fxverify.reports.figures`) feed the HTML only."""
+           figures: Mapping[str, Any] | None = None, changed: list[str] | None = None) -> dict[str, Any]:
+    """The record of one check result; ``changed`` says what the transform changed on the model
+    (``[]``: nothing, a no-op; None: unknown); ``figures`` (see :mod:`fxverify.reports.figures`)
+    feed the HTML only."""
     details = result.details
     found: dict[str, Any] = {
         "transform": result.transform,
@@ -40,6 +42,7 @@ def record(result: CheckResult, *, duration: float | None = None, nodeid: str | 
         "max_rel": details.get("max_rel"),
         "divergence": divergence_of(result),
         "repro": str(details["repro"]) if details.get("repro") else None,
+        "changed": changed,
         "duration": duration,
         "nodeid": nodeid,
     }
