@@ -1,8 +1,8 @@
 """The model catalogue: corpus entries as plain data, and selection over them.
 
 Entries come from the TOML files of ``corpus/`` (shipped as ``fxverify.corpus``:
-``models.toml`` the default zoo, ``edge.toml`` the FX edge cases, ``full.toml``
-the generated full zoo) and from :func:`register_model`. Nothing here imports torch, so the pytest plugin
+``models.toml`` the default zoo, ``edge.toml`` the FX edge cases, ``layers.toml``
+the layer variants, ``full.toml`` the generated full zoo) and from :func:`register_model`. Nothing here imports torch, so the pytest plugin
 can collect items cheaply.
 
 >>> [e.name for e in select("resnet18")]
@@ -24,7 +24,7 @@ from fxverify.errors import CorpusError
 
 SOURCES = ("torchvision", "timm", "edge", "user")
 TRACERS = ("plain", "timm")  # or "module:TracerClass", a torch.fx.Tracer subclass
-CATALOGUE_FILES = ("models.toml", "edge.toml", "full.toml")
+CATALOGUE_FILES = ("models.toml", "edge.toml", "layers.toml", "full.toml")
 NONE = "None"  # TOML has no null: this string stands for None in concrete_args
 
 

@@ -37,11 +37,12 @@ _DEFAULT_TOLERANCES = {
 @dataclasses.dataclass(frozen=True)
 class Tolerance:
     """Extra looseness over the dtype defaults (a contract's or an entry's). ``range_tol``
-    accepts absolute differences up to that fraction of each expected value's range
-    (``max - min``): a tolerance relative to the output's scale, as a quantizing pass needs.
+    accepts absolute differences up to that fraction of each expected value's scale, the
+    larger of its range (``max - min``) and its largest magnitude: a tolerance relative to
+    the output, as a quantizing pass needs ("within 1e-3 of the output range").
 
-    >>> Tolerance(range_tol=1e-3).atol_for(torch.tensor([0.0, 2000.0]))
-    2.0
+    >>> Tolerance(range_tol=1e-3).atol_for(torch.tensor([0.0, 2000.0])), Tolerance(range_tol=1e-3).atol_for(torch.tensor(-50.0))
+    (2.0, 0.05)
     """
 
     rtol: float | None = None
@@ -58,7 +59,8 @@ class Tolerance:
         atol = self.for_dtype(expected.dtype)[1]
         finite = expected[torch.isfinite(expected)] if expected.is_floating_point() else expected
         if self.range_tol and finite.numel():
-            atol = max(atol, self.range_tol * float(finite.max().double() - finite.min().double()))
+            low, high = float(finite.min()), float(finite.max())
+            atol = max(atol, self.range_tol * max(high - low, abs(low), abs(high)))
         return atol
 
     def loosest(self, other: Tolerance) -> Tolerance:

@@ -137,9 +137,10 @@ def localise(
         found = compare_trees(recorder.values.get(new.name), expected_recorder.values.get(old.name),
                               tolerance=tolerance, root=f"%{new.name}")
         if found is not None:
+            kept_originals = {o for o, _ in pairs} | set(original.graph.find_nodes(op="placeholder"))
             divergence = Divergence(new, matches[new], found, code_line(result, new),
                                     recorder.values.get(new.name), changed_upstream(new, kept),
-                                    removed=removed_upstream(old, {m.original for m in matches.values()}))
+                                    removed=removed_upstream(old, {m.original for m in matches.values()}, kept_originals))
             return Localisation(outputs, divergence, len(pairs))
     changed = changed_upstream(next(iter(result.graph.find_nodes(op="output"))), kept)
     return Localisation(outputs, None, len(pairs), describe_nodes(result.graph, changed))
@@ -211,24 +212,40 @@ def changed_upstream(node: fx.Node, kept: set[fx.Node]) -> tuple[str, ...]:
     return _changed_around(node, kept, lambda n: n.all_input_nodes)
 
 
-def removed_upstream(node: fx.Node, corresponded: set[fx.Node]) -> tuple[str, ...]:
+def removed_upstream(node: fx.Node, corresponded: set[fx.Node], kept: set[fx.Node]) -> tuple[str, ...]:
     """Names of the original's nodes the transform removed (no counterpart in the result) that fed
-    ``node``: those above it through removed nodes only, and the in-place writes (``y.relu_()``, no
-    users of their own) before it into a value it, or one of those, reads."""
-    region: set[fx.Node] = set()
+    ``node``: those above it up to the nodes the transform kept (``kept``, the original's side),
+    and the in-place writes before it (``y.relu_()``, ``y[:, 0].copy_(...)``: no users of their own)
+    into a value read on the way."""
+    visited: set[fx.Node] = set()
     stack = list(node.all_input_nodes)
     while stack:
         current = stack.pop()
-        if current not in corresponded and current not in region:
-            region.add(current)
-            stack.extend(current.all_input_nodes)
-    read = set(node.all_input_nodes) | region
+        if current not in visited:
+            visited.add(current)
+            if current not in kept:
+                stack.extend(current.all_input_nodes)
+    removed = {n for n in visited if n not in corresponded}
     for earlier in node.graph.nodes:
         if earlier is node:
             break
-        if earlier not in corresponded and mutates(earlier) and earlier.args and earlier.args[0] in read:
-            region.add(earlier)
-    return tuple(n.name for n in node.graph.nodes if n in region)
+        if earlier not in corresponded and mutates(earlier) and earlier.args:
+            written = _written(earlier.args[0], corresponded)
+            if written and written[-1] in visited:
+                removed.update({earlier, *written[:-1]})
+    return tuple(n.name for n in node.graph.nodes if n in removed)
+
+
+def _written(target: Any, corresponded: set[fx.Node]) -> list[fx.Node]:
+    """What an in-place write into ``target`` writes into: the removed views it goes through
+    (``y[:, 0]``) and, last, the value underneath them."""
+    chain = []
+    while isinstance(target, fx.Node):
+        chain.append(target)
+        if target in corresponded or not target.all_input_nodes:
+            return chain
+        target = target.all_input_nodes[0]
+    return chain
 
 
 _INPLACE_OPERATORS = {getattr(operator, name) for name in fx.graph.inplace_methods}

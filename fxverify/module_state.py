@@ -54,9 +54,20 @@ def strided(t: torch.Tensor) -> torch.Tensor:
 
 
 def tensor_state(module: nn.Module) -> dict[str, torch.Tensor]:
-    """Parameters and buffers by qualified name (shared ones once)."""
+    """Every tensor the module holds, by qualified name: parameters, buffers and plain tensor
+    attributes (a GraphModule built again registers its plain constants as buffers: the same
+    state under the same names).
+
+    >>> m = nn.Linear(2, 2); m.scale = torch.ones(())
+    >>> sorted(tensor_state(m))
+    ['bias', 'scale', 'weight']
+    """
     state = dict(module.named_parameters(remove_duplicate=False))
     state.update(module.named_buffers(remove_duplicate=False))
+    for qualname, sub in module.named_modules(remove_duplicate=False):
+        for attr, value in vars(sub).items():
+            if isinstance(value, torch.Tensor):
+                state.setdefault(".".join(filter(None, (qualname, attr))), value)
     return state
 
 
@@ -72,6 +83,7 @@ class Snapshot:
 
     state: dict[str, torch.Tensor]
     graph: str | None
+    structure: str | None  # the graph with nodes numbered, inputs first: what a rename or re-trace keeps
     code: str | None
     modules: tuple[tuple[str, str], ...]
     meta: tuple[tuple[str, ...], ...] | None
@@ -81,8 +93,9 @@ class Snapshot:
         state = {k: v.detach().clone() for k, v in tensor_state(module).items()}
         modules = _module_classes(module)
         if isinstance(module, fx.GraphModule):
-            return cls(state, canonical_text(module.graph), module.code, modules, _meta_keys(module.graph))
-        return cls(state, None, None, modules, None)
+            return cls(state, canonical_text(module.graph), canonical_text(module.graph, anonymous=True), module.code,
+                       modules, _meta_keys(module.graph))
+        return cls(state, None, None, None, modules, None)
 
     def first_difference(self, module: nn.Module, *, code: bool = True) -> str | None:
         """What differs in parameters, buffers, graph or (unless ``code=False``) generated code
@@ -105,15 +118,17 @@ class Snapshot:
         return None
 
     def differences(self, module: nn.Module) -> list[str]:
-        """Which aspects of ``module`` differ from this snapshot, of ``state`` (parameters and
-        buffers), ``graph``, ``code``, ``modules`` (module classes and paths, the root's class
-        included) and ``meta`` (the keys of each node's meta); empty when nothing does."""
+        """Which aspects of ``module`` differ from this snapshot, of ``state`` (the tensors it holds,
+        by name), ``graph`` (its structure: what the nodes compute from what, whatever their names
+        and wherever the placeholders sit), ``code``, ``modules`` (module classes and paths, the
+        root's class included) and ``meta`` (the keys of each node's meta); empty when nothing does."""
         found = []
         now = tensor_state(module)
         if now.keys() != self.state.keys() or not all(tensors_equal(v, now[k]) for k, v in self.state.items()):
             found.append("state")
         graph_module = isinstance(module, fx.GraphModule)
-        if (self.graph is not None) != graph_module or (graph_module and self.graph != canonical_text(module.graph)):
+        structure = canonical_text(module.graph, anonymous=True) if graph_module else None
+        if structure != self.structure:
             found.append("graph")
         if graph_module and self.code != module.code:
             found.append("code")

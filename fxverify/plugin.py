@@ -160,12 +160,18 @@ def pytest_configure(config: pytest.Config) -> None:
     from fxverify.pytest_items import FxVerifyRun
 
     entries = selected_entries(config) + random_graph_entries(config, specs)
+    raw_timeout = option(config, "fxverify_timeout")
+    try:
+        timeout = float(raw_timeout)
+    except (TypeError, ValueError):
+        raise pytest.UsageError(f"fxverify: --fxverify-timeout (ini fxverify_timeout) must be a number of seconds, "
+                                f"got {raw_timeout!r}") from None
     try:
         run = FxVerifyRun.from_options(
             specs,
             entries=entries,
             checks=option(config, "fxverify_checks"),
-            timeout=float(option(config, "fxverify_timeout")),
+            timeout=timeout,
             golden_dir=path_option(config, "fxverify_golden_dir"),
             update_golden=config.getoption("fxverify_update_golden"),
             repro_dir=path_option(config, "fxverify_repro_dir"),

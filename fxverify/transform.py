@@ -20,6 +20,7 @@ import traceback
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from fxverify.contracts import Contract, contract_of
@@ -110,7 +111,7 @@ class Transform:
         except KeyboardInterrupt:  # the user stopping the run
             raise
         except BaseException as exc:  # the user's own error (sys.exit() too), reported with its traceback
-            tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            tb = "".join(traceback.format_exception(type(exc), exc, _users_frames(exc.__traceback__)))
             raise TransformFailed(f"transform {self.spec} raised {_raised(exc)}\n{tb}") from exc
         finally:
             forget_unpatchable_wraps()
@@ -134,6 +135,17 @@ class Transform:
             f"transform {self.spec} returned {type(returned).__module__}.{type(returned).__qualname__} "
             f"({_short_repr(returned)}); accepted: {ACCEPTED_RETURNS}.{hint}"
         )
+
+
+_PACKAGE = str(Path(__file__).resolve().parent)
+
+
+def _users_frames(tb: TracebackType | None) -> TracebackType | None:
+    """``tb`` without its first frames in fxverify (calling the transform, the contract wrapper):
+    the traceback starts where the user's code does."""
+    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename.startswith(_PACKAGE):
+        tb = tb.tb_next
+    return tb
 
 
 def _raised(exc: BaseException) -> str:

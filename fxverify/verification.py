@@ -106,6 +106,7 @@ class Verification:
         self._float64: dict[str, nn.Module] = {}
         self._float64_exact = True
         self.float64_fallback: str | None = None  # why the transform could not be applied to a float64 copy
+        self.uncopyable: dict[str, str] = {}  # "original" / "result" -> why copy.deepcopy of it raised
 
     @property
     def contract(self) -> Contract:
@@ -256,8 +257,17 @@ class Verification:
             if which == "result" and applied.rewrites_state:
                 self._float64[key] = self._transformed_in(dtype)
             else:
-                self._float64[key] = copy.deepcopy(module).to(dtype)
+                self._float64[key] = self._copy(which, module).to(dtype)
         return self._float64[key]
+
+    def _copy(self, which: str, module: nn.Module) -> nn.Module:
+        """``copy.deepcopy(module)``; when that raises, why is remembered in ``uncopyable``: fxverify
+        cannot make its converted copies, which says nothing of the module's dtypes (lint reports it)."""
+        try:
+            return copy.deepcopy(module)
+        except Exception as exc:
+            self.uncopyable[which] = exception_summary(exc)
+            raise
 
     def _transformed_in(self, dtype: torch.dtype) -> nn.Module:
         """The transform applied to a ``dtype`` copy of the original: a pass that rewrites
@@ -270,7 +280,7 @@ class Verification:
         except TransformFailed as exc:
             self._float64_exact = False
             self.float64_fallback = str(exc).splitlines()[0].removeprefix(f"transform {self.transform.spec} raised ")
-            return copy.deepcopy(applied.result).to(dtype)
+            return self._copy("result", applied.result).to(dtype)
         return result.to(dtype).train(applied.mode == "train")
 
     @property

@@ -79,6 +79,8 @@ def _check_float64(v: Any) -> str:
     problem = v.result_float64_problem
     if problem is None:
         return "runs"
+    if "result" in v.uncopyable:
+        return f"not judged: copy.deepcopy of the result raised {v.uncopyable['result']} (the lint check reports it)"
     raise Finding(
         f"the result does not run in float64 where the original does: {problem}. A module moved with "
         "module.to(torch.float64) (or another dtype) fails. If the transform makes float32-only modules by "
@@ -123,9 +125,10 @@ def _run_on_meta(v: Any, applied: Any) -> str:
 
     def run(module: fx.GraphModule) -> tuple[Exception | None, fx.Node | None]:
         try:
-            interpreter = RecordingInterpreter(_meta_copy(module))
+            memo = _meta_tensors(module)
         except Exception as exc:  # the module's tensors do not move to meta
             return exc, None
+        interpreter = RecordingInterpreter(copy.deepcopy(module, memo).to("meta"))
         try:
             with torch.no_grad():
                 interpreter.run(*inputs)
@@ -133,10 +136,13 @@ def _run_on_meta(v: Any, applied: Any) -> str:
             return exc, interpreter.current
         return None, None
 
-    error, _ = run(applied.original)
-    if error is not None:
-        return "not judged: the original does not run on meta either"  # data-dependent ops, say
-    error, node = run(applied.result)
+    try:
+        error, _ = run(applied.original)
+        if error is not None:
+            return "not judged: the original does not run on meta either"  # data-dependent ops, say
+        error, node = run(applied.result)
+    except Exception as exc:  # copy.deepcopy raised: fxverify cannot move a copy (lint reports the result's)
+        return f"not judged: copy.deepcopy raised {exception_summary(exc)} (the lint check reports it)"
     if error is None:
         return "runs"
     at = f"%{node.name} ({node.op} {node.target})" if node is not None else None
@@ -188,11 +194,11 @@ def _has_kernel(op: str, backend: str) -> bool | None:
         return None
 
 
-def _meta_copy(module: nn.Module) -> nn.Module:
-    """A copy of ``module`` on the meta device, without copying its parameters' and
-    buffers' data first (``deepcopy(module).to("meta")`` would)."""
+def _meta_tensors(module: nn.Module) -> dict[int, Any]:
+    """A ``copy.deepcopy`` memo that copies ``module``'s parameters and buffers as meta tensors, so
+    that ``copy.deepcopy(module, memo).to("meta")`` does not copy their data first."""
     memo: dict[int, Any] = {}
     for tensor in [*module.parameters(), *module.buffers()]:
         meta = tensor.to("meta")
         memo[id(tensor)] = nn.Parameter(meta, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else meta
-    return copy.deepcopy(module, memo).to("meta")
+    return memo

@@ -54,7 +54,8 @@ def check(v: Any) -> dict[str, Any]:
         if found is not None:
             finding = _finding(found, f"{config.describe()}, float32, {v.contract.primary_mode} mode")
             try:
-                _localise_into(finding, _float64_localisation(v))
+                _localise_into(finding, _float64_localisation(v) if v.float64_skip is None else _float32_localisation(v),
+                               " [float64]" if v.float64_skip is None else " [float32: no float64 run]")
             except Finding as unrunnable:
                 finding.node = f"not localised: {unrunnable.what}"
             except Exception as exc:  # the float32 finding stands; say why it has no node
@@ -105,6 +106,14 @@ def _float64_localisation(v: Any) -> Localisation:
     return localise(original, result, inputs, v.float64_tolerance, guard=lambda run: _run(run, _float64_input(v)))
 
 
+def _float32_localisation(v: Any) -> Localisation:
+    """Both modules run as built on the primary inputs, every kept node recorded: where the float64
+    run is not to be had (a float32-only result), with float32 tolerances."""
+    inputs = v.primary.make(v.case.seed)
+    where = f"{v.primary.describe()}, float32, {v.contract.primary_mode} mode"
+    return localise(v.module("original"), v.module("result"), inputs, v.tolerance, guard=lambda run: _run(run, where))
+
+
 def _rounding_allowance(v: Any, config: Any) -> Callable[[], list[float]] | None:
     """For a result with new parameters, computed in float64 and stored in float32 (a fusion): what
     rounding them alone costs, per output, in rmse: the float64 result against the float32 result
@@ -150,10 +159,10 @@ def _copy_problem(v: Any) -> str | None:
             "copy.deepcopy (as torch.save, checkpoints and many passes copy it): make its copy behave like it")
 
 
-def _localise_into(finding: Finding, located: Localisation) -> None:
+def _localise_into(finding: Finding, located: Localisation, note: str = " [float64]") -> None:
     """Name the first divergent kept node (or the changed nodes feeding the outputs) in ``finding``."""
     if located.divergence is not None:
-        finding.node = textwrap.indent(located.divergence.describe(" [float64]"), " " * 14).lstrip()
+        finding.node = textwrap.indent(located.divergence.describe(note), " " * 14).lstrip()
         finding.details["divergence"] = located.divergence.details()
     elif located.changed_before_output:
         finding.node = f"{NO_KEPT_NODE_DIVERGED}: {located.changed_before_output}"

@@ -2,7 +2,11 @@
 
 Each entry ``random_graph_<seed>`` is the graph :func:`graph_from_seed` builds for
 its seed, rebuilt from the seed wherever it is needed (in another process too: the
-factory is ``fxverify.strategies.corpus:random_graph``). A run
+factory is ``fxverify.strategies.corpus:random_graph``). Unless the options name
+``ops``, the graphs are drawn from the ops the transforms rewrite, learned by
+probing them on tiny graphs of each op (:mod:`fxverify.strategies.probe`; the
+header says what was found, and the summary how many graphs each transform
+changed); ``"ops": null`` draws from the whole catalogue. A run
 checks ``N`` fresh seeds plus the seeds saved in the Hypothesis example database
 (``.hypothesis/`` under the rootdir): a seed is saved when one of its items fails
 and forgotten once all its items pass, so a failing graph replays until it passes
@@ -31,9 +35,11 @@ from torch import fx
 from fxverify.catalogue import CorpusEntry
 from fxverify.checks.golden import RANDOM_GRAPH_TAG
 from fxverify.strategies.graphs import GraphCase, graph_from_seed
+from fxverify.strategies.probe import Probe, probe_ops
 
 PREFIX = "random_graph_"
 WORKER_SEEDS = "fxverify_random_graphs_seeds"
+WORKER_OPTIONS = "fxverify_random_graphs_options"
 DATABASE_DIR = Path(".hypothesis") / "fxverify"
 # Part of the database key: raise it when what a seed builds changes, so that the seeds
 # saved for the old graphs are not replayed as other graphs.
@@ -111,9 +117,17 @@ class RandomGraphs:
                  options: dict[str, Any] | None = None) -> None:
         self.options = options or {}
         self.database = DirectoryBasedExampleDatabase(str(Path(config.rootpath) / DATABASE_DIR))
+        workerinput = getattr(config, "workerinput", None)
+        self.probes: list[Probe] = []
+        if workerinput is not None and WORKER_OPTIONS in workerinput:
+            self.options = dict(workerinput[WORKER_OPTIONS])
+        elif "ops" not in self.options:  # guided: draw from the ops the transforms rewrite
+            self.probes = [probe_ops(spec, **self.options) for spec in transforms]
+            rewritten = sorted({name for probe in self.probes for name in probe.rewritten})
+            if rewritten:
+                self.options = {**self.options, "ops": rewritten}
         key = f"fxverify-random-graphs-v{SEED_FORMAT}:" + ",".join(sorted(transforms))
         self.key = (key + (f":{_canonical(self.options)}" if self.options else "")).encode()
-        workerinput = getattr(config, "workerinput", None)
         if workerinput is not None and WORKER_SEEDS in workerinput:
             self.replayed: list[int] = []  # the controller replays and forgets; workers only run
             self.seeds = [int(seed) for seed in workerinput[WORKER_SEEDS]]
@@ -127,14 +141,18 @@ class RandomGraphs:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
-        """xdist: every worker collects the controller's seeds, whatever the database holds by then."""
+        """xdist: every worker collects the controller's seeds and options (the ops its probe chose),
+        whatever the database holds by then."""
         node.workerinput[WORKER_SEEDS] = list(self.seeds)
+        node.workerinput[WORKER_OPTIONS] = dict(self.options)
 
-    def pytest_report_header(self) -> str:
+    def pytest_report_header(self) -> list[str]:
         fresh = len(self.seeds) - len(self.replayed)
-        return (f"fxverify: {len(self.seeds)} random graphs ({len(self.replayed)} replayed from the example "
-                f"database {DATABASE_DIR}/, {fresh} new); rebuild one with "
-                f"fxverify.strategies.graph_from_seed(<seed>{''.join(f', {k}={v!r}' for k, v in self.options.items())})")
+        lines = [f"fxverify: {len(self.seeds)} random graphs ({len(self.replayed)} replayed from the example "
+                 f"database {DATABASE_DIR}/, {fresh} new); rebuild one with "
+                 f"fxverify.strategies.graph_from_seed(<seed>{''.join(f', {k}={v!r}' for k, v in self.options.items())})"]
+        lines += [f"fxverify: {probe.describe()}" for probe in self.probes]
+        return lines
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Save the seed of a random graph as soon as one of its items fails."""
