@@ -80,6 +80,21 @@ class SharedConv(nn.Module):
         return self.bn_a(self.conv(x)) + self.bn_b(self.conv(x.flip(-1)))
 
 
+class SharedActivation(nn.Module):
+    """One ``nn.ReLU`` module called twice, as torchvision's BasicBlock does: after the first conv and
+    after the residual add. A pass that packs a conv with its activation into one module leaves the
+    ReLU reachable under two paths."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(CHANNELS, CHANNELS, 3, padding=1)
+        self.conv2 = nn.Conv2d(CHANNELS, CHANNELS, 3, padding=1)
+        self.relu = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.relu(self.conv2(self.relu(self.conv1(x))) + x)
+
+
 class LinearNorm(nn.Module):
     """``Linear -> BatchNorm1d`` (or LayerNorm), with or without a bias and affine parameters."""
 
@@ -178,7 +193,8 @@ class Norms(nn.Module):
 
 
 class Pooling(nn.Module):
-    """Pooling off the defaults: ``ceil_mode=True``, ``count_include_pad=False``, dilation, padding."""
+    """Pooling off the defaults, with padding: ``ceil_mode=True`` (a last, partial window on odd sizes)
+    and ``count_include_pad=False`` (padding left out of the average)."""
 
     def __init__(self) -> None:
         super().__init__()

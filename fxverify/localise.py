@@ -104,6 +104,7 @@ class Localisation:
     divergence: Divergence | None
     compared: int
     changed_before_output: str = ""
+    unmapped: str = ""  # why no node could be compared (the result is not a GraphModule)
 
 
 def localise(
@@ -120,7 +121,8 @@ def localise(
     if not isinstance(result, fx.GraphModule):  # nothing to map: the outputs alone
         with torch.no_grad():
             expected, actual = original(*inputs), guard(lambda: result(*inputs))
-        return Localisation(compare_trees(actual, expected, tolerance=tolerance), None, 0)
+        return Localisation(compare_trees(actual, expected, tolerance=tolerance), None, 0,
+                            unmapped=f"the result is a {type(result).__name__}, not a GraphModule: no nodes to map")
     matches = correspondence(original, result)
     strict = kept_nodes(original, result, matches)
     pairs = kept_nodes(original, result, matches, strict=False)

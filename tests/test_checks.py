@@ -25,6 +25,7 @@ MODEL_FOR = {
     mutations.unties_tied_weights: "edge_tied_weights",  # needs a shared Parameter
     mutations.plain_transformer_drops_wraps: "edge_wrapped_function",  # needs a torch.fx.wrap-ed function
     mutations.torch_normalize_operators: "edge_integer_inputs",  # needs torch.div(..., rounding_mode="floor")
+    mutations.bn_fold_drops_affine_free_bn: "layer_conv_bn_no_affine",  # needs BatchNorm(affine=False)
 }
 
 
@@ -288,3 +289,88 @@ def test_a_model_built_in_another_dtype_runs_as_built():
     for result in fxverify.verify(mutations.transformer_identity, case, checks=["lint", "numerics", "purity"]):
         assert result.outcome == "passed", result.message
     assert fxverify.check_numerics(scales_output, case).outcome == "failed"
+
+
+def test_an_undeclared_fusion_fails_once_on_the_contract_not_on_numerics():
+    numerics, gradients = fxverify.verify(mutations.undeclared_fusion, "resnet18", checks=["numerics", "gradients"])
+    assert numerics.outcome == "passed", numerics.message  # the float64 result is the fusion redone in float64
+    assert gradients.outcome == "failed" and "declare @fxverify.contract(changes_parameters=True)" in gradients.message
+
+
+def test_moved_parameters_are_kept_and_said_to_have_moved():
+    result = fxverify.check_gradients(mutations.partition_into_submodules, "edge_conv_bn_head")
+    assert result.outcome == "passed", result.message
+    assert "parameter 'conv1.weight' moved to 'submod_0.conv1.weight'" in result.details["moved"]
+
+
+def test_a_frozen_parameter_fails_only_a_contract_that_trains():
+    frozen = fxverify.check_gradients(mutations.freezes_parameters, "edge_conv_bn_head")
+    assert "survives as a plain tensor attribute 'conv1.weight': it will not train" in frozen.message
+    inference = fxverify.contract(modes=("eval",), changes_parameters=True)(mutations.freezes_parameters)
+    assert fxverify.check_gradients(inference, "edge_conv_bn_head").ok
+
+
+def test_float32_only_and_backend_specific_results_are_told_apart_from_portability_bugs():
+    undeclared = fxverify.verify(mutations.mkldnn_convs.__wrapped__, "edge_conv_bn_head", checks=["numerics", "devices"])
+    numerics, devices = undeclared
+    assert numerics.ok and numerics.details["float64"].startswith("skipped: the result does not run in float64")
+    assert "the result does not run in float64 where the original does" in devices.message
+    assert "declare @fxverify.contract(dtypes=('float32',))" in devices.message
+    assert "'MkldnnCPU' backend" in devices.message and "This could be because" not in devices.message
+    float32_only = fxverify.contract(modes=("eval",), changes_parameters=True, dtypes=("float32",))
+    mkldnn = fxverify.check_devices(float32_only(mutations.mkldnn_convs.__wrapped__), "edge_conv_bn_head")
+    assert "specific to one backend: it holds mkldnn tensors" in mkldnn.message
+    assert "declare @fxverify.contract(devices=('cpu',))" in mkldnn.message and "hard-coded" not in mkldnn.message
+    fp16 = fxverify.check_devices(float32_only(mutations.dynamic_fp16_linears.__wrapped__), "edge_conv_bn_head")
+    assert "it calls quantized::linear_dynamic_fp16, which has kernels for the CPU only" in fp16.message
+
+
+def test_a_transform_that_raises_is_blamed_by_every_check_not_the_model():
+    for result in fxverify.verify(mutations.raises, "edge_conv_bn_head", checks=["numerics", "gradients", "devices"]):
+        assert "the transform failed on this model" in result.message
+        assert "the original model itself raised" not in result.message
+
+
+def test_sys_exit_in_a_transform_is_its_failure_and_ctrl_c_still_stops_the_run():
+    message = fxverify.check_lint(mutations.exits, "edge_conv_bn_head").message
+    assert "transform tests.mutations:exits raised SystemExit(3)" in message
+
+    def interrupted(gm):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        fxverify.Transform.from_callable(interrupted).apply(fxverify.load_case("edge_conv_bn_head").trace(), torch.fx.Tracer)
+
+
+def test_an_exception_inside_fxverify_is_an_error_not_a_finding(monkeypatch):
+    from fxverify import checks
+
+    def broken_check(v):
+        return 1 / 0  # a bug in fxverify's own code
+
+    monkeypatch.setitem(checks.CHECKS, "lint", broken_check)
+    result = Verification(mutations.normalize_args, "edge_conv_bn_head").run("lint")
+    assert result.outcome == "error" and not result.ok
+    assert result.message.startswith("fxverify error in the lint check (not a finding about the transform)")
+    assert "ZeroDivisionError" in result.message and "Please report it" in result.message
+
+
+def test_set_ordered_schedules_are_caught_every_time():
+    """Reruns hash nodes in the order they are made, then in reverse: a set of nodes iterates one way,
+    then the other, so detection does not depend on where the allocator put the nodes."""
+    for _ in range(50):
+        result = Verification(mutations.set_ordered_schedule, "resnet18").run("determinism")
+        assert result.outcome == "failed", result.message
+    assert "with the nodes hashing in" in result.message
+
+
+def test_a_divergence_names_the_in_place_writes_the_transform_removed():
+    message = fxverify.check_numerics(mutations.dead_code_elimination_drops_mutations, "edge_inplace_ops").message
+    assert "the original's nodes the transform removed before it:" in message
+    assert "%copy_ (call_method copy_), %relu_ (call_method relu_)" in message
+
+
+def test_a_result_whose_copy_behaves_differently_is_told_so():
+    message = fxverify.check_numerics(mutations.wrapper_copy_loses_eval_mode, "edge_conv_bn_head").message
+    assert "copy.deepcopy(result) already computes something else in float32 (the copy is in train mode" in message
+    assert "not localised: the result is a CopiesByConstruction, not a GraphModule" in message

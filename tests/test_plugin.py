@@ -199,3 +199,70 @@ def test_every_bug_fails_its_item_through_the_plugin(pytester, name, check, mode
     assert result.ret == 1
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([f"*fxverify {check} check failed*", f"*model:      {model}*", f"{model} * FAIL *"])
+
+
+def _once_false_alarms():
+    from tests import mutations
+
+    return [pytest.param(f.__name__, model, checks, id=f"{f.__name__}-{model}")
+            for f, (models, checks) in mutations.ONCE_FALSE_ALARMS.items() for model in models]
+
+
+@pytest.mark.parametrize(("name", "model", "checks"), _once_false_alarms())
+def test_correct_transforms_that_once_raised_false_alarms_pass_through_the_plugin(pytester, name, model, checks):
+    args = ["-p", "no:cacheprovider", "--fxverify", spec(name), f"--fxverify-corpus={model}"]
+    result = pytester.runpytest(*args, *([f"--fxverify-checks={','.join(checks)}"] if checks else []))
+    assert result.ret == 0, result.stdout.str()
+    assert result.parseoutcomes().get("passed", 0) >= (len(checks) if checks else 3)  # not all skipped
+
+
+def test_an_exception_inside_fxverify_is_reported_as_an_error_not_a_failure(pytester, monkeypatch):
+    from fxverify import checks
+
+    monkeypatch.setitem(checks.CHECKS, "lint", lambda v: 1 / 0)
+    result = pytester.runpytest("-p", "no:cacheprovider", "--fxverify", spec("normalize_args"), EDGE,
+                                "--fxverify-checks=lint,purity", "--fxverify-json=out.json")
+    assert result.ret == 1
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*fxverify error in the lint check (not a finding about the transform)*",
+                                 "edge_conv_bn_head * ERR * pass *"])
+    import json
+
+    records = {r["check"]: r["outcome"] for r in json.loads((pytester.path / "out.json").read_text())["records"]}
+    assert records == {"lint": "error", "purity": "passed"}
+
+
+def test_a_transform_that_kills_its_worker_fails_that_model_as_errors_and_the_run_goes_on(pytester):
+    """Under -n, a model whose transform kills the process (os.abort()) has its items reported as errors
+    naming the model; the other models are checked and the reports are written."""
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-n", "2", "--fxverify", spec("aborts_on_attention"),
+        "--fxverify-corpus=layer_root_attention,edge_conv_bn_head", "--fxverify-checks=lint,purity,pickle",
+        "--fxverify-json=out.json")
+    assert result.ret == 1
+    result.assert_outcomes(passed=3, errors=3)
+    import json
+
+    records = json.loads((pytester.path / "out.json").read_text())["records"]
+    outcomes = {(r["model"], r["check"]): r["outcome"] for r in records}
+    assert {k: v for k, v in outcomes.items() if k[0] == "edge_conv_bn_head"} == {
+        ("edge_conv_bn_head", c): "passed" for c in ("lint", "purity", "pickle")}
+    died = [r for r in records if r["model"] == "layer_root_attention"]
+    assert [r["outcome"] for r in died] == ["error"] * 3
+    assert all("died while running" in r["message"] and "'layer_root_attention'" in r["message"] for r in died)
+
+
+def test_a_bad_timeout_in_the_ini_file_is_a_usage_error(pytester):
+    pytester.makeini(f"[pytest]\nfxverify = {spec('normalize_args')}\nfxverify_timeout = abc\n")
+    result = pytester.runpytest("-p", "no:cacheprovider", EDGE)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--fxverify-timeout (ini fxverify_timeout) must be a number of seconds, got 'abc'*"])
+
+
+def test_random_graphs_exercise_what_the_transform_rewrites(pytester):
+    result = pytester.runpytest("-p", "no:cacheprovider", "--fxverify", spec("relu_to_clamp_in_place"), EDGE,
+                                "--fxverify-checks=lint", "--fxverify-random-graphs=3")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["fxverify: probed the transform on graphs of each of * ops in * s; it rewrote 1 "
+                                 "(F.relu): random graphs are drawn from those",
+                                 "*relu_to_clamp_in_place changed 3 of 3 random graphs (graph or parameters)"])

@@ -17,6 +17,7 @@ from hypothesis.errors import InvalidArgument
 import fxverify
 import fxverify.strategies as fxs
 import fxverify.strategies.corpus  # noqa: F401  (loaded before pytester's in-process runs)
+from fxverify.cases import ModelCase
 from fxverify.catalogue import InputSpec
 from fxverify.strategies.meta import ANY
 from fxverify.strategies.ops import CATALOGUE
@@ -330,17 +331,20 @@ def fake_config(root, workerinput=None):
     return config
 
 
+UNGUIDED = {"ops": None}  # the whole catalogue: no probe of the (made-up) transform
+
+
 def test_random_graph_seeds_go_to_xdist_workers_as_is_and_a_skip_keeps_a_seed(tmp_path):
     from fxverify.strategies.corpus import PREFIX, RandomGraphs
 
-    controller = RandomGraphs(fake_config(tmp_path), 2, ["my.pass"])
-    controller.database.save(controller.key, b"11")
-    controller = RandomGraphs(fake_config(tmp_path), 2, ["my.pass"])
+    controller = RandomGraphs(fake_config(tmp_path), 2, ["my.pass"], UNGUIDED)
+    controller.database.save(controller.key, b"11")  # a seed saved before graphs kept their options
+    controller = RandomGraphs(fake_config(tmp_path), 2, ["my.pass"], UNGUIDED)
     assert controller.seeds[0] == 11 and len(controller.seeds) == 3  # the replayed seed plus 2 new ones
     node = SimpleNamespace(workerinput={})
     controller.pytest_configure_node(node)
     controller.database.save(controller.key, b"12")  # a worker starting later sees another database
-    worker = RandomGraphs(fake_config(tmp_path, node.workerinput), 2, ["my.pass"])
+    worker = RandomGraphs(fake_config(tmp_path, node.workerinput), 2, ["my.pass"], UNGUIDED)
     assert worker.seeds == controller.seeds and [e.name for e in worker.entries][0] == f"{PREFIX}11"
 
     skipped = SimpleNamespace(when="call", failed=False, passed=False, skipped=True,
@@ -350,18 +354,35 @@ def test_random_graph_seeds_go_to_xdist_workers_as_is_and_a_skip_keeps_a_seed(tm
     assert b"11" in set(controller.database.fetch(controller.key))  # a skip proves nothing: still replayed
 
 
+def test_random_graphs_are_drawn_from_the_ops_the_transform_rewrites(tmp_path):
+    """A pass that rewrites only relu: its random graphs are made of relus, and a failing one is saved
+    with the ops it was drawn from, so it is the same graph when replayed whatever a later probe finds."""
+    from fxverify.strategies.corpus import PREFIX, RandomGraphs
+
+    graphs = RandomGraphs(fake_config(tmp_path), 4, ["tests.mutations:relu_to_clamp_in_place"])
+    assert graphs.drawn["ops"] == ["F.relu"] and graphs.probes[0].rewritten == ("F.relu",)
+    assert all(set(e.kwargs["ops"]) == {"F.relu"} for e in graphs.entries)
+    assert all("relu" in ModelCase(e).build().code for e in graphs.entries)
+    assert "rewrote 1 (F.relu): random graphs are drawn from those" in graphs.pytest_report_header()[1]
+    seed = graphs.seeds[0]
+    graphs.pytest_runtest_logreport(SimpleNamespace(when="call", failed=True, passed=False,
+                                                    nodeid=f"t[{PREFIX}{seed}-lint]"))
+    again = RandomGraphs(fake_config(tmp_path), 0, ["tests.mutations:relu_to_clamp_in_place"])
+    assert again.graphs == {seed: {"ops": ["F.relu"]}}  # replayed as drawn
+
+
 def test_random_graph_options_shape_the_graphs_and_key_their_saved_seeds(tmp_path):
     from fxverify.cases import ModelCase
     from fxverify.strategies.corpus import RandomGraphs
 
     options = {"dtypes": ["int64"], "max_nodes": 3, "allow_modules": False}
-    graphs = RandomGraphs(fake_config(tmp_path), 6, ["my.pass"], options)
+    graphs = RandomGraphs(fake_config(tmp_path), 6, ["my.pass"], {**options, **UNGUIDED})
     for entry in graphs.entries:
         module = ModelCase(entry).build()  # through the entry's factory and kwargs, as another process does
         assert {spec.dtype for spec in entry.inputs} == {"int64"}
         assert sum(1 for n in module.graph.nodes if n.op not in ("placeholder", "output")) <= 3
         assert all(n.op != "call_module" for n in module.graph.nodes)
-    assert graphs.key != RandomGraphs(fake_config(tmp_path), 1, ["my.pass"]).key  # seeds replay with their options
+    assert graphs.key != RandomGraphs(fake_config(tmp_path), 1, ["my.pass"], UNGUIDED).key  # replayed with their options
 
 
 @pytest.mark.parametrize(("given", "message"), [

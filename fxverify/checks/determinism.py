@@ -3,8 +3,9 @@
 A pass that iterates a ``set`` of nodes orders its output by the nodes' hashes
 (their object addresses) or, for a set of names, by string hash (which changes
 with ``PYTHONHASHSEED``). The transform is applied to two more fresh traces in
-this process whose nodes hash in graph order and in reverse graph order (see
-:func:`hash_ordered_copy`), so a set of nodes iterates one way, then the other:
+this process while every node made (by the trace, a copy, the transform) hashes
+in the order nodes are made, then in the reverse order (see :func:`hash_ordered`),
+so a set of nodes iterates one way, then the other:
 an order-dependent pass gives two graphs, every time, where address-dependent
 reruns would agree by chance. Their canonical graph and code are compared; then
 with a digest computed in another process under a different hash seed (one
@@ -13,6 +14,7 @@ long-lived server process for the whole run, see :mod:`fxverify.crossprocess`).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import itertools
@@ -30,7 +32,7 @@ ORDERS = ("ascending", "descending")  # how the nodes of the reruns' traces hash
 
 
 class _HashOrderedNode(fx.Node):
-    """A Node whose hash is set when it is made (``hash_ordered_copy``), not its address."""
+    """A Node whose hash is set when it is made (under :func:`hash_ordered`), not its address."""
 
     _order_hash: int
 
@@ -45,13 +47,18 @@ class _HashOrderedNode(fx.Node):
 _next_hash: Iterator[int] = iter(())
 
 
-def hash_ordered_copy(gm: fx.GraphModule, order: str) -> fx.GraphModule:
-    """A copy of ``gm`` whose nodes hash to small integers in graph order (``"ascending"``) or in
-    reverse graph order (``"descending"``): a ``set`` of its nodes iterates in that order (a set
-    puts a small integer hash at that slot of its table), whatever the addresses.
+@contextlib.contextmanager
+def hash_ordered(order: str) -> Iterator[None]:
+    """While active, every node made (a trace, a ``copy.deepcopy`` of a GraphModule, what a
+    transform creates) hashes to a small integer in the order nodes are made (``"ascending"``) or
+    the reverse (``"descending"``), instead of its address: a ``set`` of them iterates in that order
+    (a set puts a small integer hash at that slot of its table), and a pass that iterates one
+    orders its output one way, then the other.
 
     >>> gm = fx.symbolic_trace(nn.Sequential(nn.ReLU(), nn.Tanh(), nn.Sigmoid()))
-    >>> [n.name for n in set(hash_ordered_copy(gm, "descending").graph.nodes)]
+    >>> with hash_ordered("descending"):
+    ...     copied = copy.deepcopy(gm)
+    >>> [n.name for n in set(copied.graph.nodes)]
     ['output', '_2', '_1', '_0', 'input_1']
     """
     global _next_hash
@@ -60,7 +67,7 @@ def hash_ordered_copy(gm: fx.GraphModule, order: str) -> fx.GraphModule:
     plain = fx_graph.Node
     fx_graph.Node = _HashOrderedNode  # Graph.create_node makes its nodes from this name
     try:
-        return copy.deepcopy(gm)
+        yield
     finally:
         fx_graph.Node = plain
         _next_hash = iter(())
@@ -83,7 +90,9 @@ def check(v: Any) -> dict[str, Any]:
     first = fingerprint(v.applied().result)
     runs = {}
     for order in ORDERS:
-        runs[order] = fingerprint(v.apply_to(hash_ordered_copy(v.case.trace(training=mode == "train"), order), mode))
+        with hash_ordered(order):
+            result = v.transformed_fresh(mode)
+        runs[order] = fingerprint(result)
     for order, again in runs.items():
         if again != first:
             raise Finding(

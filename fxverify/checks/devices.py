@@ -26,8 +26,10 @@ from torch import fx, nn
 from fxverify.recording import RecordingInterpreter
 from fxverify.result import Finding, Skip, exception_summary
 
-_NO_KERNEL = re.compile(r"Could not run '(?P<op>[\w:.]+)' with arguments from the '(?P<backend>\w+)' backend")
-_DEVICE_MISMATCH = ("Expected all tensors to be on the same device", "found at least two devices")
+_NO_KERNEL = re.compile(r"Could not run '(?P<op>[\w:.]+)' with arguments from the '\w+' backend"
+                        r"|(?P<fake>[\w:.]+): We could not find the fake impl")
+_DEVICE_MISMATCH = ("Expected all tensors to be on the same device", "found at least two devices",
+                    "is not on the expected device")
 _DATA_DEPENDENT = ("cannot be called on meta tensors", "Cannot copy out of meta tensor", "data-dependent",
                    "item() on meta", "meta tensors have no data")
 
@@ -158,17 +160,17 @@ def _run_on_meta(v: Any, applied: Any) -> str:
     if any(marker in text for marker in _DATA_DEPENDENT) or _no_kernel(error) is not None:
         return f"not judged: {text}"
     advice = ""
-    if any(marker in text for marker in _DEVICE_MISMATCH) or ("'meta'" in text and "cpu" in text.lower()):
+    if any(marker in text for marker in _DEVICE_MISMATCH):
         advice = (". A tensor the graph reads is not on the module's device: look for a hard-coded device, or a "
                   "tensor created without device= (derive it from an input: x.device)")
-    raise Finding(f"the result moved to the meta device fails to run, while the original runs there: {text}{advice}",
-                  input=where, node=at)
+    raise Finding(f"the result moved to the meta device fails to run, while the original runs there: "
+                  f"{text.rstrip('.!')}{advice}", input=where, node=at)
 
 
 def _no_kernel(error: BaseException) -> str | None:
     """The op named by a dispatcher error saying it has no kernel for a backend, else None."""
     found = _NO_KERNEL.search(exception_summary(error))
-    return found.group("op") if found else None
+    return (found.group("op") or found.group("fake")) if found else None
 
 
 def _backend_specific(result: nn.Module, error: BaseException) -> str | None:

@@ -30,7 +30,7 @@ import torch
 from torch import fx, nn
 
 from fxverify.compare import Mismatch, compare_trees, compare_values, leaves_with_paths, rmse_per_leaf
-from fxverify.errors import FxVerifyError
+from fxverify.errors import FxVerifyError, TransformFailed
 from fxverify.localise import Localisation, localise
 from fxverify.module_state import tensor_state
 from fxverify.result import Finding, ModuleRaised, exception_summary
@@ -78,7 +78,7 @@ def check(v: Any) -> dict[str, Any]:
     modes = [m for m in v.contract.modes if m != v.contract.primary_mode]
     try:
         trained = [_compare_other_mode(v, mode) for mode in modes]
-        switched = _compare_switched_modes(v, trained[0]) if trained else []
+        switched = _compare_switched_modes(v, trained[0]) if modes else []
     except Finding as finding:
         if v.repro_dir:
             finding.what += f"\nno repro written: only failures in {v.contract.primary_mode} mode are minimised"
@@ -164,6 +164,8 @@ def _localise_into(finding: Finding, located: Localisation, note: str = " [float
     if located.divergence is not None:
         finding.node = textwrap.indent(located.divergence.describe(note), " " * 14).lstrip()
         finding.details["divergence"] = located.divergence.details()
+    elif located.unmapped:
+        finding.node = f"not localised: {located.unmapped}"
     elif located.changed_before_output:
         finding.node = f"{NO_KEPT_NODE_DIVERGED}: {located.changed_before_output}"
     else:
@@ -194,23 +196,36 @@ def _with_repro(v: Any, finding: Finding) -> Finding:
     return finding
 
 
-def _compare_other_mode(v: Any, mode: str) -> tuple[fx.GraphModule, nn.Module]:
+def _compare_other_mode(v: Any, mode: str) -> tuple[fx.GraphModule, nn.Module] | None:
     """Trace, transform and run in ``mode`` (train): outputs and buffers after one step. Returns
-    the trace and the result (both run once) for the switched-mode comparison."""
+    copies of the trace and the result made before they ran, for the switched-mode comparison
+    (None when the result cannot be copied: lint reports that)."""
     original = v.case.trace(training=mode == "train")
-    result = v.transformed_fresh(mode)
+    try:
+        result = v.transformed_fresh(mode)
+    except TransformFailed as exc:
+        raise Finding(f"the transform raised on the model traced in {mode} mode, which the contract covers "
+                      f"(modes={'+'.join(v.contract.modes)}); if it is meant for {v.contract.primary_mode} mode only, "
+                      f"declare @fxverify.contract(modes=({v.contract.primary_mode!r},)):\n{exc}",
+                      input=f"the model traced in {mode} mode") from None
+    try:
+        unrun = (copy.deepcopy(original), copy.deepcopy(result))
+    except Exception:
+        unrun = None
     _compare_runs(v, original, result, f"{mode} mode (RNG reseeded per run)")
-    return original, result
+    return unrun
 
 
-def _compare_switched_modes(v: Any, trained: tuple[fx.GraphModule, nn.Module]) -> list[str]:
+def _compare_switched_modes(v: Any, trained: tuple[fx.GraphModule, nn.Module] | None) -> list[str]:
     """The result transformed in one mode and switched to the other must behave like the original
     trace switched the same way: a transform that reads ``module.training`` when it runs and writes
     it into the graph (``F.dropout(x, p, training=False)``) breaks the ``.train()`` / ``.eval()``
     switch every training loop makes. Comparing with the switched trace leaves out what tracing
     itself bakes in (``if self.training:`` in a module traced through)."""
     applied = v.applied()
-    pairs = [("eval", "train", applied.original, applied.result), ("train", "eval", *trained)]
+    pairs = [("eval", "train", applied.original, applied.result)]
+    if trained is not None:
+        pairs.append(("train", "eval", *trained))
     done = []
     for source, target, original, result in pairs:
         try:
@@ -226,7 +241,8 @@ def _compare_switched_modes(v: Any, trained: tuple[fx.GraphModule, nn.Module]) -
 
 def _compare_runs(v: Any, original: nn.Module, result: nn.Module, how: str, *, switched_from: str | None = None) -> None:
     """Run ``original`` and ``result`` once on the primary inputs with the RNG reseeded; compare
-    outputs (judged against the original run in float64 with the same seed) and buffers after the run."""
+    outputs and buffers after the run (BatchNorm running statistics), both judged against the
+    original run in float64 with the same seed."""
     config = v.primary
     where = f"{config.describe()}, float32, {how}"
     reference = None
@@ -237,9 +253,13 @@ def _compare_runs(v: Any, original: nn.Module, result: nn.Module, how: str, *, s
             reference = None
     expected = _run_reseeded(v, original, config.make(v.case.seed), where, original=True)
     actual = _run_reseeded(v, result, config.make(v.case.seed), where)
+    reference_run: list[Any] = []
 
     def fp64() -> Any:
-        return _run_reseeded(v, reference, config.make(v.case.seed, dtype=torch.float64), where, original=True)
+        if not reference_run:
+            inputs = config.make(v.case.seed, dtype=torch.float64)
+            reference_run.append(_run_reseeded(v, reference, inputs, where, original=True))
+        return reference_run[0]
 
     found = compare_trees(actual, expected, tolerance=v.tolerance, fp64_expected=fp64 if reference is not None else None)
     if found is not None:
@@ -252,8 +272,15 @@ def _compare_runs(v: Any, original: nn.Module, result: nn.Module, how: str, *, s
         raise finding
     before, after = tensor_state(original), tensor_state(result)
     parameters = {name for name, _ in original.named_parameters()}
+
+    def fp64_buffer(name: str) -> Any:
+        fp64()  # the reference's buffers are updated by its run
+        return tensor_state(reference).get(name)
+
     for name in sorted((before.keys() & after.keys()) - parameters):
-        found_buffer = compare_values(after[name], before[name], path=f"buffer {name!r} after the forward pass", tolerance=v.tolerance)
+        found_buffer = compare_values(after[name], before[name], path=f"buffer {name!r} after the forward pass",
+                                      tolerance=v.tolerance,
+                                      fp64=(lambda name=name: fp64_buffer(name)) if reference is not None else None)
         if found_buffer is not None:
             raise Finding(
                 f"buffers updated differently: {found_buffer.describe()}", input=where, where=found_buffer.path

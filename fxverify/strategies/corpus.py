@@ -38,8 +38,7 @@ from fxverify.strategies.graphs import GraphCase, graph_from_seed
 from fxverify.strategies.probe import Probe, probe_ops
 
 PREFIX = "random_graph_"
-WORKER_SEEDS = "fxverify_random_graphs_seeds"
-WORKER_OPTIONS = "fxverify_random_graphs_options"
+WORKER_GRAPHS = "fxverify_random_graphs"  # xdist workerinput: [[seed, options], ...] from the controller
 DATABASE_DIR = Path(".hypothesis") / "fxverify"
 # Part of the database key: raise it when what a seed builds changes, so that the seeds
 # saved for the old graphs are not replayed as other graphs.
@@ -108,68 +107,93 @@ def _canonical(options: dict[str, Any]) -> str:
 
 
 class RandomGraphs:
-    """A pytest plugin object: the random-graph entries of this run (the replayed seeds,
-    then ``count`` fresh ones, built with ``options``), and the example database that
-    remembers the seeds of failing ones (one key per set of transforms and options).
-    xdist workers take the controller's seeds."""
+    """A pytest plugin object: the random-graph entries of this run (the replayed graphs, then
+    ``count`` fresh ones), and the example database that remembers failing ones (one key per set
+    of transforms and options). Fresh graphs are drawn with ``options``, from the ops the
+    transforms rewrite unless ``options`` names ``ops``; a saved graph keeps the options it was
+    drawn with, so it is the same graph when replayed whatever a later probe finds. xdist workers
+    take the controller's graphs."""
 
     def __init__(self, config: pytest.Config, count: int, transforms: list[str],
                  options: dict[str, Any] | None = None) -> None:
         self.options = options or {}
         self.database = DirectoryBasedExampleDatabase(str(Path(config.rootpath) / DATABASE_DIR))
-        workerinput = getattr(config, "workerinput", None)
-        self.probes: list[Probe] = []
-        if workerinput is not None and WORKER_OPTIONS in workerinput:
-            self.options = dict(workerinput[WORKER_OPTIONS])
-        elif "ops" not in self.options:  # guided: draw from the ops the transforms rewrite
-            self.probes = [probe_ops(spec, **self.options) for spec in transforms]
-            rewritten = sorted({name for probe in self.probes for name in probe.rewritten})
-            if rewritten:
-                self.options = {**self.options, "ops": rewritten}
         key = f"fxverify-random-graphs-v{SEED_FORMAT}:" + ",".join(sorted(transforms))
         self.key = (key + (f":{_canonical(self.options)}" if self.options else "")).encode()
-        if workerinput is not None and WORKER_SEEDS in workerinput:
-            self.replayed: list[int] = []  # the controller replays and forgets; workers only run
-            self.seeds = [int(seed) for seed in workerinput[WORKER_SEEDS]]
+        self.probes: list[Probe] = []
+        self.saved: dict[int, bytes] = {}  # replayed seed -> its value in the database
+        workerinput = getattr(config, "workerinput", None)
+        if workerinput is not None and WORKER_GRAPHS in workerinput:
+            self.graphs = {int(seed): dict(options) for seed, options in workerinput[WORKER_GRAPHS]}
+            self.drawn = self.options  # the controller replays and forgets; workers only run
         else:
-            self.replayed = sorted(int(value.decode()) for value in self.database.fetch(self.key))
-            fresh = [random.getrandbits(32) for _ in range(count)]
-            self.seeds = list(dict.fromkeys(self.replayed + fresh))
+            self.drawn = self._guided(transforms) if count else self.options
+            replayed = {}
+            for value in self.database.fetch(self.key):
+                seed, replayed[seed] = self._decode(value)
+                self.saved[seed] = value
+            self.graphs = dict(sorted(replayed.items()))
+            for _ in range(count):
+                self.graphs.setdefault(random.getrandbits(32), self.drawn)
         self.failed: set[int] = set()
         self.passed: set[int] = set()
-        self.entries = [entry_for(seed, self.options) for seed in self.seeds]
+        self.entries = [entry_for(seed, options) for seed, options in self.graphs.items()]
+
+    @property
+    def seeds(self) -> list[int]:
+        return list(self.graphs)
+
+    def _guided(self, transforms: list[str]) -> dict[str, Any]:
+        """The options of fresh graphs: the user's, with ``ops`` set to the ops the transforms rewrite
+        (when the user named none and a probe finds some, but not all)."""
+        if "ops" in self.options:
+            return self.options
+        self.probes = [probe_ops(spec, **self.options) for spec in transforms]
+        rewritten = sorted({name for probe in self.probes for name in probe.rewritten})
+        if not rewritten or all(len(probe.rewritten) == probe.usable for probe in self.probes):
+            return self.options
+        return {**self.options, "ops": rewritten}
+
+    def _decode(self, value: bytes) -> tuple[int, dict[str, Any]]:
+        """A saved graph: ``{"seed": ..., "options": ...}``, or a bare seed (saved before options were kept)."""
+        found = json.loads(value.decode())
+        if isinstance(found, int):
+            return found, self.options
+        return int(found["seed"]), dict(found["options"])
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
-        """xdist: every worker collects the controller's seeds and options (the ops its probe chose),
-        whatever the database holds by then."""
-        node.workerinput[WORKER_SEEDS] = list(self.seeds)
-        node.workerinput[WORKER_OPTIONS] = dict(self.options)
+        """xdist: every worker collects the controller's graphs, whatever the database holds by then."""
+        node.workerinput[WORKER_GRAPHS] = [[seed, options] for seed, options in self.graphs.items()]
 
     def pytest_report_header(self) -> list[str]:
-        fresh = len(self.seeds) - len(self.replayed)
-        lines = [f"fxverify: {len(self.seeds)} random graphs ({len(self.replayed)} replayed from the example "
-                 f"database {DATABASE_DIR}/, {fresh} new); rebuild one with "
-                 f"fxverify.strategies.graph_from_seed(<seed>{''.join(f', {k}={v!r}' for k, v in self.options.items())})"]
+        replayed = len(self.saved)
+        lines = [f"fxverify: {len(self.graphs)} random graphs ({replayed} replayed from the example "
+                 f"database {DATABASE_DIR}/, {len(self.graphs) - replayed} new); rebuild a new one with "
+                 f"fxverify.strategies.graph_from_seed(<seed>{''.join(f', {k}={v!r}' for k, v in self.drawn.items())})"]
         lines += [f"fxverify: {probe.describe()}" for probe in self.probes]
         return lines
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        """Save the seed of a random graph as soon as one of its items fails."""
+        """Save a random graph (its seed and options) as soon as one of its items fails."""
         if report.when != "call" and not report.failed:
             return
-        for seed in self.seeds:
+        for seed, options in self.graphs.items():
             if f"{PREFIX}{seed}-" in report.nodeid:
                 if report.failed:
                     self.failed.add(seed)
-                    self.database.save(self.key, str(seed).encode())
+                    self.database.save(self.key, self.saved.get(seed) or _encode(seed, options))
                 elif report.passed:  # a skip proves nothing: the seed stays saved
                     self.passed.add(seed)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        """Forget replayed seeds whose items all passed this time (on the xdist controller, or alone)."""
+        """Forget replayed graphs whose items all passed this time (on the xdist controller, or alone)."""
         if getattr(session.config, "workerinput", None) is not None:
             return
-        for seed in self.replayed:
+        for seed, value in self.saved.items():
             if seed in self.passed and seed not in self.failed:
-                self.database.delete(self.key, str(seed).encode())
+                self.database.delete(self.key, value)
+
+
+def _encode(seed: int, options: dict[str, Any]) -> bytes:
+    return json.dumps({"seed": seed, "options": options}, sort_keys=True).encode()
