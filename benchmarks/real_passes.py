@@ -114,9 +114,14 @@ def run(name: str, corpus: str, workers: int) -> dict[str, Any]:
 
 def finding(message: str) -> str:
     """The line of a failure message that says what is wrong, numbers blanked so alike ones group."""
-    found = re.search(r"finding:\s+(.*)", message) or re.search(r"error:\s+(.*)", message)
-    text = found.group(1) if found else (message.strip().splitlines() or ["?"])[0]
-    return _NUMBERS.sub("N", text)[:160]
+    lines = message.splitlines()
+    at = next((i for i, line in enumerate(lines) if line.lstrip().startswith(("finding:", "error:"))), None)
+    if at is None:
+        return _NUMBERS.sub("N", (lines or ["?"])[0])[:160]
+    text = lines[at].split(":", 1)[1].strip()
+    if text.endswith(":") and at + 1 < len(lines):  # "the transform failed on this model:" and why
+        text += " " + lines[at + 1].strip()
+    return _NUMBERS.sub("N", text)[:200]
 
 
 def main() -> None:
@@ -134,13 +139,15 @@ def main() -> None:
         counts = collections.Counter(r["outcome"] for r in records)
         print(f"\n== {transform.__name__} [{fxverify.contract_of(transform).describe()}]: "
               f"{', '.join(f'{n} {o}' for o, n in sorted(counts.items()))} in {outcome['seconds']:.0f} s")
-        groups: dict[tuple[str, str, str], list[str]] = collections.defaultdict(list)
+        groups: dict[tuple[str, str], list[tuple[str, str]]] = collections.defaultdict(list)
         for r in records:
             if r["outcome"] in ("failed", "error"):
-                groups[(r["outcome"], r["check"], finding(r["message"]))].append(r["model"])
-        for (kind, check, text), models in sorted(groups.items(), key=lambda item: -len(item[1])):
+                groups[(r["outcome"], finding(r["message"]))].append((r["check"], r["model"]))
+        for (kind, text), items in sorted(groups.items(), key=lambda item: -len(item[1])):
+            checks = ",".join(dict.fromkeys(check for check, _ in items))
+            models = list(dict.fromkeys(model for _, model in items))
             shown = ", ".join(models[:6]) + (f" and {len(models) - 6} more" if len(models) > 6 else "")
-            print(f"  {len(models):3d} {kind:6s} {check:11s} {text}\n      {shown}")
+            print(f"  {len(items):3d} {kind} items ({checks}): {text}\n      models: {shown}")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,12 @@ class TransformLoadError(FxVerifyError):
 
 
 class TransformFailed(FxVerifyError):
-    """The transform raised, hung, or returned something fxverify cannot use."""
+    """The transform raised, hung, or returned something fxverify cannot use. ``cause`` says
+    what happened in one line (``AssertionError: this pass is only for torch.float modules``)."""
+
+    def __init__(self, message: str, cause: str = "") -> None:
+        super().__init__(message)
+        self.cause = cause or message.splitlines()[0]
 
 
 class CorpusError(FxVerifyError):

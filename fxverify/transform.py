@@ -112,7 +112,7 @@ class Transform:
             raise
         except BaseException as exc:  # the user's own error (sys.exit() too), reported with its traceback
             tb = "".join(traceback.format_exception(type(exc), exc, _users_frames(exc.__traceback__)))
-            raise TransformFailed(f"transform {self.spec} raised {_raised(exc)}\n{tb}") from exc
+            raise TransformFailed(f"transform {self.spec} raised {_raised(exc)}\n{tb}", _raised(exc)) from exc
         finally:
             forget_unpatchable_wraps()
         return self.normalize_result(returned, gm)

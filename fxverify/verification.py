@@ -32,8 +32,6 @@ from fxverify.result import (ERROR, FAILED, PASSED, SKIPPED, XFAILED, CheckResul
                              exception_summary)
 from fxverify.transform import Transform, as_transform
 
-BUG_REPORT = "https://github.com/fxverify/fxverify/issues"
-
 DEFAULT_TIMEOUT = 300.0
 
 
@@ -279,7 +277,7 @@ class Verification:
                                              timeout=self.timeout)
         except TransformFailed as exc:
             self._float64_exact = False
-            self.float64_fallback = str(exc).splitlines()[0].removeprefix(f"transform {self.transform.spec} raised ")
+            self.float64_fallback = exc.cause
             return self._copy("result", applied.result).to(dtype)
         return result.to(dtype).train(applied.mode == "train")
 
@@ -322,7 +320,7 @@ class Verification:
             f"  model:      {self.case.name}",
             f"  transform:  {self.transform.spec}",
             f"  error:      {what} raised {exception_summary(exc)} inside fxverify; this says nothing about "
-            f"the transform. Please report it, with this message, at {BUG_REPORT}",
+            "the transform. Please report it to fxverify's maintainers, with this message",
             tb.rstrip(),
         ]
         return self._result(check, ERROR, "\n".join(lines))
