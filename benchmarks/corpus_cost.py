@@ -20,7 +20,7 @@ import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
 
-from fxverify import catalogue
+from fxverify.cases import catalogue
 
 TRANSFORM = "fxverify.examples:identity"
 

@@ -102,7 +102,7 @@ class Outcome:
 
 def run_pytest(name: str, kind: str, expected: str, corpus: str, workers: int, edge_first: bool) -> Outcome:
     """Verify ``tests.mutations:name`` over ``corpus`` in a pytest subprocess (``-x`` for bugs)."""
-    from fxverify.pytest_items import parse_nodeid
+    from fxverify.plugin.nodeids import parse_nodeid
 
     with tempfile.TemporaryDirectory(prefix="fxverify-detection-") as tmp:
         junit, events = Path(tmp) / "junit.xml", Path(tmp) / "events.jsonl"

@@ -172,8 +172,8 @@ def bare_loop(corpus: str) -> int:
     from torch import fx
     from torch.utils import _pytree as pytree
 
-    from fxverify import catalogue
-    from fxverify.cases import ModelCase
+    from fxverify.cases import catalogue
+    from fxverify.cases.case import ModelCase
 
     from fxverify.examples import identity  # the transform under test, the same in both runs
 

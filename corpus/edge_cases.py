@@ -76,7 +76,7 @@ class ConcreteFlag(nn.Module):
     that keep their defaults. A pass must keep those placeholders and guards; the
     specialised value must equal the default, since the traced module is called
     with the tensors alone. (``mask=None`` specialisation is covered by
-    ``hiera_tiny_224`` in the default zoo; see ``fxverify.tracing.forget_unpatchable_wraps``
+    ``hiera_tiny_224`` in the default zoo; see ``fxverify.capture.symbolic.forget_unpatchable_wraps``
     for the torch bug that retracing such a GraphModule triggers.)"""
 
     def __init__(self) -> None:

@@ -45,9 +45,9 @@ import torch
 import torchvision
 from torch import nn
 
-from fxverify import tracing
+from fxverify.capture import symbolic as tracing
 from fxverify.cases import factory_of
-from fxverify.catalogue import NONE, CorpusEntry, InputSpec
+from fxverify.cases.catalogue import NONE, CorpusEntry, InputSpec
 
 MAX_PARAMS = 150_000_000
 REDUCED_SIZES = (64, 96, 128, 160)

@@ -13,32 +13,30 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-# The checks in run order: fxverify.checks.CHECKS's keys (a test keeps them in step), here so
-# that the plugin's --help and the lazy exports need no torch import.
-_CHECK_NAMES = ("lint", "determinism", "numerics", "gradients", "devices", "cuda", "purity",
-                "recompile", "retrace", "to_folder", "pickle", "interpreter", "golden")
+from fxverify.checks import NAMES as _CHECK_NAMES  # the registry imports neither torch nor any check
 
 # public name -> the module that defines it
 _EXPORTS: dict[str, str] = {
-    "Contract": "fxverify.contracts",
-    "STRICT": "fxverify.contracts",
-    "contract": "fxverify.contracts",
-    "contract_of": "fxverify.contracts",
-    "Transform": "fxverify.transform",
-    "CorpusEntry": "fxverify.catalogue",
-    "InputSpec": "fxverify.catalogue",
-    "register_model": "fxverify.catalogue",
-    "ModelCase": "fxverify.cases",
-    "load_case": "fxverify.cases",
-    "case_from_module": "fxverify.cases",
-    "Verification": "fxverify.verification",
+    "Contract": "fxverify.engine.contracts",
+    "STRICT": "fxverify.engine.contracts",
+    "contract": "fxverify.engine.contracts",
+    "contract_of": "fxverify.engine.contracts",
+    "Transform": "fxverify.engine.transform",
+    "CorpusEntry": "fxverify.cases.catalogue",
+    "InputSpec": "fxverify.cases.catalogue",
+    "register_model": "fxverify.cases.catalogue",
+    "ModelCase": "fxverify.cases.case",
+    "load_case": "fxverify.cases.case",
+    "case_from_module": "fxverify.cases.case",
+    "Verification": "fxverify.api",
     "check_rewrite": "fxverify.rewrite",
     "RewriteFailed": "fxverify.rewrite",
-    "Minimised": "fxverify.minimise",
-    "minimise_numerics": "fxverify.minimise",
-    "minimise_module": "fxverify.minimise",
-    "write_repro": "fxverify.repro",
-    "CheckResult": "fxverify.result",
+    "Minimised": "fxverify.diagnose.minimise",
+    "minimise_numerics": "fxverify.api",
+    "minimise_module": "fxverify.diagnose.minimise",
+    "write_repro": "fxverify.diagnose.repro",
+    "CheckResult": "fxverify.engine.results",
+    "Outcome": "fxverify.engine.results",
     "verify": "fxverify.api",
     "assert_transform_ok": "fxverify.api",
     "FxVerifyError": "fxverify.errors",

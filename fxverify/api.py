@@ -1,5 +1,7 @@
-"""The public check functions: ``check_<name>`` returns a :class:`CheckResult`,
-``assert_<name>`` raises :class:`CheckFailed` with a readable message.
+"""The public API over the engine: ``check_<name>`` returns a :class:`CheckResult`,
+``assert_<name>`` raises :class:`CheckFailed` with a readable message, one pair per
+registered check; :class:`Verification` runs several checks on one shared subject;
+:func:`minimise_numerics` shrinks a numerics failure.
 
 Each takes the transform (a callable, a ``"module:function"`` spec or a
 :class:`Transform`) and the model (a :class:`ModelCase` or a corpus name)::
@@ -7,25 +9,54 @@ Each takes the transform (a callable, a ``"module:function"`` spec or a
     fxverify.check_numerics(my_pass, "resnet18").ok
     fxverify.assert_transform_ok(my_pass, fx_model)   # every check
 
-To run several checks without redoing the shared work, use one
-:class:`~fxverify.verification.Verification` and call ``run(check)`` on it.
+To run several checks without redoing the shared work, use one :class:`Verification`
+and call ``run(check)`` on it.
 """
 
 from __future__ import annotations
 
-import sys
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fxverify.cases import ModelCase
-from fxverify.checks import CHECKS
+from fxverify import checks as registry
+from fxverify.capture import Capture
+from fxverify.cases.case import ModelCase, load_case
+from fxverify.checks._digest_server import CrossProcessDigests
+from fxverify.diagnose.minimise import DEFAULT_BUDGET, Minimised, minimise_failure
+from fxverify.diagnose.repro import ReproOnFailure
+from fxverify.engine.results import FAILED, CheckResult
+from fxverify.engine.runner import Runner
+from fxverify.engine.subject import DEFAULT_TIMEOUT, Settings, Subject
+from fxverify.engine.transform import Transform, as_transform
 from fxverify.errors import CheckFailed
-from fxverify.result import FAILED, CheckResult
-from fxverify.transform import Transform
-from fxverify.verification import DEFAULT_TIMEOUT, Verification
 
 TransformLike = Transform | Callable[..., Any] | str
 CaseLike = ModelCase | str
+
+
+class Verification(Runner):
+    """Runs checks of ``transform`` on ``case`` (a :class:`ModelCase` or a corpus name), sharing the
+    expensive work (``subject``): ``run(check)``, ``run_all()``.
+
+    ``cross_process`` supplies digests of the transform's result computed in another process
+    (see :mod:`fxverify.checks.determinism`); ``golden_dir`` and ``update_golden`` are the golden
+    check's folder and mode; with ``repro_dir``, a failing numerics check is minimised and written
+    there as a standalone repro (:class:`fxverify.diagnose.repro.ReproOnFailure`).
+
+    >>> import fxverify
+    >>> v = Verification(fxverify.examples.identity, "edge_conv_bn_head")
+    >>> v.run("lint").ok, v.subject.changes
+    (True, ['code', 'meta'])
+    """
+
+    def __init__(self, transform: TransformLike, case: CaseLike, *, timeout: float | None = DEFAULT_TIMEOUT,
+                 cross_process: Callable[[str], str] | None = None, golden_dir: str | os.PathLike[str] | None = None,
+                 update_golden: bool = False, repro_dir: str | os.PathLike[str] | None = None,
+                 capture: Capture | None = None) -> None:
+        super().__init__(transform, case, timeout=timeout, capture=capture,
+                         settings=Settings(cross_process, golden_dir, update_golden),
+                         after_failure=[ReproOnFailure(repro_dir)] if repro_dir else [])
 
 
 def verify(
@@ -34,18 +65,27 @@ def verify(
     """Run every check (or the named ones) of ``transform`` on ``case``.
 
     >>> import fxverify
-    >>> [r.outcome for r in verify(fxverify.examples.identity, "resnet18", checks=["lint"])]
+    >>> [r.outcome.value for r in verify(fxverify.examples.identity, "edge_conv_bn_head", checks=["lint"])]
     ['passed']
     """
-    from fxverify.crossprocess import CrossProcessDigests
-
-    v = Verification(transform, case, timeout=timeout)
-    digests = CrossProcessDigests(v.transform, [v.case], timeout=timeout or DEFAULT_TIMEOUT)
-    v.cross_process = digests
+    transform, case = as_transform(transform), load_case(case) if isinstance(case, str) else case
+    digests = CrossProcessDigests(transform, [case], timeout=timeout or DEFAULT_TIMEOUT)
     try:
-        return v.run_all(list(checks) if checks else None)
+        return Verification(transform, case, timeout=timeout, cross_process=digests).run_all(
+            list(checks) if checks else None)
     finally:
         digests.close()
+
+
+def minimise_numerics(transform: TransformLike, case: CaseLike, *, budget_s: float = DEFAULT_BUDGET) -> Minimised:
+    """The numerics failure of ``transform`` on ``case`` (a corpus name or a ``ModelCase``), minimised;
+    then write it with :func:`fxverify.write_repro`::
+
+        found = fxverify.minimise_numerics(my_pass, "resnet18")
+        print(found.describe(), found.module.code)
+        fxverify.write_repro(found, "repros", "resnet18-my_pass")
+    """
+    return minimise_failure(Subject(transform, case), budget_s=budget_s)
 
 
 def assert_transform_ok(
@@ -67,7 +107,7 @@ def assert_transform_ok(
 
 
 def _pair(name: str) -> tuple[Callable[..., CheckResult], Callable[..., CheckResult]]:
-    summary = (sys.modules[CHECKS[name].__module__].__doc__ or name).strip().splitlines()[0]
+    summary = registry.spec(name).summary
 
     def check_fn(transform: TransformLike, case: CaseLike, *, timeout: float | None = DEFAULT_TIMEOUT) -> CheckResult:
         return verify(transform, case, checks=[name], timeout=timeout)[0]
@@ -79,7 +119,7 @@ def _pair(name: str) -> tuple[Callable[..., CheckResult], Callable[..., CheckRes
     check_fn.__name__ = check_fn.__qualname__ = f"check_{name}"
     assert_fn.__name__ = assert_fn.__qualname__ = f"assert_{name}"
     check_fn.__doc__ = (
-        f"Run the {name} check: {summary}\n\n"
+        f"Run the {name} check: {summary}.\n\n"
         f"Returns a CheckResult; ``.ok`` is False when it failed, ``.message`` says why::\n\n"
         f"    fxverify.check_{name}(my_pass, 'resnet18').outcome   # 'passed', 'failed' or 'skipped'\n"
     )
@@ -90,25 +130,8 @@ def _pair(name: str) -> tuple[Callable[..., CheckResult], Callable[..., CheckRes
     return check_fn, assert_fn
 
 
-check_lint, assert_lint = _pair("lint")
-check_determinism, assert_determinism = _pair("determinism")
-check_numerics, assert_numerics = _pair("numerics")
-check_gradients, assert_gradients = _pair("gradients")
-check_devices, assert_devices = _pair("devices")
-check_cuda, assert_cuda = _pair("cuda")
-check_purity, assert_purity = _pair("purity")
-check_recompile, assert_recompile = _pair("recompile")
-check_retrace, assert_retrace = _pair("retrace")
-check_to_folder, assert_to_folder = _pair("to_folder")
-check_pickle, assert_pickle = _pair("pickle")
-check_interpreter, assert_interpreter = _pair("interpreter")
-check_golden, assert_golden = _pair("golden")
+for _name in registry.NAMES:  # check_lint, assert_lint, ...: one pair per registered check
+    globals()[f"check_{_name}"], globals()[f"assert_{_name}"] = _pair(_name)
 
-__all__ = [
-    "verify", "assert_transform_ok", "CheckFailed",
-    "check_lint", "assert_lint", "check_determinism", "assert_determinism",
-    "check_numerics", "assert_numerics", "check_gradients", "assert_gradients",
-    "check_devices", "assert_devices", "check_cuda", "assert_cuda", "check_purity", "assert_purity",
-    "check_recompile", "assert_recompile", "check_retrace", "assert_retrace", "check_to_folder", "assert_to_folder",
-    "check_pickle", "assert_pickle", "check_interpreter", "assert_interpreter", "check_golden", "assert_golden",
-]
+__all__ = ["verify", "assert_transform_ok", "CheckFailed",
+           *(f"{kind}_{name}" for name in registry.NAMES for kind in ("check", "assert"))]

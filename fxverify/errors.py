@@ -28,6 +28,11 @@ class TransformFailed(FxVerifyError):
         self.cause = cause or message.splitlines()[0]
 
 
+class CopyFailed(FxVerifyError):
+    """``copy.deepcopy`` of a module raised, so fxverify cannot make the converted copy it needs
+    (its float64 or meta device copy): no verdict on the module's dtypes or devices follows."""
+
+
 class CorpusError(FxVerifyError):
     """A corpus selection or catalogue entry is invalid."""
 

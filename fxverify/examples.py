@@ -15,7 +15,7 @@ from typing import Any
 
 from torch import fx, nn
 
-from fxverify.contracts import contract
+from fxverify.engine.contracts import contract
 
 
 @contract(modes=("eval",), changes_parameters=True)

@@ -63,7 +63,7 @@ from pathlib import Path
 
 from torch import fx, nn
 
-from fxverify.graph_text import canonical_text
+from fxverify.analysis.graph_text import canonical_text
 
 SUFFIX = ".golden"
 OBTAINED_SUFFIX = ".obtained"

@@ -20,13 +20,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import fx
 
-from fxverify.compare import Tolerance, compare_trees
-from fxverify.contracts import contract
+from fxverify.analysis.compare import Tolerance, compare_trees
+from fxverify.engine.contracts import contract
 from fxverify.errors import CheckFailed, TransformFailed
-from fxverify.result import FAILED
+from fxverify.engine.results import FAILED
 from fxverify.strategies.patterns import PatternCase, graphs_with_pattern
 from fxverify.strategies.tensors import inputs_for
-from fxverify.transform import Transform, as_transform
+from fxverify.engine.transform import Transform, as_transform
+from fxverify.engine.runner import Runner
 
 CORE_CHECKS = ("lint", "numerics", "determinism")
 
@@ -112,9 +113,7 @@ def check_rewrite(
 
 def run_case(transform: Transform, case: PatternCase, checks: Sequence[str]) -> None:
     """Run ``checks`` of ``transform`` on ``case``; raise :class:`RewriteFailed` on a failure."""
-    from fxverify.verification import Verification
-
-    verification = Verification(transform, case, timeout=None)
+    verification = Runner(transform, case, timeout=None)
     failed = [r for r in (verification.run(c) for c in checks) if r.outcome == FAILED]
     if failed:
         raise RewriteFailed("\n\n".join(r.message for r in failed), case)

@@ -7,6 +7,6 @@
 # any in-process run, and exception classes stay the same objects across runs.
 import fxverify.api
 import fxverify.examples
-import fxverify.pytest_items  # noqa: F401
+import fxverify.plugin.items  # noqa: F401
 
 fxverify.api.verify(fxverify.examples.identity, "edge_conv_bn_head")

@@ -23,7 +23,7 @@ from torch.fx.passes.split_module import split_module
 from torch.fx.passes.tools_common import legalize_graph
 
 import fxverify
-from fxverify.localise import mutates
+from fxverify.analysis.localise import mutates
 
 # -- correct transforms -----------------------------------------------------------
 

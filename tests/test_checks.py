@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import fxverify
-from fxverify.verification import Verification
+from fxverify.api import Verification
 from tests import mutations
 
 # Where a bug needs a particular architecture to show, say which model shows it.
@@ -63,7 +63,7 @@ def test_numerics_names_input_output_path_and_first_divergent_node():
 
 def test_fresh_init_would_hide_the_bn_fold_bug():
     """With BN running_mean = 0 the buggy fold is exact: state randomisation is what catches it."""
-    from fxverify.cases import ModelCase
+    from fxverify.cases.case import ModelCase
 
     class FreshInit(ModelCase):
         def build(self, *, training=False):
@@ -71,7 +71,7 @@ def test_fresh_init_would_hide_the_bn_fold_bug():
 
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(self.seed)
-                from fxverify.cases import factory_of
+                from fxverify.cases.case import factory_of
 
                 return factory_of(self.entry)().train(training)
 
@@ -135,10 +135,10 @@ def test_transform_failures_fail_with_the_transform_traceback():
 
 def test_no_op_means_nothing_changed_at_all():
     v = Verification(lambda gm: None, "edge_conv_bn_head")
-    assert v.no_op is True and v.changes == [] and v.run("lint").ok
+    assert v.subject.no_op is True and v.subject.changes == [] and v.run("lint").ok
     # a Transformer rebuilds the same graph, but drops the code's annotations and adds node meta
-    assert Verification(mutations.transformer_identity, "edge_conv_bn_head").changes == ["code", "meta"]
-    assert Verification(mutations.torch_fuse, "edge_conv_bn_head").changes[:2] == ["state", "graph"]
+    assert Verification(mutations.transformer_identity, "edge_conv_bn_head").subject.changes == ["code", "meta"]
+    assert Verification(mutations.torch_fuse, "edge_conv_bn_head").subject.changes[:2] == ["state", "graph"]
 
 
 def test_assert_helpers_raise_readable_failures():
@@ -151,7 +151,7 @@ def test_assert_helpers_raise_readable_failures():
 
 def test_the_reference_is_never_corrupted_by_a_mutating_transform():
     v = Verification(mutations.mutates_input, "edge_conv_bn_head")
-    applied = v.applied()
+    applied = v.subject.applied()
     assert all(not n.name.endswith("_seen") for n in applied.original.graph.nodes)
 
 
@@ -223,7 +223,7 @@ def test_a_result_sharing_a_caching_leaf_with_its_input_is_not_called_impure():
 
 def test_parameter_rewriting_transforms_are_compared_tightly_in_float64():
     # the fold is applied again to a float64 copy, so its new parameters carry no float32 rounding
-    v = Verification(mutations.torch_fuse, "edge_conv_bn_head")
+    v = Verification(mutations.torch_fuse, "edge_conv_bn_head").subject
     assert v.float64_tolerance == v.tolerance
 
     @fxverify.contract(modes=("eval",), changes_parameters=True)
@@ -233,7 +233,7 @@ def test_parameter_rewriting_transforms_are_compared_tightly_in_float64():
         return mutations.torch_fuse(gm)
 
     fallback = Verification(float32_only, "edge_conv_bn_head")
-    assert fallback.float64_tolerance.for_dtype(torch.float64) == fallback.tolerance.for_dtype(torch.float32)
+    assert fallback.subject.float64_tolerance.for_dtype(torch.float64) == fallback.subject.tolerance.for_dtype(torch.float32)
     assert fallback.run("numerics").ok and fallback.run("gradients").ok
 
 
@@ -339,16 +339,16 @@ def test_sys_exit_in_a_transform_is_its_failure_and_ctrl_c_still_stops_the_run()
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        fxverify.Transform.from_callable(interrupted).apply(fxverify.load_case("edge_conv_bn_head").trace(), torch.fx.Tracer)
+        fxverify.Transform.from_callable(interrupted).apply(fxverify.load_case("edge_conv_bn_head").trace())
 
 
 def test_an_exception_inside_fxverify_is_an_error_not_a_finding(monkeypatch):
-    from fxverify import checks
+    from fxverify.checks import lint
 
     def broken_check(v):
         return 1 / 0  # a bug in fxverify's own code
 
-    monkeypatch.setitem(checks.CHECKS, "lint", broken_check)
+    monkeypatch.setattr(lint, "check", broken_check)
     result = Verification(mutations.normalize_args, "edge_conv_bn_head").run("lint")
     assert result.outcome == "error" and not result.ok
     assert result.message.startswith("fxverify error in the lint check (not a finding about the transform)")

@@ -12,9 +12,9 @@ import torch
 from torch import nn
 
 import fxverify
-from fxverify import catalogue
+from fxverify.cases import catalogue
 from fxverify.errors import CorpusError
-from fxverify.result import FAILED, XFAILED
+from fxverify.engine.results import FAILED, XFAILED
 
 MUTATIONS = Path(__file__).with_name("mutations.py")
 IDENTITY = f"{MUTATIONS}:transformer_identity"

@@ -7,11 +7,11 @@ import os
 import textwrap
 from pathlib import Path
 
-from fxverify import crossprocess
-from fxverify.cases import load_case
+from fxverify.checks import _digest_server as crossprocess
+from fxverify.cases.case import load_case
 from fxverify.checks.determinism import digest
-from fxverify.crossprocess import CrossProcessDigests
-from fxverify.transform import Transform
+from fxverify.checks._digest_server import CrossProcessDigests
+from fxverify.engine.transform import Transform
 
 MODELS = ["edge_conv_bn_head", "edge_nested_outputs"]
 
@@ -37,7 +37,8 @@ def test_one_server_answers_every_model_and_the_transforms_prints_stay_out(tmp_p
         for name in MODELS:
             digests.request(name)  # both sent ahead; answers collected below
         for name in MODELS:
-            here, _ = transform.apply(load_case(name).trace(), load_case(name).tracer_class)
+            case = load_case(name)
+            here, _ = case.capture.apply(transform, case.trace(), timeout=None)
             assert digests(name) == digest(here)
     finally:
         digests.close()

@@ -12,7 +12,7 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 import fxverify
-from fxverify import catalogue
+from fxverify.cases import catalogue
 from fxverify.corpus import edge_cases
 
 EDGE = catalogue.select("edge")

@@ -19,9 +19,10 @@ import pytest
 import torch
 from torch import fx
 
-from fxverify import catalogue, golden
-from fxverify.transform import Transform
-from fxverify.verification import Verification
+from fxverify import golden
+from fxverify.cases import catalogue
+from fxverify.engine.transform import Transform
+from fxverify.api import Verification
 from tests import mutations
 
 CORPUS_GOLDEN = Path(__file__).parents[1] / "corpus" / "golden"
@@ -76,7 +77,7 @@ def test_a_missing_file_fails_and_a_missing_folder_skips(tmp_path):
 
 
 def test_random_graphs_skip_and_get_no_golden_file(tmp_path):
-    from fxverify.cases import ModelCase
+    from fxverify.cases.case import ModelCase
     from fxverify.strategies import graph_from_seed
     from fxverify.strategies.corpus import entry_for
 

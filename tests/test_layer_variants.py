@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import fxverify
-from fxverify import catalogue
+from fxverify.cases import catalogue
 from fxverify.corpus import layer_variants
 from tests import mutations
 

@@ -10,9 +10,9 @@ import torch
 from torch import fx
 
 import fxverify
-from fxverify.compare import Tolerance
-from fxverify.localise import changed_upstream, code_line, localise
-from fxverify.node_map import correspondence
+from fxverify.analysis.compare import Tolerance
+from fxverify.analysis.localise import changed_upstream, code_line, localise
+from fxverify.analysis.node_map import correspondence
 from tests import mutations
 
 DIVERGENCE_KEYS = {"result_node", "original_node", "op", "target", "code_line", "shape", "dtype", "max_abs",
@@ -21,7 +21,7 @@ DIVERGENCE_KEYS = {"result_node", "original_node", "op", "target", "code_line", 
 
 def test_the_first_divergent_node_of_a_broken_bn_fold_is_the_relu_reading_the_folded_conv():
     result = fxverify.check_numerics(mutations.bn_fold_ignores_running_mean, "edge_conv_bn_head")
-    divergence = result.details["divergence"]
+    divergence = result.divergence
     assert set(divergence) == DIVERGENCE_KEYS
     assert divergence == json.loads(json.dumps(divergence))  # JSON as it is, for the reports
     assert divergence["result_node"] == divergence["original_node"] == "relu"
@@ -34,7 +34,7 @@ def test_the_first_divergent_node_of_a_broken_bn_fold_is_the_relu_reading_the_fo
     assert "reads nodes the transform changed: %conv1 (call_module conv1)" in result.message
     assert (divergence["changed"], divergence["removed"]) == (["conv1"], ["bn1"])  # the fold removed the BN
     assert "the original's nodes the transform removed before it: %bn1 (call_module bn1)" in result.message
-    assert result.details["max_abs"] > 0  # the output numbers stay
+    assert result.max_abs > 0  # the output numbers stay
 
 
 def renamed_by_a_transformer(gm: fx.GraphModule) -> torch.nn.Module:
@@ -69,7 +69,7 @@ def test_renamed_nodes_are_mapped_by_provenance_or_by_position():
     for transform, name, how in ((renamed_by_a_transformer, "t__2", "provenance"),
                                  (renamed_without_provenance, "v2", "position")):
         contracted = fxverify.contract(modes=("eval",), changes_parameters=True)(transform)
-        divergence = fxverify.check_numerics(contracted, case).details["divergence"]
+        divergence = fxverify.check_numerics(contracted, case).divergence
         # the BN _1 was folded into the conv _0; the ReLU module _2 now reads _0
         assert (divergence["result_node"], divergence["original_node"], divergence["how_mapped"]) == (name, "_2", how)
 
@@ -123,7 +123,7 @@ def test_gradients_name_the_kept_node_nearest_the_outputs_whose_gradient_differs
     case = fxverify.case_from_module("conv_bn_relu", conv_bn_relu, [(2, 3, 8, 8)])
     assert fxverify.check_numerics(detaches_before_relu, case).ok  # the values are right
     result = fxverify.check_gradients(detaches_before_relu, case)
-    divergence = result.details["divergence"]
+    divergence = result.divergence
     assert (divergence["result_node"], divergence["how_mapped"], divergence["max_abs"]) == ("_1", "name", None)
     assert "feeds nodes the transform changed: %detach (call_method detach)" in result.message
 
@@ -145,4 +145,4 @@ def test_a_result_without_a_float64_copy_is_localised_in_float32():
     assert ("first node: no kept node diverged: the difference arises in nodes the transform changed: "
             "%mul (call_function torch.mul)") in result.message
     # fxverify could not copy it: that says nothing of whether it runs in float64 (lint reports the copy)
-    assert devices.ok and devices.details["float64"].startswith("not judged: copy.deepcopy of the result raised")
+    assert devices.ok and devices.details["float64"].startswith("not judged: copy.deepcopy raised TypeError")

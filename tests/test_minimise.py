@@ -14,9 +14,10 @@ import torch
 
 import fxverify
 from fxverify.errors import FxVerifyError
-from fxverify.minimise import DIFFERS, minimise_failure, minimise_module
-from fxverify.repro import EXIT_DIFFERS, EXIT_RAISES, repro_stem, write_repro
-from fxverify.transform import Transform
+from fxverify.diagnose.minimise import DIFFERS, minimise_failure, minimise_module
+from fxverify.diagnose.repro import EXIT_DIFFERS, EXIT_RAISES, repro_stem, write_repro
+from fxverify.engine.transform import Transform
+from fxverify.engine.subject import Subject
 from tests import mutations
 
 MUTATIONS = Path(__file__).with_name("mutations.py")
@@ -24,7 +25,7 @@ ROOT = Path(__file__).parents[1]  # where ``tests.test_minimise`` imports
 
 
 def test_a_broken_bn_fold_shrinks_to_conv_and_bn():
-    found = minimise_failure(fxverify.Verification(mutations.bn_fold_ignores_running_mean, "edge_conv_bn_head"))
+    found = minimise_failure(Subject(mutations.bn_fold_ignores_running_mean, "edge_conv_bn_head"))
     assert found.complete and found.kind == "differs"
     assert (found.nodes_before, found.nodes_after) == (12, 4)
     ops = [(n.op, n.target) for n in found.module.graph.nodes]
@@ -34,8 +35,7 @@ def test_a_broken_bn_fold_shrinks_to_conv_and_bn():
 
 
 def test_the_time_budget_returns_the_smallest_failing_candidate_so_far():
-    v = fxverify.Verification(mutations.bn_fold_ignores_running_mean, "edge_conv_bn_head")
-    found = minimise_failure(v, budget_s=0.0)  # spent before the first try: the whole model
+    found = minimise_failure(Subject(mutations.bn_fold_ignores_running_mean, "edge_conv_bn_head"), budget_s=0.0)  # spent before the first try: the whole model
     assert not found.complete and found.nodes_after == found.nodes_before == 12
     assert "time budget spent" in found.describe()
 
@@ -84,7 +84,7 @@ def scales_what_a_wrapped_function_returns(gm: torch.fx.GraphModule) -> torch.fx
 
 
 def test_a_repro_of_a_wrapped_function_registers_the_wrap_at_module_level_and_fails_alone(tmp_path):
-    found = minimise_failure(fxverify.Verification(scales_what_a_wrapped_function_returns, "edge_wrapped_function"))
+    found = minimise_failure(Subject(scales_what_a_wrapped_function_returns, "edge_wrapped_function"))
     assert [n.op for n in found.module.graph.nodes] == ["placeholder", "call_function", "output"]
     script = write_repro(found, tmp_path, "wrapped")
     wraps = [line for line in script.read_text().splitlines() if ".wrap(" in line]

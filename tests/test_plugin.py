@@ -217,9 +217,9 @@ def test_correct_transforms_that_once_raised_false_alarms_pass_through_the_plugi
 
 
 def test_an_exception_inside_fxverify_is_reported_as_an_error_not_a_failure(pytester, monkeypatch):
-    from fxverify import checks
+    from fxverify.checks import lint
 
-    monkeypatch.setitem(checks.CHECKS, "lint", lambda v: 1 / 0)
+    monkeypatch.setattr(lint, "check", lambda v: 1 / 0)
     result = pytester.runpytest("-p", "no:cacheprovider", "--fxverify", spec("normalize_args"), EDGE,
                                 "--fxverify-checks=lint,purity", "--fxverify-json=out.json")
     assert result.ret == 1
@@ -256,7 +256,7 @@ def test_a_bad_timeout_in_the_ini_file_is_a_usage_error(pytester):
     pytester.makeini(f"[pytest]\nfxverify = {spec('normalize_args')}\nfxverify_timeout = abc\n")
     result = pytester.runpytest("-p", "no:cacheprovider", EDGE)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--fxverify-timeout (ini fxverify_timeout) must be a number of seconds, got 'abc'*"])
+    result.stderr.fnmatch_lines(["*--fxverify-timeout (ini fxverify_timeout) must be a number of seconds > 0, got 'abc'*"])
 
 
 def test_random_graphs_exercise_what_the_transform_rewrites(pytester):

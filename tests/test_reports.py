@@ -16,12 +16,13 @@ import torch
 from torch import fx, nn
 
 import fxverify
-from fxverify.graph_picture import INSTALL_HINT, GraphvizMissing, crop, graph_dot, render_svg
+from fxverify.reports.graph_picture import INSTALL_HINT, GraphvizMissing, crop, graph_dot, render_svg
 from fxverify.reports.figures import failure_figures
 from fxverify.reports.html import render_html
-from fxverify.reports.records import FIGURES, divergence_of, json_report, record, records_from_results
-from fxverify.result import CheckResult
-from fxverify.transform import Transform
+from fxverify.reports import records_from_results
+from fxverify.reports.records import FIGURES, json_report, record
+from fxverify.engine.results import CheckResult
+from fxverify.engine.transform import Transform
 from tests import mutations
 
 MUTATIONS = Path(__file__).with_name("mutations.py")
@@ -87,7 +88,7 @@ def test_without_graphviz_the_figures_say_how_to_install_it(monkeypatch, tmp_pat
         render_svg(graph_dot(gm))
     v = fxverify.Verification(mutations.bn_fold_ignores_running_mean, "edge_conv_bn_head")
     result = v.run("numerics")
-    figures = failure_figures(v, result)
+    figures = failure_figures(v.subject, result)
     assert figures["note"] == INSTALL_HINT and figures["before_svg"] is None and figures["code_after"]
     page = render_html([record(result, figures=figures)])
     assert "<svg" not in page and "Graphviz&#x27;s `dot` program is not on PATH" in page
@@ -95,18 +96,18 @@ def test_without_graphviz_the_figures_say_how_to_install_it(monkeypatch, tmp_pat
 
 
 # -- records and JSON ---------------------------------------------------------
-def test_divergence_comes_from_details_or_else_from_the_message():
+def test_records_carry_the_finding_as_fields_not_parsed_from_the_message():
     given = {"result_node": "relu", "original_node": "relu", "op": "call_function", "dtype": torch.float64}
-    from_details = divergence_of(CheckResult("numerics", "m", "t", "failed", "", {"divergence": given}))
-    assert from_details == {**given, "dtype": "torch.float64"}  # JSON-ready
-    message = "x\n  first node: %conv2 (call_module conv2): %conv2: values differ\n  finding: ..."
-    assert divergence_of(CheckResult("numerics", "m", "t", "failed", message))["result_node"] == "conv2"
-    assert divergence_of(CheckResult("lint", "m", "t", "failed", "no node here")) is None
+    found = record(CheckResult("numerics", "m", "t", "failed", "x\n  first node: %conv2 ...", divergence=given,
+                               finding="outputs differ", input="b2-3x8x8", where="output[0]"))
+    assert found["divergence"] == {**given, "dtype": "torch.float64"}  # JSON-ready, from the field, not the text
+    assert (found["finding"], found["input"], found["where"]) == ("outputs differ", "b2-3x8x8", "output[0]")
+    assert record(CheckResult("lint", "m", "t", "failed", "no node here"))["divergence"] is None
 
 
 def test_json_report_without_pytest_has_a_header_and_no_figures():
     results = [CheckResult("lint", "m", "t", "passed"), CheckResult("numerics", "m", "t", "failed", "bad",
-                                                                     {"max_abs": 2.5, "max_rel": 0.5, "repro": Path("r/x.py")})]
+                                                                     max_abs=2.5, max_rel=0.5, repro="r/x.py")]
     records = records_from_results(results)
     records[1][FIGURES] = {"before_svg": "<svg/>"}
     report = json.loads(json.dumps(json_report(records)))
@@ -124,7 +125,7 @@ def test_every_model_derived_string_is_escaped():
     v = fxverify.Verification(transform, case)
     results = [v.run("lint"), v.run("numerics")]
     assert [r.outcome for r in results] == ["passed", "failed"]
-    page = render_html(records_from_results(results, v))
+    page = render_html(records_from_results(results, v.subject))
     assert HOSTILE not in page and "<img" not in page and "alert(2)\"" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     # self-contained: no scripts, nothing fetched
@@ -182,7 +183,7 @@ def failure_page(tmp_path_factory) -> Path:
     v = fxverify.Verification(mutations.bn_fold_ignores_running_mean, "edge_conv_bn_head")
     results = v.run_all(["lint", "numerics", "purity"])
     page = tmp_path_factory.mktemp("report") / "report.html"
-    page.write_text(render_html(records_from_results(results, v)))
+    page.write_text(render_html(records_from_results(results, v.subject)))
     return page
 
 

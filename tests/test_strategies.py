@@ -17,8 +17,9 @@ from hypothesis.errors import InvalidArgument
 import fxverify
 import fxverify.strategies as fxs
 import fxverify.strategies.corpus  # noqa: F401  (loaded before pytester's in-process runs)
-from fxverify.cases import ModelCase
-from fxverify.catalogue import InputSpec
+from fxverify.cases.case import ModelCase
+from fxverify.cases.catalogue import InputSpec
+from fxverify.engine.results import Outcome
 from fxverify.strategies.meta import ANY
 from fxverify.strategies.ops import CATALOGUE
 
@@ -335,7 +336,8 @@ UNGUIDED = {"ops": None}  # the whole catalogue: no probe of the (made-up) trans
 
 
 def test_random_graph_seeds_go_to_xdist_workers_as_is_and_a_skip_keeps_a_seed(tmp_path):
-    from fxverify.strategies.corpus import PREFIX, RandomGraphs
+    from fxverify.plugin.random_graphs import RandomGraphs
+    from fxverify.strategies.corpus import PREFIX
 
     controller = RandomGraphs(fake_config(tmp_path), 2, ["my.pass"], UNGUIDED)
     controller.database.save(controller.key, b"11")  # a seed saved before graphs kept their options
@@ -347,9 +349,7 @@ def test_random_graph_seeds_go_to_xdist_workers_as_is_and_a_skip_keeps_a_seed(tm
     worker = RandomGraphs(fake_config(tmp_path, node.workerinput), 2, ["my.pass"], UNGUIDED)
     assert worker.seeds == controller.seeds and [e.name for e in worker.entries][0] == f"{PREFIX}11"
 
-    skipped = SimpleNamespace(when="call", failed=False, passed=False, skipped=True,
-                              nodeid=f"test_fx[my.pass-{PREFIX}11-golden]")
-    controller.pytest_runtest_logreport(skipped)
+    controller.reported("my.pass", f"{PREFIX}11", "golden", Outcome.SKIPPED)
     controller.pytest_sessionfinish(SimpleNamespace(config=fake_config(tmp_path)))
     assert b"11" in set(controller.database.fetch(controller.key))  # a skip proves nothing: still replayed
 
@@ -357,7 +357,8 @@ def test_random_graph_seeds_go_to_xdist_workers_as_is_and_a_skip_keeps_a_seed(tm
 def test_random_graphs_are_drawn_from_the_ops_the_transform_rewrites(tmp_path):
     """A pass that rewrites only relu: its random graphs are made of relus, and a failing one is saved
     with the ops it was drawn from, so it is the same graph when replayed whatever a later probe finds."""
-    from fxverify.strategies.corpus import PREFIX, RandomGraphs
+    from fxverify.plugin.random_graphs import RandomGraphs
+    from fxverify.strategies.corpus import PREFIX
 
     graphs = RandomGraphs(fake_config(tmp_path), 4, ["tests.mutations:relu_to_clamp_in_place"])
     assert graphs.drawn["ops"] == ["F.relu"] and graphs.probes[0].rewritten == ("F.relu",)
@@ -365,15 +366,14 @@ def test_random_graphs_are_drawn_from_the_ops_the_transform_rewrites(tmp_path):
     assert all("relu" in ModelCase(e).build().code for e in graphs.entries)
     assert "rewrote 1 (F.relu): random graphs are drawn from those" in graphs.pytest_report_header()[1]
     seed = graphs.seeds[0]
-    graphs.pytest_runtest_logreport(SimpleNamespace(when="call", failed=True, passed=False,
-                                                    nodeid=f"t[{PREFIX}{seed}-lint]"))
+    graphs.reported("tests.mutations:relu_to_clamp_in_place", f"{PREFIX}{seed}", "lint", Outcome.FAILED)
     again = RandomGraphs(fake_config(tmp_path), 0, ["tests.mutations:relu_to_clamp_in_place"])
     assert again.graphs == {seed: {"ops": ["F.relu"]}}  # replayed as drawn
 
 
 def test_random_graph_options_shape_the_graphs_and_key_their_saved_seeds(tmp_path):
-    from fxverify.cases import ModelCase
-    from fxverify.strategies.corpus import RandomGraphs
+    from fxverify.cases.case import ModelCase
+    from fxverify.plugin.random_graphs import RandomGraphs
 
     options = {"dtypes": ["int64"], "max_nodes": 3, "allow_modules": False}
     graphs = RandomGraphs(fake_config(tmp_path), 6, ["my.pass"], {**options, **UNGUIDED})
@@ -402,7 +402,7 @@ def test_bad_random_graph_options_are_a_usage_error_saying_what_is_wrong(pyteste
 def test_random_graphs_option_rejects_a_negative_count(pytester):
     result = pytester.runpytest("-p", "no:cacheprovider", "--fxverify", "fxverify.examples:identity",
                                 "--fxverify-random-graphs", "-2")
-    result.stderr.fnmatch_lines(["*--fxverify-random-graphs must be a whole number >= 0, got -2*"])
+    result.stderr.fnmatch_lines(["*--fxverify-random-graphs (ini fxverify_random_graphs) must be a whole number >= 0, got '-2'*"])
 
 
 @settings(max_examples=5, deadline=None, database=None)

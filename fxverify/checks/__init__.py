@@ -1,29 +1,66 @@
-"""The checks, one module each, in the order they run and are reported.
+"""The checks: one registry, in the order they run and are reported.
 
-Each check is ``check(v: Verification) -> dict | None``: it returns details on
-success and raises :class:`~fxverify.result.Finding` to fail or
-:class:`~fxverify.result.Skip` when it does not apply.
+Importing this package imports no check and no torch (the pytest plugin reads
+:data:`NAMES` at start-up); :func:`get` imports a check when it is first run.
+Each check is ``check(subject) -> dict | None``: it returns details on success and
+raises :class:`~fxverify.engine.results.Finding` to fail or :class:`~fxverify.engine.results.Skip`
+when it does not apply. The public ``fxverify.check_<name>`` / ``assert_<name>``
+pairs, the ``--fxverify-checks`` help and the checks reference page all come from
+:data:`REGISTRY`.
+
+>>> NAMES[:3]
+('lint', 'determinism', 'numerics')
+>>> get("lint").__module__
+'fxverify.checks.lint'
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 from collections.abc import Callable
 from typing import Any
 
-from fxverify.checks import cuda, determinism, devices, golden, gradients, lint, numerics, purity, roundtrips
 
-CHECKS: dict[str, Callable[[Any], dict[str, Any] | None]] = {
-    "lint": lint.check,
-    "determinism": determinism.check,
-    "numerics": numerics.check,
-    "gradients": gradients.check,
-    "devices": devices.check,
-    "cuda": cuda.check,
-    "purity": purity.check,
-    "recompile": roundtrips.check_recompile,
-    "retrace": roundtrips.check_retrace,
-    "to_folder": roundtrips.check_to_folder,
-    "pickle": roundtrips.check_pickle,
-    "interpreter": roundtrips.check_interpreter,
-    "golden": golden.check,
-}
+@dataclasses.dataclass(frozen=True)
+class CheckSpec:
+    """Where a check lives: ``fxverify.checks.<module>.<function>``, and what it is for in one line."""
+
+    name: str
+    module: str
+    function: str
+    summary: str
+
+
+REGISTRY: tuple[CheckSpec, ...] = (
+    CheckSpec("lint", "lint", "check", "the result is a well-formed GraphModule that runs"),
+    CheckSpec("determinism", "determinism", "check", "the transform gives the same graph and code every time"),
+    CheckSpec("numerics", "numerics", "check", "the result computes what the original computes"),
+    CheckSpec("gradients", "gradients", "check", "backward through the result matches backward through the original"),
+    CheckSpec("devices", "devices", "check", "every tensor the result reads moves with .to(device) and .to(dtype)"),
+    CheckSpec("cuda", "cuda", "check", "on a GPU, the result on CUDA computes what the original computes on CPU"),
+    CheckSpec("purity", "purity", "check", "the transform leaves its input alone and its outputs behave like the "
+                                           "original's"),
+    CheckSpec("recompile", "roundtrips", "check_recompile", "a copy recompiled gives the same code and outputs"),
+    CheckSpec("retrace", "roundtrips", "check_retrace", "re-capturing the generated code gives an isomorphic graph"),
+    CheckSpec("to_folder", "roundtrips", "check_to_folder", "gm.to_folder() exported and imported again computes "
+                                                            "the same"),
+    CheckSpec("pickle", "roundtrips", "check_pickle", "copy.deepcopy and a pickle round trip give the same graph "
+                                                      "and outputs"),
+    CheckSpec("interpreter", "roundtrips", "check_interpreter", "torch.fx.Interpreter running the graph equals the "
+                                                                "generated forward"),
+    CheckSpec("golden", "golden", "check", "the generated code and graph match the committed golden file"),
+)
+NAMES: tuple[str, ...] = tuple(spec.name for spec in REGISTRY)
+_BY_NAME = {spec.name: spec for spec in REGISTRY}
+
+
+def spec(name: str) -> CheckSpec:
+    """The registry entry of check ``name``; KeyError for an unknown name."""
+    return _BY_NAME[name]
+
+
+def get(name: str) -> Callable[[Any], dict[str, Any] | None]:
+    """The check function called ``name`` (imported now, with torch)."""
+    entry = _BY_NAME[name]
+    return getattr(importlib.import_module(f"fxverify.checks.{entry.module}"), entry.function)  # type: ignore[no-any-return]

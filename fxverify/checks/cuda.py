@@ -6,16 +6,16 @@ during the check so the float32 comparison is meaningful.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
 
-from fxverify.compare import compare_trees
-from fxverify.result import Finding, Skip, exception_summary
+from fxverify.analysis.compare import compare_trees
+from fxverify.engine.results import Finding, Skip, exception_summary
+from fxverify.engine.subject import Subject
 
 
-def check(v: Any) -> dict[str, Any]:
+def check(v: Subject) -> dict[str, Any]:
     if not v.contract.supports_device("cuda"):
         raise Skip(f"the contract declares devices={'+'.join(v.contract.devices or ())}: the result is not meant "
                    "to run on CUDA")
@@ -28,7 +28,7 @@ def check(v: Any) -> dict[str, Any]:
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     try:
         try:
-            module = copy.deepcopy(result).to("cuda")
+            module = v.convert("result", result, device="cuda")
             with torch.no_grad():
                 actual = module(*config.make(v.case.seed, device="cuda"))
         except Exception as exc:

@@ -9,7 +9,7 @@ so a set of nodes iterates one way, then the other:
 an order-dependent pass gives two graphs, every time, where address-dependent
 reruns would agree by chance. Their canonical graph and code are compared; then
 with a digest computed in another process under a different hash seed (one
-long-lived server process for the whole run, see :mod:`fxverify.crossprocess`).
+long-lived server process for the whole run, see :mod:`fxverify.checks._digest_server`).
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ from typing import Any
 import torch.fx.graph as fx_graph
 from torch import fx, nn
 
-from fxverify.graph_text import canonical_text
-from fxverify.module_state import first_line_difference
-from fxverify.result import Finding, Skip
+from fxverify.analysis.graph_text import canonical_text
+from fxverify.analysis.module_state import first_line_difference
+from fxverify.engine.results import Finding, Skip
+from fxverify.engine.subject import Subject
 
 ORDERS = ("ascending", "descending")  # how the nodes of the reruns' traces hash: in graph order, reversed
 
@@ -85,7 +86,7 @@ def digest(module: nn.Module) -> str:
     return hashlib.sha256(fingerprint(module).encode()).hexdigest()[:16]
 
 
-def check(v: Any) -> dict[str, Any]:
+def check(v: Subject) -> dict[str, Any]:
     mode = v.contract.primary_mode
     first = fingerprint(v.applied().result)
     runs = {}
@@ -103,9 +104,9 @@ def check(v: Any) -> dict[str, Any]:
                 where=first_line_difference(first, again),
             )
     in_process = {"in_process_runs": 1 + len(ORDERS)}
-    if v.cross_process is None:
+    if v.settings.cross_process is None:
         return {**in_process, "cross_process": "not run (no cross-process runner)"}
-    other = v.cross_process(v.case.name)
+    other = v.settings.cross_process(v.case.name)
     if other.startswith("error:"):
         raise Finding(f"the cross-process run (different PYTHONHASHSEED) failed: {other[6:].strip()}")
     if other.startswith("skip:"):

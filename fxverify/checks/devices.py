@@ -16,15 +16,16 @@ skips the stages that do not apply, saying why.
 
 from __future__ import annotations
 
-import copy
 import re
 from typing import Any
 
 import torch
 from torch import fx, nn
 
-from fxverify.recording import RecordingInterpreter
-from fxverify.result import Finding, Skip, exception_summary
+from fxverify.analysis.recording import RecordingInterpreter
+from fxverify.errors import CopyFailed
+from fxverify.engine.results import Finding, Skip, exception_summary
+from fxverify.engine.subject import Subject
 
 _NO_KERNEL = re.compile(r"Could not run '(?P<op>[\w:.]+)' with arguments from the '\w+' backend"
                         r"|(?P<fake>[\w:.]+): We could not find the fake impl")
@@ -34,7 +35,7 @@ _DATA_DEPENDENT = ("cannot be called on meta tensors", "Cannot copy out of meta 
                    "item() on meta", "meta tensors have no data")
 
 
-def check(v: Any) -> dict[str, Any]:
+def check(v: Subject) -> dict[str, Any]:
     applied = v.applied()
     result = applied.result
     if not isinstance(result, fx.GraphModule):
@@ -72,7 +73,7 @@ def _check_unmovable(original: nn.Module, result: fx.GraphModule) -> None:
             )
 
 
-def _check_float64(v: Any) -> str:
+def _check_float64(v: Subject) -> str:
     """The result must run in float64 where the original does, unless the contract says float32 only."""
     if not v.contract.supports_dtype("float64"):
         return "skipped: the contract declares dtypes=float32"
@@ -82,7 +83,8 @@ def _check_float64(v: Any) -> str:
     if problem is None:
         return "runs"
     if "result" in v.uncopyable:
-        return f"not judged: copy.deepcopy of the result raised {v.uncopyable['result']} (the lint check reports it)"
+        return (f"not judged: {v.uncopyable['result']} (fxverify cannot copy the result to convert it; the lint "
+                "check reports it)")
     raise Finding(
         f"the result does not run in float64 where the original does: {problem}. A module moved with "
         "module.to(torch.float64) (or another dtype) fails. If the transform makes float32-only modules by "
@@ -120,17 +122,19 @@ def _unmovable_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
     return found
 
 
-def _run_on_meta(v: Any, applied: Any) -> str:
+def _run_on_meta(v: Subject, applied: Any) -> str:
     config = v.primary
     inputs = config.make(v.case.seed, device="meta")
     where = f"{config.describe()} on device 'meta'"
 
-    def run(module: fx.GraphModule) -> tuple[Exception | None, fx.Node | None]:
+    def run(which: str, module: fx.GraphModule) -> tuple[Exception | None, fx.Node | None]:
         try:
-            memo = _meta_tensors(module)
+            moved = v.convert(which, module, device="meta")
+        except CopyFailed:  # no copy, no verdict (lint reports a result that cannot be copied)
+            raise
         except Exception as exc:  # the module's tensors do not move to meta
             return exc, None
-        interpreter = RecordingInterpreter(copy.deepcopy(module, memo).to("meta"))
+        interpreter = RecordingInterpreter(moved)
         try:
             with torch.no_grad():
                 interpreter.run(*inputs)
@@ -139,12 +143,12 @@ def _run_on_meta(v: Any, applied: Any) -> str:
         return None, None
 
     try:
-        error, _ = run(applied.original)
+        error, _ = run("original", applied.original)
         if error is not None:
             return "not judged: the original does not run on meta either"  # data-dependent ops, say
-        error, node = run(applied.result)
-    except Exception as exc:  # copy.deepcopy raised: fxverify cannot move a copy (lint reports the result's)
-        return f"not judged: copy.deepcopy raised {exception_summary(exc)} (the lint check reports it)"
+        error, node = run("result", applied.result)
+    except CopyFailed as exc:
+        return f"not judged: {exc} (fxverify cannot copy the module; the lint check reports a result that cannot be)"
     if error is None:
         return "runs"
     at = f"%{node.name} ({node.op} {node.target})" if node is not None else None
@@ -194,13 +198,3 @@ def _has_kernel(op: str, backend: str) -> bool | None:
         return bool(torch._C._dispatch_has_kernel_for_dispatch_key(op, backend))
     except RuntimeError:
         return None
-
-
-def _meta_tensors(module: nn.Module) -> dict[int, Any]:
-    """A ``copy.deepcopy`` memo that copies ``module``'s parameters and buffers as meta tensors, so
-    that ``copy.deepcopy(module, memo).to("meta")`` does not copy their data first."""
-    memo: dict[int, Any] = {}
-    for tensor in [*module.parameters(), *module.buffers()]:
-        meta = tensor.to("meta")
-        memo[id(tensor)] = nn.Parameter(meta, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else meta
-    return memo

@@ -2,7 +2,7 @@
 
 The file is ``<golden dir>/<transform>/<model>.golden`` (see :mod:`fxverify.golden`); the golden
 dir is ``--fxverify-golden-dir`` (default ``fxverify_golden`` under pytest's rootdir), or the
-``golden_dir`` given to :class:`~fxverify.verification.Verification` (default ``fxverify_golden``
+``golden_dir`` given to :class:`fxverify.Verification` (default ``fxverify_golden``
 in the current directory). With ``--fxverify-update-golden`` (``update_golden=True``) the file is
 written or rewritten instead. The check skips while the transform has no golden folder at all,
 saying how to create it; a missing file or a mismatch fails, with a unified diff and an
@@ -19,22 +19,24 @@ from typing import Any
 from torch import fx
 
 from fxverify import golden
-from fxverify.result import Finding, Skip
+from fxverify.cases.catalogue import RANDOM_GRAPH_TAG
+from fxverify.engine.results import Finding, Skip
+from fxverify.engine.subject import Subject
 
-RANDOM_GRAPH_TAG = "random_graph"  # the tag fxverify.strategies gives its GraphCase and corpus entries
 
 
-def check(v: Any) -> dict[str, Any]:
+def check(v: Subject) -> dict[str, Any]:
     if RANDOM_GRAPH_TAG in v.case.entry.tags:
         raise Skip(f"{v.case.name} is a random graph: its seed changes every run, so it has no stable golden "
                    "file; the other checks cover it")
     applied = v.applied()
     if not isinstance(applied.result, fx.GraphModule):
         raise Skip(f"the transform returned a {type(applied.result).__name__}, not a GraphModule: no code to compare")
-    root = Path(v.golden_dir) if v.golden_dir is not None else Path.cwd() / golden.DEFAULT_DIR
+    folder = v.settings.golden_dir
+    root = Path(folder) if folder is not None else Path.cwd() / golden.DEFAULT_DIR
     path = golden.golden_path(root, v.transform.spec, v.case.name)
     text = golden.golden_text(applied.original, applied.result, model=v.case.name, transform=v.transform.spec)
-    if v.update_golden:
+    if v.settings.update_golden:
         return {"golden": golden.update_golden(path, text), "golden_file": str(path)}
     try:
         return {"golden": golden.check_golden(path, text), "golden_file": str(path)}

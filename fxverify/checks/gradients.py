@@ -2,30 +2,30 @@
 
 Gradients with respect to the inputs, and to every parameter the transform
 kept unchanged, are compared in float64. Parameters are matched by identity,
-then by name, then by value (:mod:`fxverify.parameters`): one the transform
+then by name, then by value (:mod:`fxverify.analysis.parameters`): one the transform
 moved to another path (``split_module``, a wrapper) is kept. Unless the
 contract says ``changes_parameters=True``, every parameter must be kept. When
 the contract covers train mode, a parameter of the original that survives in
 the result as a tensor must still be a trainable ``nn.Parameter``. A gradient difference names the first kept node whose value
 differs, or else the kept node nearest the outputs whose gradient differs
-(:mod:`fxverify.localise`; ``details["divergence"]``).
+(:mod:`fxverify.analysis.localise`; the result's ``divergence``).
 """
 
 from __future__ import annotations
 
-import textwrap
 from typing import Any
 
 import torch
 from torch import fx, nn
 
-from fxverify.compare import compare_values
-from fxverify.localise import differentiable, localise, localise_gradients
-from fxverify.parameters import FROZEN, MOVED, Fate
-from fxverify.result import Finding, Skip, exception_summary
+from fxverify.analysis.compare import compare_values
+from fxverify.analysis.localise import differentiable, localise, localise_gradients
+from fxverify.analysis.parameters import FROZEN, MOVED, Fate
+from fxverify.engine.results import Finding, Skip, exception_summary
+from fxverify.engine.subject import Subject
 
 
-def check(v: Any) -> dict[str, Any]:
+def check(v: Subject) -> dict[str, Any]:
     applied = v.applied()
     compared = _surviving_parameters(v, [f for f in applied.fates if f.is_parameter])
     if v.float64_skip is not None:
@@ -59,9 +59,9 @@ def check(v: Any) -> dict[str, Any]:
     return {"inputs_and_parameters_compared": len(expected), "moved": moved}
 
 
-def _localise_into(v: Any, finding: Finding, original: nn.Module, result: nn.Module, inputs: tuple[Any, ...]) -> None:
+def _localise_into(v: Subject, finding: Finding, original: nn.Module, result: nn.Module, inputs: tuple[Any, ...]) -> None:
     """Name the first kept node whose value differs, else the kept node nearest the outputs
-    whose gradient differs (see :mod:`fxverify.localise`)."""
+    whose gradient differs (see :mod:`fxverify.analysis.localise`)."""
     if not isinstance(original, fx.GraphModule) or not isinstance(result, fx.GraphModule):
         return
     try:
@@ -75,11 +75,11 @@ def _localise_into(v: Any, finding: Finding, original: nn.Module, result: nn.Mod
         finding.node = f"not localised: {exception_summary(exc)}"
         return
     if divergence is not None:
-        finding.node = textwrap.indent(divergence.describe(note), " " * 14).lstrip()
-        finding.details["divergence"] = divergence.details()
+        finding.node = divergence.describe(note)
+        finding.divergence = divergence.details()
 
 
-def _surviving_parameters(v: Any, fates: list[Fate]) -> dict[str, str]:
+def _surviving_parameters(v: Subject, fates: list[Fate]) -> dict[str, str]:
     """The original's parameters the result still holds as trainable parameters, by their name in
     the original -> their name in the result (moved ones included: the same tensors under another
     path are no change). Raises a Finding for a parameter that no longer trains when the contract

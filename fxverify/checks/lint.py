@@ -14,12 +14,13 @@ from typing import Any
 import torch
 from torch import fx
 
-from fxverify.compare import leaves_with_paths
-from fxverify.module_state import first_line_difference, resolve
-from fxverify.result import Finding, Skip, exception_summary
+from fxverify.analysis.compare import leaves_with_paths
+from fxverify.analysis.module_state import first_line_difference, resolve
+from fxverify.engine.results import Finding, Skip, exception_summary
+from fxverify.engine.subject import Subject
 
 
-def check(v: Any) -> dict[str, Any]:
+def check(v: Subject) -> dict[str, Any]:
     applied = v.applied()
     result = applied.result
     if not isinstance(result, fx.GraphModule):
@@ -68,7 +69,7 @@ def check(v: Any) -> dict[str, Any]:
     return {"nodes": len(graph.nodes), "interpreter": interpreter_note or "runs"}
 
 
-def _interpret(v: Any, result: fx.GraphModule, original: fx.GraphModule) -> tuple[Any, str | None]:
+def _interpret(v: Subject, result: fx.GraphModule, original: fx.GraphModule) -> tuple[Any, str | None]:
     """The result run by ``torch.fx.Interpreter``, and None; or, when the original does
     not run under the Interpreter either (not the transform's fault), None and why."""
     inputs = v.primary.make(v.case.seed)

@@ -13,37 +13,34 @@ does between epochs and validation) must behave as the original trace switched
 the same way: a training flag baked in at transform time shows there.
 
 A failure names the first node whose float64 value diverges (see
-:mod:`fxverify.localise`; ``details["divergence"]``). With a repro directory
-(``--fxverify-repro-dir``), a failure in the contract's primary mode is
-minimised (:mod:`fxverify.minimise`) and written as a standalone file
-(:mod:`fxverify.repro`; ``details["repro"]``).
+:mod:`fxverify.analysis.localise`; the result's ``divergence``). With a repro directory
+(``--fxverify-repro-dir``), the runner's post-failure hook minimises a failure in
+the contract's primary mode and writes it as a standalone file
+(:class:`fxverify.diagnose.repro.ReproOnFailure`).
 """
 
 from __future__ import annotations
 
 import copy
-import textwrap
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import fx, nn
 
-from fxverify.compare import Mismatch, compare_trees, compare_values, leaves_with_paths, rmse_per_leaf
-from fxverify.errors import FxVerifyError, TransformFailed
-from fxverify.localise import Localisation, localise
-from fxverify.module_state import tensor_state
-from fxverify.result import Finding, ModuleRaised, exception_summary
+from fxverify.analysis.compare import Mismatch, compare_trees, compare_values, leaves_with_paths, rmse_per_leaf
+from fxverify.errors import TransformFailed
+from fxverify.analysis.localise import Localisation, localise
+from fxverify.analysis.module_state import tensor_state
+from fxverify.engine.results import Finding, ModuleRaised, exception_summary
+from fxverify.engine.subject import Subject
 
 
-def check(v: Any) -> dict[str, Any]:
+def check(v: Subject) -> dict[str, Any]:
     compared = []
     for config in v.case.configs:
         expected = v.outputs("original", config)
-        try:
-            actual = v.outputs("result", config)
-        except Finding as raised:
-            raise _with_repro(v, raised) from None
+        actual = v.outputs("result", config)
         found = compare_trees(
             actual,
             expected,
@@ -60,7 +57,7 @@ def check(v: Any) -> dict[str, Any]:
                 finding.node = f"not localised: {unrunnable.what}"
             except Exception as exc:  # the float32 finding stands; say why it has no node
                 finding.node = f"not localised: {exception_summary(exc)}"
-            raise _with_repro(v, finding)
+            raise finding
         compared.append(config.name)
     located = None if v.float64_skip else _float64_localisation(v)
     if located is not None and (located.outputs is not None or located.divergence is not None):
@@ -72,16 +69,16 @@ def check(v: Any) -> dict[str, Any]:
         copy_problem = _copy_problem(v) if found else None
         if copy_problem:
             what += f"\n{copy_problem}"
-        finding = Finding(what, input=_float64_input(v), where=found.path if found else None, details=_numbers(found))
+        finding = Finding(what, input=_float64_input(v), where=found.path if found else None,
+                          max_abs=found.max_abs if found else None, max_rel=found.max_rel if found else None)
         _localise_into(finding, located)
-        raise _with_repro(v, finding)
+        raise finding
     modes = [m for m in v.contract.modes if m != v.contract.primary_mode]
     try:
         trained = [_compare_other_mode(v, mode) for mode in modes]
         switched = _compare_switched_modes(v, trained[0]) if modes else []
     except Finding as finding:
-        if v.repro_dir:
-            finding.what += f"\nno repro written: only failures in {v.contract.primary_mode} mode are minimised"
+        finding.mode = modes[0]
         raise
     return {
         "configs": compared,
@@ -95,18 +92,18 @@ def check(v: Any) -> dict[str, Any]:
 NO_KEPT_NODE_DIVERGED = "no kept node diverged: the difference arises in nodes the transform changed"
 
 
-def _float64_input(v: Any) -> str:
+def _float64_input(v: Subject) -> str:
     return f"{v.primary.describe()}, float64, {v.contract.primary_mode} mode"
 
 
-def _float64_localisation(v: Any) -> Localisation:
+def _float64_localisation(v: Subject) -> Localisation:
     """Both modules run in float64 on the primary inputs, every kept node recorded."""
     original, result = v.module("original", torch.float64), v.module("result", torch.float64)
     inputs = v.primary.make(v.case.seed, dtype=torch.float64)
     return localise(original, result, inputs, v.float64_tolerance, guard=lambda run: _run(run, _float64_input(v)))
 
 
-def _float32_localisation(v: Any) -> Localisation:
+def _float32_localisation(v: Subject) -> Localisation:
     """Both modules run as built on the primary inputs, every kept node recorded: where the float64
     run is not to be had (a float32-only result), with float32 tolerances."""
     inputs = v.primary.make(v.case.seed)
@@ -114,7 +111,7 @@ def _float32_localisation(v: Any) -> Localisation:
     return localise(v.module("original"), v.module("result"), inputs, v.tolerance, guard=lambda run: _run(run, where))
 
 
-def _rounding_allowance(v: Any, config: Any) -> Callable[[], list[float]] | None:
+def _rounding_allowance(v: Subject, config: Any) -> Callable[[], list[float]] | None:
     """For a result with new parameters, computed in float64 and stored in float32 (a fusion): what
     rounding them alone costs, per output, in rmse: the float64 result against the float32 result
     converted to float64. None when the result keeps the original's parameters, or when the float64
@@ -134,7 +131,7 @@ def _rounding_allowance(v: Any, config: Any) -> Callable[[], list[float]] | None
     return allowance
 
 
-def _copy_problem(v: Any) -> str | None:
+def _copy_problem(v: Subject) -> str | None:
     """When the float64 result is a converted copy of the result: whether ``copy.deepcopy`` of the
     result already computes something else in float32 (say, a copy that loses its eval mode)."""
     applied = v.applied()
@@ -162,8 +159,8 @@ def _copy_problem(v: Any) -> str | None:
 def _localise_into(finding: Finding, located: Localisation, note: str = " [float64]") -> None:
     """Name the first divergent kept node (or the changed nodes feeding the outputs) in ``finding``."""
     if located.divergence is not None:
-        finding.node = textwrap.indent(located.divergence.describe(note), " " * 14).lstrip()
-        finding.details["divergence"] = located.divergence.details()
+        finding.node = located.divergence.describe(note)
+        finding.divergence = located.divergence.details()
     elif located.unmapped:
         finding.node = f"not localised: {located.unmapped}"
     elif located.changed_before_output:
@@ -172,31 +169,7 @@ def _localise_into(finding: Finding, located: Localisation, note: str = " [float
         finding.node = NO_KEPT_NODE_DIVERGED
 
 
-def _with_repro(v: Any, finding: Finding) -> Finding:
-    """With a repro directory (``--fxverify-repro-dir``): minimise the failure and write a
-    standalone repro there, named in the finding and in ``details["repro"]``."""
-    if not v.repro_dir:
-        return finding
-    from fxverify.minimise import minimise_failure
-    from fxverify.repro import repro_stem, write_repro
-
-    try:
-        found = minimise_failure(v)
-        path = write_repro(found, v.repro_dir, repro_stem(v.case.name, "numerics", v.transform.spec),
-                           title=f"{v.transform.spec} fails numerics on a subgraph of {v.case.name}")
-    except FxVerifyError as exc:
-        finding.what += f"\nno repro written: {exc}"
-        return finding
-    except Exception as exc:  # torch's minifier on a graph it was not written for: the finding stands
-        finding.what += (f"\nno repro written: minimising raised {exception_summary(exc)}; "
-                         "please report this to fxverify")
-        return finding
-    finding.details["repro"] = str(path)
-    finding.what += f"\nrepro:      python {path}  ({found.describe()})"
-    return finding
-
-
-def _compare_other_mode(v: Any, mode: str) -> tuple[fx.GraphModule, nn.Module] | None:
+def _compare_other_mode(v: Subject, mode: str) -> tuple[fx.GraphModule, nn.Module] | None:
     """Trace, transform and run in ``mode`` (train): outputs and buffers after one step. Returns
     copies of the trace and the result made before they ran, for the switched-mode comparison
     (None when the result cannot be copied: lint reports that)."""
@@ -216,7 +189,7 @@ def _compare_other_mode(v: Any, mode: str) -> tuple[fx.GraphModule, nn.Module] |
     return unrun
 
 
-def _compare_switched_modes(v: Any, trained: tuple[fx.GraphModule, nn.Module] | None) -> list[str]:
+def _compare_switched_modes(v: Subject, trained: tuple[fx.GraphModule, nn.Module] | None) -> list[str]:
     """The result transformed in one mode and switched to the other must behave like the original
     trace switched the same way: a transform that reads ``module.training`` when it runs and writes
     it into the graph (``F.dropout(x, p, training=False)``) breaks the ``.train()`` / ``.eval()``
@@ -239,7 +212,7 @@ def _compare_switched_modes(v: Any, trained: tuple[fx.GraphModule, nn.Module] | 
     return done
 
 
-def _compare_runs(v: Any, original: nn.Module, result: nn.Module, how: str, *, switched_from: str | None = None) -> None:
+def _compare_runs(v: Subject, original: nn.Module, result: nn.Module, how: str, *, switched_from: str | None = None) -> None:
     """Run ``original`` and ``result`` once on the primary inputs with the RNG reseeded; compare
     outputs and buffers after the run (BatchNorm running statistics), both judged against the
     original run in float64 with the same seed."""
@@ -287,20 +260,15 @@ def _compare_runs(v: Any, original: nn.Module, result: nn.Module, how: str, *, s
             )
 
 
-def _run_reseeded(v: Any, module: nn.Module, inputs: tuple[Any, ...], where: str, *, original: bool = False) -> Any:
+def _run_reseeded(v: Subject, module: nn.Module, inputs: tuple[Any, ...], where: str, *, original: bool = False) -> Any:
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(v.case.seed + 1)
         return _run(lambda: module(*inputs), where, original=original)
 
 
 def _finding(found: Mismatch, where: str) -> Finding:
-    return Finding(f"outputs differ: {found.describe()}", input=where, where=found.path, details=_numbers(found))
-
-
-def _numbers(found: Mismatch | None) -> dict[str, Any]:
-    if found is None or found.max_abs is None:
-        return {}
-    return {"max_abs": found.max_abs, "max_rel": found.max_rel}
+    return Finding(f"outputs differ: {found.describe()}", input=where, where=found.path, max_abs=found.max_abs,
+                   max_rel=found.max_rel)
 
 
 def _run(fn: Any, where: str, *, original: bool = False) -> Any:

@@ -12,11 +12,12 @@ from typing import Any
 
 import torch
 
-from fxverify.compare import leaves_with_paths
-from fxverify.result import Finding, exception_summary
+from fxverify.analysis.compare import leaves_with_paths
+from fxverify.engine.results import Finding, exception_summary
+from fxverify.engine.subject import Subject
 
 
-def check(v: Any) -> dict[str, Any]:
+def check(v: Subject) -> dict[str, Any]:
     applied = v.applied()
     if applied.input_change is not None:
         raise Finding(

@@ -5,11 +5,11 @@ outputs on the primary inputs (value by value, first differing output path named
 
 - ``recompile``: a copy recompiled has the same code and outputs (a graph edited without
   ``recompile()``, or a forward patched by hand that the next pass's ``recompile()`` discards);
-- ``retrace``: re-tracing the generated code with the model's tracer class gives an isomorphic
-  graph (see :func:`_same_graph`). Modules the graph calls stay leaves, so what is compared is
-  the code, not the tracer's leaf policy; the entry's ``concrete_args`` are not passed again,
-  since the generated code already holds their specialisation (its asserts, under renamed
-  parameters). A plain Python function inserted as a ``call_function`` target without
+- ``retrace``: capturing the generated code again (the capture's ``recapture``: for
+  ``symbolic_trace``, tracing it with the model's tracer) gives an isomorphic graph (see
+  :func:`_same_graph`). Modules the graph calls stay leaves, so what is compared is the code, not
+  the tracer's leaf policy; the entry's ``concrete_args`` are not passed again, since the
+  generated code already holds their specialisation (its asserts, under renamed parameters). A plain Python function inserted as a ``call_function`` target without
   ``torch.fx.wrap`` is traced into, and a pass that retraces (torch's ``fuse``,
   ``remove_dropout``) sees another graph;
 - ``to_folder``: ``gm.to_folder()`` exported, imported as a fresh package, same outputs;
@@ -44,25 +44,25 @@ import torch
 from torch import fx, nn
 from torch.fx.operator_schemas import normalize_function
 
-from fxverify import tracing
-from fxverify.compare import compare_trees
-from fxverify.graph_text import canonical_text
-from fxverify.module_state import first_line_difference, resolve
-from fxverify.recording import RecordingInterpreter
-from fxverify.result import Finding, Skip, exception_summary
+from fxverify.analysis.compare import compare_trees
+from fxverify.analysis.graph_text import canonical_text
+from fxverify.analysis.module_state import first_line_difference, resolve
+from fxverify.analysis.recording import RecordingInterpreter
+from fxverify.engine.results import Finding, Skip, exception_summary
+from fxverify.engine.subject import Subject
 
 Trip = Callable[[Any, str], None]  # (verification, "result" or "original"): raises Finding
 
 
-def check_recompile(v: Any) -> dict[str, Any]:
+def check_recompile(v: Subject) -> dict[str, Any]:
     return _round_trip(v, _recompile)
 
 
-def check_retrace(v: Any) -> dict[str, Any]:
+def check_retrace(v: Subject) -> dict[str, Any]:
     return _round_trip(v, _retrace, retraces=True)
 
 
-def check_to_folder(v: Any) -> dict[str, Any]:
+def check_to_folder(v: Subject) -> dict[str, Any]:
     _require_serializable(v)
     result = v.applied().result
     if isinstance(result, fx.GraphModule) and _WRAP_REGISTRATION in result.code:
@@ -74,22 +74,22 @@ def check_to_folder(v: Any) -> dict[str, Any]:
 _WRAP_REGISTRATION = "torch.fx._symbolic_trace.wrap("
 
 
-def check_pickle(v: Any) -> dict[str, Any]:
+def check_pickle(v: Subject) -> dict[str, Any]:
     _require_serializable(v)
     return _round_trip(v, _pickle, retraces=True)  # unpickling re-traces the code
 
 
-def _require_serializable(v: Any) -> None:
+def _require_serializable(v: Subject) -> None:
     if not v.contract.serializable:
         raise Skip("the contract declares the result not serializable (serializable=False): a run-time "
                    "optimisation that torch.save cannot write, so it is not saved and loaded")
 
 
-def check_interpreter(v: Any) -> dict[str, Any]:
+def check_interpreter(v: Subject) -> dict[str, Any]:
     return _round_trip(v, _interpreter)
 
 
-def _round_trip(v: Any, trip: Trip, *, retraces: bool = False) -> dict[str, Any]:
+def _round_trip(v: Subject, trip: Trip, *, retraces: bool = False) -> dict[str, Any]:
     """Run ``trip`` on the result; when it fails, run it on the original to see whose fault it is."""
     result = v.applied().result
     if not isinstance(result, fx.GraphModule):
@@ -110,7 +110,7 @@ def _round_trip(v: Any, trip: Trip, *, retraces: bool = False) -> dict[str, Any]
     return {"mode": v.applied().mode}
 
 
-def _lost_wraps(v: Any) -> str | None:
+def _lost_wraps(v: Subject) -> str | None:
     """Why re-tracing the result may trace into functions the original kept opaque, if that is why."""
     applied = v.applied()
     wrapped = {n.target for n in applied.original.graph.nodes if n.op == "call_function" and n.meta.get("is_wrapped")}
@@ -129,7 +129,7 @@ def _lost_wraps(v: Any) -> str | None:
 # -- the round trips ---------------------------------------------------------------------
 
 
-def _recompile(v: Any, which: str) -> None:
+def _recompile(v: Subject, which: str) -> None:
     module = v.module(which)
     copied = _step("copy.deepcopy", lambda: copy.deepcopy(module))
     _step("recompile()", copied.recompile)
@@ -140,22 +140,17 @@ def _recompile(v: Any, which: str) -> None:
                                     "recompiles discards it")
 
 
-def _retrace(v: Any, which: str) -> None:
+def _retrace(v: Subject, which: str) -> None:
     module = v.module(which)
-    name = v.case.tracer_class.__name__
-    tracer = _keeping_leaves(v.case.tracer_class, {str(n.target) for n in module.graph.find_nodes(op="call_module")})
-    tracing.forget_unpatchable_wraps()
-    try:
-        graph = _step(f"re-tracing with {name}", lambda: tracer().trace(module))
-    finally:
-        tracing.forget_unpatchable_wraps()
+    name = v.capture.describe()
+    graph = _step(f"capturing again with {name}", lambda: v.capture.recapture(module))
     _same_graph(module, module.graph, module, graph,
-                f"re-tracing the generated code with {name} gives another graph: a call_function target that is a "
-                "plain Python function is traced into unless registered with torch.fx.wrap; a pass that retraces "
-                "will see the other graph")
+                f"capturing the generated code again with {name} gives another graph: a call_function target "
+                "that is a plain Python function is traced into unless registered with torch.fx.wrap; a pass that "
+                "retraces will see the other graph")
 
 
-def _to_folder(v: Any, which: str) -> None:
+def _to_folder(v: Subject, which: str) -> None:
     module = v.module(which)
     with tempfile.TemporaryDirectory(prefix="fxverify-") as tmp:
         folder = Path(tmp) / "exported"
@@ -167,7 +162,7 @@ def _to_folder(v: Any, which: str) -> None:
     _same_outputs(v, which, exported, "the module exported by to_folder() and imported again computes something else")
 
 
-def _pickle(v: Any, which: str) -> None:
+def _pickle(v: Subject, which: str) -> None:
     module = v.module(which)
     copied = _step("copy.deepcopy", lambda: copy.deepcopy(module))
     _same_code(module, copied, "copy.deepcopy generates different code")
@@ -180,7 +175,7 @@ def _pickle(v: Any, which: str) -> None:
     _same_outputs(v, which, loaded, "the unpickled module computes something else")
 
 
-def _interpreter(v: Any, which: str) -> None:
+def _interpreter(v: Subject, which: str) -> None:
     module = _runnable(v, which)
     interpreter = RecordingInterpreter(module)  # torch.fx.Interpreter, passing fresh lists as generated code does
     interpreted = _step("running the graph with torch.fx.Interpreter", lambda: _run(v, interpreter.run))
@@ -209,7 +204,7 @@ def _same_code(module: fx.GraphModule, other: fx.GraphModule, what: str) -> None
 
 
 def _same_graph(owner: nn.Module, graph: fx.Graph, other_owner: nn.Module, other: fx.Graph, what: str) -> None:
-    """Isomorphic: the same anonymous canonical text (see :mod:`fxverify.graph_text`) once
+    """Isomorphic: the same anonymous canonical text (see :mod:`fxverify.analysis.graph_text`) once
     equivalent spellings are made one: call_function arguments bound by keyword
     (``normalize_function``: ``relu(input=x)`` and ``relu(x)`` are one call; a re-trace binds them
     positionally), attribute reads nothing uses left out (tracing creates those lazily, so a
@@ -271,45 +266,35 @@ def _reads_before_first_use(graph: fx.Graph) -> None:
                 placed.add(read)
 
 
-def _same_outputs(v: Any, which: str, other: nn.Module, what: str) -> None:
+def _same_outputs(v: Subject, which: str, other: nn.Module, what: str) -> None:
     actual = _step("running the round-tripped module", lambda: _run(v, other))
     found = compare_trees(actual, _reference(v, which), tolerance=v.tolerance)
     if found is not None:
         raise Finding(f"{what}: {found.describe()}", input=_where(v), where=found.path)
 
 
-def _reference(v: Any, which: str) -> Any:
-    """The module's own outputs (cached by the Verification in eval mode; train mode reseeds dropout)."""
+def _reference(v: Subject, which: str) -> Any:
+    """The module's own outputs (cached by the subject in eval mode; train mode reseeds dropout)."""
     if v.applied().mode == "eval":
         return v.outputs(which)
     return _run(v, _runnable(v, which))
 
 
-def _runnable(v: Any, which: str) -> nn.Module:
+def _runnable(v: Subject, which: str) -> nn.Module:
     """The module to run: in train mode a copy, since a run updates state (BatchNorm running
     statistics) that later checks read from the shared module."""
     module = v.module(which)
     return module if v.applied().mode == "eval" else copy.deepcopy(module)
 
 
-def _run(v: Any, fn: Callable[..., Any]) -> Any:
+def _run(v: Subject, fn: Callable[..., Any]) -> Any:
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(v.case.seed + 1)
         return fn(*v.primary.make(v.case.seed))
 
 
-def _where(v: Any) -> str:
+def _where(v: Subject) -> str:
     return f"{v.primary.describe()}, float32, {v.applied().mode} mode"
-
-
-def _keeping_leaves(tracer_class: type[fx.Tracer], called: set[str]) -> type[fx.Tracer]:
-    """``tracer_class`` that also keeps every module the graph calls as a leaf."""
-
-    class KeepCalledModules(tracer_class):  # type: ignore[misc,valid-type]
-        def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-            return qualname in called or super().is_leaf_module(m, qualname)
-
-    return KeepCalledModules
 
 
 def _import_fresh(folder: Path) -> Any:

@@ -7,16 +7,23 @@ From pytest: ``--fxverify-json FILE`` and ``--fxverify-html FILE``. Without pyte
     from fxverify import reports
 
     v = fxverify.Verification(my_pass, "resnet18")
-    records = reports.records_from_results(v.run_all(), v)   # failures get pictures
+    records = reports.records_from_results(v.run_all(), v.subject)   # failures get pictures
     reports.write_json("out/report.json", records)
     reports.write_html("out/report.html", records)
 """
 
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from fxverify.engine.results import CheckResult
+from fxverify.engine.subject import Subject
+from fxverify.reports.figures import failure_figures
 from fxverify.reports.html import render_html, write_html
-from fxverify.reports.records import divergence_of, header, json_report, record, records_from_results, write_json
+from fxverify.reports.records import header, json_report, record, write_json
 
 __all__ = [
-    "divergence_of",
     "header",
     "json_report",
     "record",
@@ -25,3 +32,14 @@ __all__ = [
     "write_html",
     "write_json",
 ]
+
+
+def records_from_results(results: Iterable[CheckResult], subject: Subject | None = None) -> list[dict[str, Any]]:
+    """Records of check results run without pytest (no durations). Given the
+    :class:`~fxverify.engine.subject.Subject` they ran on (``Verification.subject``), failures
+    carry the pictures and code the HTML report shows (see :mod:`fxverify.reports.figures`), and
+    every record what the transform changed on the model."""
+    if subject is None:
+        return [record(result) for result in results]
+    return [record(r, figures=None if r.ok else failure_figures(subject, r), changed=subject.changes)
+            for r in results]

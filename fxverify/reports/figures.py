@@ -1,8 +1,8 @@
 """What the HTML report shows of a failure: the graphs before and after the
 transform drawn around the divergent node, and the generated code of both.
 
-Made where the :class:`~fxverify.verification.Verification` lives (the pytest
-worker) and carried as a JSON-ready dict, so the report is written without models.
+Made where the subject of the checks (:class:`~fxverify.engine.subject.Subject`) lives (the
+pytest worker) and carried as a JSON-ready dict, so the report is written without models.
 
 >>> import fxverify, torch
 >>> def relu_to_sigmoid(gm):
@@ -11,8 +11,8 @@ worker) and carried as a JSON-ready dict, so the report is written without model
 ...     gm.recompile()
 >>> v = fxverify.Verification(relu_to_sigmoid, "edge_conv_bn_head")
 >>> result = v.run("numerics")
->>> figures = failure_figures(v, result)
->>> figures["focus"] == divergence_of(result)["result_node"], figures["after_caption"]
+>>> figures = failure_figures(v.subject, result)
+>>> figures["focus"] == result.divergence["result_node"], figures["after_caption"]
 (True, 'all 12 nodes')
 >>> "torch.sigmoid(bn1)" in figures["code_after"]
 True
@@ -27,14 +27,14 @@ from typing import Any
 from torch import fx
 
 from fxverify.errors import TransformFailed
-from fxverify.graph_picture import (DEFAULT_HOPS, DEFAULT_MAX_NODES, GraphvizMissing, crop, graph_dot,
+from fxverify.reports.graph_picture import (DEFAULT_HOPS, DEFAULT_MAX_NODES, GraphvizMissing, crop, graph_dot,
                                      render_svg)
-from fxverify.node_map import kept_nodes
-from fxverify.reports.records import divergence_of
-from fxverify.result import CheckResult
+from fxverify.analysis.node_map import kept_nodes
+from fxverify.engine.results import CheckResult
+from fxverify.engine.subject import Subject
 
 
-def failure_figures(v: Any, result: CheckResult, *, hops: int = DEFAULT_HOPS,
+def failure_figures(v: Subject, result: CheckResult, *, hops: int = DEFAULT_HOPS,
                     max_nodes: int = DEFAULT_MAX_NODES) -> dict[str, Any]:
     """``focus`` (the node the pictures centre on), ``before_svg`` / ``after_svg`` with their
     ``*_caption``, ``code_before`` / ``code_after``, and ``note`` saying what is missing and why."""
@@ -60,7 +60,7 @@ def failure_figures(v: Any, result: CheckResult, *, hops: int = DEFAULT_HOPS,
         which: [n.name for n in gm.graph.nodes if n.name not in kept_names[which] and n.op not in ("placeholder", "output")]
         for which, gm in graphs.items()
     }
-    focus = _focus(divergence_of(result), graphs, changed)
+    focus = _focus(result.divergence, graphs, changed)
     figures["focus"] = focus.get("after") or focus["before"]
     key = zlib.crc32(f"{result.transform}|{result.model}|{result.check}".encode())
     for which, gm in graphs.items():

@@ -4,7 +4,7 @@ message, the error numbers, the divergent node, the repro path, the graphs
 before and after drawn around the divergent node, and a side-by-side diff of
 the generated code. Every string that comes from a model or a transform is escaped.
 
->>> from fxverify.result import CheckResult
+>>> from fxverify.engine.results import CheckResult
 >>> from fxverify.reports.records import record
 >>> page = render_html([record(CheckResult("lint", "<b>m</b>", "my:pass", "passed"))])
 >>> "&lt;b&gt;m&lt;/b&gt;" in page and "<b>m</b>" not in page
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fxverify.reports.records import FIGURES, header
-from fxverify.summary import changed_cell, rewrite_warning
+from fxverify.reports.summary import changed_cell, rewrite_warning
 
 Record = Mapping[str, Any]
 
@@ -175,7 +175,7 @@ def _pictures(figures: Mapping[str, Any]) -> str:
     shown = []
     for which in ("before", "after"):
         svg = figures.get(f"{which}_svg")
-        if svg:  # made by Graphviz from escaped labels (see fxverify.graph_picture)
+        if svg:  # made by Graphviz from escaped labels (see fxverify.reports.graph_picture)
             caption = escape(f"{which} the transform: {figures.get(f'{which}_caption') or ''}")
             shown.append(f'<figure class="graph {which}"><figcaption>{caption}</figcaption>{svg}</figure>')
     if shown:

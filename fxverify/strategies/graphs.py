@@ -21,9 +21,8 @@ from hypothesis.errors import InvalidArgument
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from fxverify.cases import ModelCase
-from fxverify.catalogue import CorpusEntry, InputSpec
-from fxverify.checks.golden import RANDOM_GRAPH_TAG
+from fxverify.cases.case import ModelCase
+from fxverify.cases.catalogue import RANDOM_GRAPH_TAG, CorpusEntry, InputSpec
 from fxverify.strategies import ops as catalogue
 from fxverify.strategies.builder import INT_RANGE, Builder, Choices, DrawnChoices, Limits, SeededChoices, Value
 from fxverify.strategies.meta import ANY, DTYPE_NAMES, Meta

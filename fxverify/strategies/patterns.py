@@ -30,8 +30,8 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from torch import fx
 
-from fxverify.recording import RecordingInterpreter
-from fxverify.result import exception_summary as exc_summary
+from fxverify.analysis.recording import RecordingInterpreter
+from fxverify.engine.results import exception_summary as exc_summary
 from fxverify.strategies.builder import Builder, DrawnChoices, Limits, Value
 from fxverify.strategies.graphs import (
     DEFAULT_DTYPES, GraphCase, Plan, _input_spec, _validate_bool, _validate_int, grow, seeded, select_ops,

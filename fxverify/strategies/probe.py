@@ -28,17 +28,18 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hypothesis.errors import InvalidArgument
-from torch import fx
 
+from fxverify.capture import for_entry
 from fxverify.errors import TransformFailed
-from fxverify.module_state import Snapshot
+from fxverify.analysis.module_state import Snapshot
 from fxverify.strategies import ops as catalogue
 from fxverify.strategies.graphs import graph_from_seed
-from fxverify.transform import Transform, as_transform
+from fxverify.engine.transform import Transform, as_transform
 
 PROBE_SEEDS = (0, 1, 2)  # graphs per op: one op alone in a chain, on an input, or shared by two users
 PROBE_NODES = 3
 BUDGET_SECONDS = 60.0  # the whole probe; what is left unprobed is said
+PROBE_CAPTURE = for_entry("plain")  # how the probe graphs were made: what a transform taking a tracer gets
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +107,7 @@ def _outcome(transform: Transform, gm: Any, timeout: float) -> str | None:
     """``"changed"`` or ``"raised"`` when the transform rewrote ``gm`` or raised on it, else None."""
     before = Snapshot.take(gm)
     try:
-        result, _ = transform.apply(copy.deepcopy(gm), fx.Tracer, timeout=timeout)
+        result, _ = PROBE_CAPTURE.apply(transform, copy.deepcopy(gm), timeout=timeout)
     except TransformFailed:
         return "raised"
     return "changed" if {"graph", "state"} & set(before.differences(result)) else None

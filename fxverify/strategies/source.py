@@ -3,7 +3,7 @@ buffers, constants and submodules written out, the graph's ``forward``, and the
 code that builds its inputs. This is what a falsifying example prints.
 
 >>> import torch
->>> from fxverify.catalogue import InputSpec
+>>> from fxverify.cases.catalogue import InputSpec
 >>> gm = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.ReLU()))
 >>> print(module_source(gm, (InputSpec((2,)),)).splitlines()[-2])
 inputs = input_configs([InputSpec(shape=(2,), dtype='float32', low=None, high=None)], (2,))[0].make(0)
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 from torch import fx, nn
 
-from fxverify.catalogue import InputSpec
+from fxverify.cases.catalogue import InputSpec
 
 
 def tensor_source(tensor: torch.Tensor) -> str:
@@ -60,8 +60,8 @@ def module_source(module: fx.GraphModule, inputs: Sequence[InputSpec], seed: int
     return "\n".join([
         "import torch",
         "inf, nan = float('inf'), float('nan')",
-        "from fxverify.catalogue import InputSpec",
-        "from fxverify.inputs import input_configs",
+        "from fxverify.cases.catalogue import InputSpec",
+        "from fxverify.cases.inputs import input_configs",
         "",
         "class RandomGraph(torch.nn.Module):",
         textwrap.indent(body, "    "),

@@ -20,7 +20,7 @@ import torch
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from fxverify.catalogue import InputSpec
+from fxverify.cases.catalogue import InputSpec
 from fxverify.strategies.meta import ANY, DTYPE_NAMES
 from fxverify.strategies.source import tensor_source
 

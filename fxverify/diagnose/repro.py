@@ -1,4 +1,4 @@
-"""Standalone repro files: a minimised failure (:class:`fxverify.minimise.Minimised`)
+"""Standalone repro files: a minimised failure (:class:`fxverify.diagnose.minimise.Minimised`)
 written as one Python file that needs torch and the user's transform alone.
 
 ``<stem>.py`` holds the minimised module as code (``torch.nn`` layers rebuilt
@@ -33,11 +33,48 @@ from torch import fx, nn
 
 from fxverify.errors import FxVerifyError
 from fxverify.golden import portable_spec, safe_name
-from fxverify.minimise import DIFFERS, Minimised
-from fxverify.module_state import resolve
+from fxverify.diagnose.minimise import DIFFERS, Minimised, minimise_failure
+from fxverify.engine.results import Finding, exception_summary
+from fxverify.engine.subject import Subject
+from fxverify.analysis.module_state import resolve
 
 EXIT_DIFFERS, EXIT_RAISES = 3, 4  # a repro's exit status while the bug is there
 CHECK_TIMEOUT_S = 300.0  # for the run of a freshly written repro
+
+
+class ReproOnFailure:
+    """A runner's post-failure hook (see :mod:`fxverify.engine.runner`): a numerics failure in the
+    contract's primary mode is minimised (:func:`fxverify.diagnose.minimise.minimise_failure`) and
+    written into ``directory`` as a standalone repro, named in the finding (``finding.repro``, and a
+    line of the message); when that cannot be done, the finding says why.
+
+    >>> hook = ReproOnFailure("repros")
+    >>> hook.directory
+    'repros'
+    """
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = directory
+
+    def __call__(self, subject: Subject, check: str, finding: Finding) -> None:
+        if check != "numerics":
+            return
+        if finding.mode is not None and finding.mode != subject.contract.primary_mode:
+            finding.what += f"\nno repro written: only failures in {subject.contract.primary_mode} mode are minimised"
+            return
+        try:
+            found = minimise_failure(subject)
+            path = write_repro(found, self.directory, repro_stem(subject.case.name, check, subject.transform.spec),
+                               title=f"{subject.transform.spec} fails numerics on a subgraph of {subject.case.name}")
+        except FxVerifyError as exc:
+            finding.what += f"\nno repro written: {exc}"
+            return
+        except Exception as exc:  # torch's minifier on a graph it was not written for: the finding stands
+            finding.what += (f"\nno repro written: minimising raised {exception_summary(exc)}; "
+                             "please report this to fxverify")
+            return
+        finding.repro = str(path)
+        finding.what += f"\nrepro:      python {path}  ({found.describe()})"
 
 
 def repro_stem(model: str, check: str, spec: str) -> str:
@@ -65,7 +102,7 @@ def write_repro(found: Minimised, directory: str | os.PathLike[str], stem: str =
         import fxverify
         from my_passes import fold_bn
 
-        found = fxverify.minimise_numerics(fold_bn, "resnet18")
+        found = fxverify.minimise_numerics(fold_bn, "resnet18")  # see fxverify.api
         path = fxverify.write_repro(found, "repros", "resnet18-fold_bn")
         # python repros/resnet18-fold_bn.py exits with EXIT_DIFFERS (3) while the bug is there
     """

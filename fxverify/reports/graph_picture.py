@@ -24,7 +24,7 @@ import graphviz
 from torch import fx
 
 from fxverify.errors import FxVerifyError
-from fxverify.graph_text import target_name
+from fxverify.analysis.graph_text import target_name
 
 DEFAULT_HOPS = 4
 DEFAULT_MAX_NODES = 40

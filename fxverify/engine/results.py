@@ -1,38 +1,65 @@
-"""Check outcomes: what a check returns (:class:`CheckResult`) and what it raises
-inside to fail (:class:`Finding`) or to skip (:class:`Skip`)."""
+"""Check outcomes: what a check returns (:class:`CheckResult`, its :class:`Outcome`) and what it
+raises inside to fail (:class:`Finding`) or to skip (:class:`Skip`)."""
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import re
 from typing import Any
 
 from fxverify.errors import CheckFailed
 
-PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
-XFAILED = "xfailed"  # a corpus entry known not to trace or run failed, as its catalogue entry says
-ERROR = "error"  # fxverify's own code raised: no verdict on the transform (a bug to report to fxverify)
+class Outcome(str, enum.Enum):
+    """What became of one check on one model. A string, so it compares equal to its value
+    (``Outcome.PASSED == "passed"``) and writes as one in JSON; ``short`` is its summary cell.
+
+    ``ERROR`` is no verdict on the transform: fxverify's own code raised, or the process
+    running the check died.
+    """
+
+    PASSED = "passed"
+    FAILED = "failed"
+    ERROR = "error"
+    SKIPPED = "skipped"
+    XFAILED = "xfailed"  # a corpus entry known not to trace or run failed, as its catalogue entry says
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def short(self) -> str:
+        """The summary table's cell: ``pass``, ``FAIL``, ``ERR``, ``skip``, ``xfail``."""
+        return {"passed": "pass", "failed": "FAIL", "error": "ERR", "skipped": "skip", "xfailed": "xfail"}[self.value]
+
+
+PASSED, FAILED, ERROR, SKIPPED, XFAILED = (Outcome.PASSED, Outcome.FAILED, Outcome.ERROR, Outcome.SKIPPED,
+                                           Outcome.XFAILED)
 
 
 class Finding(Exception):
-    """Raised by a check that found a problem.
-
-    ``where`` is the first output path or node that differs; ``input`` the
-    input configuration it was seen with.
+    """Raised by a check that found a problem: ``what`` (the check's own words), the ``input``
+    configuration it was seen with, ``where`` the first output path or value that differs,
+    ``node`` the first divergent node as text and ``divergence`` as facts (see
+    :class:`fxverify.analysis.localise.Divergence`), the error numbers, the ``mode`` it was seen
+    in when not the contract's primary one, and ``details`` for anything else.
     """
 
     def __init__(self, what: str, *, input: str | None = None, where: str | None = None,
-                 node: str | None = None, details: dict[str, Any] | None = None) -> None:
+                 node: str | None = None, divergence: dict[str, Any] | None = None,
+                 max_abs: float | None = None, max_rel: float | None = None, mode: str | None = None,
+                 details: dict[str, Any] | None = None) -> None:
         super().__init__(what)
         self.what = what
         self.input = input
         self.where = where
         self.node = node
+        self.divergence = divergence
+        self.max_abs = max_abs
+        self.max_rel = max_rel
+        self.mode = mode
+        self.repro: str | None = None
         self.details = details or {}
-
-
-MAX_SUMMARY = 300  # characters of an exception's message kept in a one-line summary
-_DISPATCHER = re.compile(r"^(Could not run '[^']+' with arguments from the '[^']+' backend)\..*")
 
 
 class ModuleRaised(Finding):
@@ -51,6 +78,10 @@ ORIGINAL_RAISED = (
     "the corpus entry cannot run this configuration; fix its inputs, batch_sizes or spatial_sizes"
 )
 RESULT_RAISED = "the transformed module raised when run: {error}"
+
+
+MAX_SUMMARY = 300  # characters of an exception's message kept in a one-line summary
+_DISPATCHER = re.compile(r"^(Could not run '[^']+' with arguments from the '[^']+' backend)\..*")
 
 
 def exception_summary(exc: BaseException) -> str:
@@ -96,19 +127,32 @@ class Skip(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class CheckResult:
-    """The outcome of one check on one model.
+    """The outcome of one check on one model: its ``message`` for people, and for reports the
+    finding's parts as fields (``finding``, ``input``, ``where``, ``node``, ``divergence``, the error
+    numbers, the ``repro`` file) and the check's ``details``.
 
     >>> r = CheckResult("lint", "resnet18", "my.pass:fn", PASSED)
-    >>> r.ok
-    True
+    >>> r.ok, r.outcome.short
+    (True, 'pass')
     """
 
     check: str
     model: str
     transform: str
-    outcome: str
+    outcome: Outcome
     message: str = ""
     details: dict[str, Any] = dataclasses.field(default_factory=dict)
+    finding: str = ""
+    input: str | None = None
+    where: str | None = None
+    node: str | None = None
+    divergence: dict[str, Any] | None = None
+    max_abs: float | None = None
+    max_rel: float | None = None
+    repro: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "outcome", Outcome(self.outcome))
 
     @property
     def ok(self) -> bool:

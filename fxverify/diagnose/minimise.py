@@ -7,7 +7,7 @@ eliminates dead code, and replaces nodes by placeholders fed with the values
 they had when the whole model ran (delta debugging), at halving granularity.
 fxverify supplies the predicate: the candidate subgraph (a ``GraphModule`` whose
 ``call_module`` / ``get_attr`` targets are the original's) is transformed as the
-user's transform is always called (a fresh copy, with the case's tracer class),
+user's transform is always called (a fresh copy, through the case's capture),
 and fails when the result's outputs differ from the candidate's own beyond the
 check's tolerance -- or, when the whole model's result raised, when it raises
 too. A time budget bounds the search; when it runs out, the smallest failing
@@ -28,10 +28,12 @@ import torch
 from torch import fx
 from torch._functorch.fx_minifier import minifier
 
-from fxverify.compare import Mismatch, Tolerance, compare_trees
+from fxverify.analysis.compare import Mismatch, Tolerance, compare_trees
+from fxverify.capture import Capture, for_entry
 from fxverify.errors import FxVerifyError, TransformFailed
-from fxverify.result import exception_summary
-from fxverify.transform import Transform, as_transform
+from fxverify.engine.results import exception_summary
+from fxverify.engine.subject import Subject
+from fxverify.engine.transform import Transform, as_transform
 
 DEFAULT_BUDGET = 120.0
 RAISES, DIFFERS = "raises", "differs"
@@ -49,7 +51,7 @@ class Minimised:
     module: fx.GraphModule
     inputs: tuple[Any, ...]
     transform: Transform
-    tracer_class: type[fx.Tracer]
+    capture: Capture
     tolerance: tuple[float, float]  # (rtol, atol) the failure exceeds
     kind: str  # RAISES (the result raises when run) or DIFFERS (its outputs differ)
     failure: str
@@ -73,7 +75,7 @@ def minimise_module(
     inputs: Sequence[Any],
     *,
     tolerance: Tolerance = Tolerance(),
-    tracer_class: type[fx.Tracer] = fx.Tracer,
+    capture: Capture | None = None,
     budget_s: float = DEFAULT_BUDGET,
     timeout: float | None = None,
 ) -> Minimised:
@@ -100,7 +102,8 @@ def minimise_module(
         return (_2,)
     """
     transform = as_transform(transform)
-    predicate = _Predicate(transform, tracer_class, tolerance, timeout, time.monotonic() + budget_s)
+    capture = capture or for_entry("plain")
+    predicate = _Predicate(transform, capture, tolerance, timeout, time.monotonic() + budget_s)
     reference = copy.deepcopy(module)  # the minifier writes concrete values into node.meta
     inputs = _with_defaults(module, tuple(_clone(inputs)))
     for placeholder in reference.graph.find_nodes(op="placeholder"):
@@ -126,7 +129,7 @@ def minimise_module(
         node.meta.pop("concrete_value", None)
     failure = predicate.failure(best, best_inputs)
     return Minimised(
-        module=best, inputs=tuple(best_inputs), transform=transform, tracer_class=tracer_class,
+        module=best, inputs=tuple(best_inputs), transform=transform, capture=capture,
         tolerance=predicate.rtol_atol(best, best_inputs), kind=predicate.kind,
         failure=str(failure) if failure else "it no longer fails",
         nodes_before=len(module.graph.nodes), nodes_after=len(best.graph.nodes), queries=predicate.queries,
@@ -135,32 +138,19 @@ def minimise_module(
     )
 
 
-def minimise_numerics(transform: Transform | Any, case: Any, *, budget_s: float = DEFAULT_BUDGET) -> Minimised:
-    """The numerics failure of ``transform`` on ``case`` (a corpus name or a ``ModelCase``), minimised;
-    then write it with :func:`fxverify.repro.write_repro`::
-
-        found = fxverify.minimise_numerics(my_pass, "resnet18")
-        print(found.describe(), found.module.code)
-        fxverify.write_repro(found, "repros", "resnet18-my_pass")
-    """
-    from fxverify.verification import Verification
-
-    return minimise_failure(Verification(transform, case), budget_s=budget_s)
-
-
-def minimise_failure(v: Any, *, budget_s: float = DEFAULT_BUDGET) -> Minimised:
-    """Minimise a failing numerics check of a :class:`~fxverify.verification.Verification`: the
+def minimise_failure(v: Subject, *, budget_s: float = DEFAULT_BUDGET) -> Minimised:
+    """Minimise a failing numerics check of a :class:`~fxverify.engine.subject.Subject`: the
     first input configuration at which the transform fails (float64 first, with its tight
     tolerance, then as built with the check's), on the primary-mode original.
 
     Raises :class:`FxVerifyError` when the transform fails at none of them. For example
     (``my_passes.fold_bn`` is the transform)::
 
-        import fxverify
-        from fxverify.minimise import minimise_failure
+        from fxverify.diagnose.minimise import minimise_failure
+        from fxverify.engine.subject import Subject
         from my_passes import fold_bn
 
-        found = minimise_failure(fxverify.Verification(fold_bn, "resnet18"), budget_s=60)
+        found = minimise_failure(Subject(fold_bn, "resnet18"), budget_s=60)
         print(found.describe())  # 4 nodes, minimised from 70 in 3 s, 25 tries
         print(found.module.code)  # the conv and the BN it folds, say
     """
@@ -171,8 +161,8 @@ def minimise_failure(v: Any, *, budget_s: float = DEFAULT_BUDGET) -> Minimised:
         inputs = config.make(v.case.seed, dtype=dtype)
         try:
             return minimise_module(v.transform, v.module("original", dtype), inputs, tolerance=tolerance,
-                            tracer_class=v.case.tracer_class, budget_s=max(0.0, deadline - time.monotonic()),
-                            timeout=v.timeout)
+                                   capture=v.capture, budget_s=max(0.0, deadline - time.monotonic()),
+                                   timeout=v.timeout)
         except FxVerifyError:
             continue
     raise FxVerifyError(f"transform {v.transform.spec} fails on none of {v.case.name}'s input configurations")
@@ -217,9 +207,9 @@ class _BudgetSpent(Exception):
 class _Predicate:
     """``module_fails(gm, inputs)`` for torch's minifier, remembering the smallest failing candidate."""
 
-    def __init__(self, transform: Transform, tracer_class: type[fx.Tracer], tolerance: Tolerance,
+    def __init__(self, transform: Transform, capture: Capture, tolerance: Tolerance,
                  timeout: float | None, deadline: float) -> None:
-        self.transform, self.tracer_class, self.tolerance = transform, tracer_class, tolerance
+        self.transform, self.capture, self.tolerance = transform, capture, tolerance
         self.timeout, self.deadline = timeout, deadline
         self.kind: str | None = None
         self.queries = 0
@@ -272,9 +262,9 @@ class _Predicate:
         except Exception as exc:
             raise _NotThisFailure(f"the subgraph itself raised {exception_summary(exc)}") from None
         try:
-            result, _ = self.transform.apply(given, self.tracer_class, timeout=self.timeout)
+            result, _ = self.capture.apply(self.transform, given, timeout=self.timeout)
         except TransformFailed as exc:
-            raise _NotThisFailure(str(exc).splitlines()[0]) from None
+            raise _NotThisFailure(exc.cause) from None
         try:
             actual = result(*_clone(inputs))
         except Exception as exc:

@@ -19,11 +19,12 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from fxverify import catalogue, tracing
-from fxverify.catalogue import CorpusEntry, InputSpec
+from fxverify.capture import Capture, for_entry
+from fxverify.cases import catalogue
+from fxverify.cases.catalogue import CorpusEntry, InputSpec
 from fxverify.errors import CorpusError
-from fxverify.inputs import InputConfig, input_configs
-from fxverify.state import randomize_state
+from fxverify.cases.inputs import InputConfig, input_configs
+from fxverify.cases.state import randomize_state
 
 
 class ModelCase:
@@ -51,9 +52,10 @@ class ModelCase:
         e = self.entry
         return input_configs(e.inputs, e.batch_sizes, e.spatial_sizes)
 
-    @property
-    def tracer_class(self) -> type[fx.Tracer]:
-        return tracing.tracer_class(self.entry.tracer)
+    @functools.cached_property
+    def capture(self) -> Capture:
+        """How this model becomes a graph (see :mod:`fxverify.capture`)."""
+        return for_entry(self.entry.tracer, self.entry.concrete_args)
 
     def build(self, *, training: bool = False) -> nn.Module:
         """A fresh instance with random init and randomised state, in the given mode."""
@@ -64,10 +66,10 @@ class ModelCase:
         return module.train(training)
 
     def trace(self, *, training: bool = False) -> fx.GraphModule:
-        """A fresh ``GraphModule`` of a fresh instance, traced in the given mode."""
+        """A fresh ``GraphModule`` of a fresh instance, captured in the given mode."""
         module = self.build(training=training)
         _check_concrete_args(self.entry, module)
-        return tracing.trace(module, self.entry.tracer, dict(self.entry.concrete_args)).train(training)
+        return self.capture.capture(module, training=training)
 
     def example_inputs(self) -> tuple[torch.Tensor, ...]:
         """The primary configuration's inputs."""

@@ -33,8 +33,8 @@ from typing import Any, NamedTuple
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from fxverify.graph_text import target_name
-from fxverify.module_state import resolve, tensors_equal
+from fxverify.analysis.graph_text import target_name
+from fxverify.analysis.module_state import resolve, tensors_equal
 
 
 class Match(NamedTuple):

@@ -26,6 +26,7 @@ SOURCES = ("torchvision", "timm", "edge", "user")
 TRACERS = ("plain", "timm")  # or "module:TracerClass", a torch.fx.Tracer subclass
 CATALOGUE_FILES = ("models.toml", "edge.toml", "layers.toml", "full.toml")
 NONE = "None"  # TOML has no null: this string stands for None in concrete_args
+RANDOM_GRAPH_TAG = "random_graph"  # the tag of drawn graphs (fxverify.strategies): no stable golden file
 
 
 @dataclasses.dataclass(frozen=True)

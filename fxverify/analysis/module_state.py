@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from fxverify.graph_text import canonical_text
+from fxverify.analysis.graph_text import canonical_text
 
 
 def resolve(module: nn.Module, target: str) -> Any:

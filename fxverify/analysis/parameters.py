@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from fxverify.module_state import tensors_equal
+from fxverify.analysis.module_state import tensors_equal
 
 KEPT, MOVED, FROZEN, CHANGED, REMOVED = "kept", "moved", "frozen", "changed", "removed"
 

@@ -1,6 +1,6 @@
 """Where a transform's result first goes wrong: both modules are run with a
-:class:`~fxverify.recording.RecordingInterpreter`, result nodes are mapped to
-original nodes (:func:`fxverify.node_map.correspondence`: name, provenance,
+:class:`~fxverify.analysis.recording.RecordingInterpreter`, result nodes are mapped to
+original nodes (:func:`fxverify.analysis.node_map.correspondence`: name, provenance,
 position), and the first node the transform kept whose value differs beyond
 tolerance is reported with its opcode, target, line of generated code, shape,
 dtype and error, the nodes the transform changed that feed it, and the original's
@@ -9,7 +9,7 @@ with equal values, :func:`localise_gradients` names the kept node nearest the
 outputs whose gradient differs, and the changed nodes it feeds.
 
 >>> import copy, torch
->>> from fxverify.compare import Tolerance
+>>> from fxverify.analysis.compare import Tolerance
 >>> gm = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Tanh()))
 >>> broken = copy.deepcopy(gm)  # a "cleanup" that removes the relu as if it were a no-op
 >>> relu = broken.graph.find_nodes(op="call_module", target="0")[0]
@@ -35,10 +35,10 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from fxverify.compare import Mismatch, Tolerance, compare_trees
-from fxverify.graph_text import target_name
-from fxverify.node_map import Match, correspondence, kept_nodes
-from fxverify.recording import RecordingInterpreter
+from fxverify.analysis.compare import Mismatch, Tolerance, compare_trees
+from fxverify.analysis.graph_text import target_name
+from fxverify.analysis.node_map import Match, correspondence, kept_nodes
+from fxverify.analysis.recording import RecordingInterpreter
 
 MAX_CHANGED_SHOWN = 5
 
@@ -57,7 +57,7 @@ class Divergence:
     removed: tuple[str, ...] = ()  # original nodes the transform removed that fed its counterpart
 
     def details(self) -> dict[str, Any]:
-        """JSON-serialisable facts (``CheckResult.details["divergence"]``)."""
+        """JSON-serialisable facts (``CheckResult.divergence``)."""
         node, value = self.result_node, self.value
         tensor = isinstance(value, torch.Tensor)
         return {
@@ -159,7 +159,7 @@ def localise_gradients(
     kept node, and return the kept node nearest the outputs whose gradient differs: the
     gradient first goes wrong in a changed node it feeds (None when all agree).
 
-    >>> from fxverify.compare import Tolerance
+    >>> from fxverify.analysis.compare import Tolerance
     >>> gm = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Tanh(), torch.nn.ReLU()))
     >>> broken = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Tanh(), torch.nn.ReLU()))
     >>> relu = broken.graph.find_nodes(op="call_module", target="1")[0]

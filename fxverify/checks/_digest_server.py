@@ -8,7 +8,7 @@ start), so the server builds, traces and transforms the model on another core
 while this process runs the other checks; the determinism check then only
 collects the answer.
 
-    python -m fxverify.crossprocess SPEC TIMEOUT    # the server, started by CrossProcessDigests
+    python -m fxverify.checks._digest_server SPEC TIMEOUT    # the server, started by CrossProcessDigests
 
 Protocol: one request per line on the server's stdin (a base64 pickle of
 ``(entry, seed)``), one JSON answer ``[name, digest]`` per line on the file
@@ -31,8 +31,12 @@ import time
 from collections.abc import Sequence
 from typing import IO
 
-from fxverify.cases import ModelCase
-from fxverify.transform import Transform
+from fxverify.cases.case import ModelCase
+from fxverify.engine.transform import Transform
+from fxverify.checks.determinism import digest
+from fxverify.engine.results import Skip, exception_summary
+from fxverify.engine.subject import Subject
+from fxverify.errors import TransformFailed
 
 SERVER_START_SECONDS = 120.0  # imports, on a loaded machine
 
@@ -40,7 +44,7 @@ SERVER_START_SECONDS = 120.0  # imports, on a loaded machine
 class CrossProcessDigests:
     """Callable: ``digests(model_name) -> digest | 'skip: why' | 'error: why'``.
 
-    >>> from fxverify.transform import as_transform
+    >>> from fxverify.engine.transform import as_transform
     >>> digests = CrossProcessDigests(as_transform(lambda gm: gm), [], timeout=10)
     >>> digests("resnet18")[:5]
     'skip:'
@@ -129,7 +133,7 @@ class _Server:
         env["OMP_NUM_THREADS"] = "1"  # it builds, traces and transforms: no use for the cores the checks need
         self._stderr = tempfile.TemporaryFile()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "fxverify.crossprocess", spec, str(timeout)],
+            [sys.executable, "-m", "fxverify.checks._digest_server", spec, str(timeout)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env, text=True,
         )
         self._answers: queue.Queue[str | None] = queue.Queue()
@@ -178,17 +182,12 @@ def _serve(spec: str, timeout: float) -> None:
     protocol = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # the transform's prints must not mix in
 
-    from fxverify.checks.determinism import digest
-    from fxverify.errors import TransformFailed
-    from fxverify.result import Skip, exception_summary
-    from fxverify.verification import Verification
-
     transform = Transform.load(spec)
     for line in sys.stdin:
         entry, seed = pickle.loads(base64.b64decode(line))
-        verification = Verification(transform, ModelCase(entry, seed), timeout=timeout)
+        subject = Subject(transform, ModelCase(entry, seed), timeout=timeout)
         try:
-            answer = digest(verification.transformed_fresh(transform.contract.primary_mode))
+            answer = digest(subject.transformed_fresh(transform.contract.primary_mode))
         except TransformFailed as exc:
             answer = f"error: {exc}"
         except Skip as exc:

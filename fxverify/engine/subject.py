@@ -1,10 +1,12 @@
-"""One transform on one model: the expensive work (build, trace, transform,
-reference outputs) done once and shared by every check.
+"""The subject of the checks: one transform on one model, and the expensive work every check
+shares, done once and on demand (capture, transform, reference outputs, float64 copies, what the
+transform changed). Checks read it and import nothing above it; the runner
+(:mod:`fxverify.engine.runner`) runs them.
 
 >>> import fxverify
->>> v = Verification(fxverify.examples.identity, fxverify.load_case("resnet18"))
->>> v.run("lint").outcome
-'passed'
+>>> s = Subject(fxverify.examples.identity, fxverify.load_case("edge_conv_bn_head"))
+>>> s.applied().mode, s.changes
+('eval', ['code', 'meta'])
 """
 
 from __future__ import annotations
@@ -13,35 +15,24 @@ import copy
 import dataclasses
 import functools
 import os
-import textwrap
-import traceback
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import fx, nn
 
-from fxverify.cases import ModelCase
-from fxverify.compare import Tolerance
-from fxverify.contracts import Contract
-from fxverify.errors import FxVerifyError, TransformFailed
-from fxverify.inputs import InputConfig
-from fxverify.module_state import Snapshot
-from fxverify.parameters import Fate, rewrites_state, tensor_fates
-from fxverify.result import (ERROR, FAILED, PASSED, SKIPPED, XFAILED, CheckResult, Finding, ModuleRaised, Skip,
-                             exception_summary)
-from fxverify.transform import Transform, as_transform
+from fxverify.analysis.compare import Tolerance
+from fxverify.analysis.module_state import Snapshot
+from fxverify.analysis.parameters import Fate, rewrites_state, tensor_fates
+from fxverify.capture import Capture
+from fxverify.cases.case import ModelCase, load_case
+from fxverify.cases.inputs import InputConfig
+from fxverify.engine.contracts import Contract
+from fxverify.engine.results import ModuleRaised, exception_summary
+from fxverify.engine.transform import Transform, as_transform
+from fxverify.errors import CopyFailed, TransformFailed
 
 DEFAULT_TIMEOUT = 300.0
-
-
-def library_versions(source: str) -> str:
-    """The versions that decide whether a model of ``source`` traces, e.g. ``torch 2.14.1, timm 1.0.31``."""
-    versions = [f"torch {torch.__version__}"]
-    if source in ("torchvision", "timm"):
-        module = __import__(source)
-        versions.append(f"{source} {module.__version__}")
-    return ", ".join(versions)
 
 
 @dataclasses.dataclass
@@ -54,7 +45,7 @@ class Applied:
     place). Running the result later may legitimately change state it shares with
     the copy (a leaf module caching by input size), so that is not compared.
     ``fates`` says what became of each parameter and buffer of the original (seen as
-    the transform returned, see :mod:`fxverify.parameters`); ``rewrites_state``
+    the transform returned, see :mod:`fxverify.analysis.parameters`); ``rewrites_state``
     whether the result holds other parameters or buffers than the original's;
     ``changes`` which aspects of the module the transform changed (empty: none).
     """
@@ -69,36 +60,29 @@ class Applied:
     changes: list[str]
 
 
-class Verification:
-    """Runs checks of ``transform`` on ``case``, sharing the expensive work.
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What single checks need beyond the subject: ``cross_process`` supplies digests of the
+    result computed in another process (the determinism check, :mod:`fxverify.checks._digest_server`);
+    ``golden_dir`` and ``update_golden`` are the golden check's folder and mode."""
 
-    ``cross_process`` supplies digests of the transform's result computed in
-    another process (see :mod:`fxverify.checks.determinism`). ``golden_dir`` and
-    ``update_golden`` are for the golden check (see :mod:`fxverify.checks.golden`).
-    With ``repro_dir``, a failing numerics check writes a minimised standalone repro
-    there (see :mod:`fxverify.repro`).
-    """
+    cross_process: Callable[[str], str] | None = None
+    golden_dir: str | os.PathLike[str] | None = None
+    update_golden: bool = False
 
-    def __init__(
-        self,
-        transform: Transform | Callable[..., Any] | str,
-        case: ModelCase | str,
-        *,
-        timeout: float | None = DEFAULT_TIMEOUT,
-        cross_process: Callable[[str], str] | None = None,
-        golden_dir: str | os.PathLike[str] | None = None,
-        update_golden: bool = False,
-        repro_dir: str | os.PathLike[str] | None = None,
-    ) -> None:
-        from fxverify.cases import load_case
 
+class Subject:
+    """One transform on one model (a ``ModelCase`` or a corpus name), captured by ``capture`` (the
+    case's own by default), with the work the checks share done lazily and kept."""
+
+    def __init__(self, transform: Transform | Callable[..., Any] | str, case: ModelCase | str, *,
+                 timeout: float | None = DEFAULT_TIMEOUT, settings: Settings = Settings(),
+                 capture: Capture | None = None) -> None:
         self.transform = as_transform(transform)
         self.case = load_case(case) if isinstance(case, str) else case
+        self.capture: Capture = capture or self.case.capture
         self.timeout = timeout
-        self.cross_process = cross_process
-        self.golden_dir = golden_dir
-        self.update_golden = update_golden
-        self.repro_dir = repro_dir  # a failing numerics check minimises itself and writes a repro there
+        self.settings = settings
         self._applied: dict[str, Applied | TransformFailed] = {}
         self._outputs: dict[tuple[str, str, str], Any] = {}
         self._float64: dict[str, nn.Module] = {}
@@ -148,11 +132,11 @@ class Verification:
 
     def apply_fresh(self, mode: str) -> Applied:
         """Trace the case anew in ``mode`` and apply the transform to a copy."""
-        original = self.case.trace(training=mode == "train")
+        original = self.capture.capture(self.case.build(training=mode == "train"), training=mode == "train")
         copies: dict[int, Any] = {}
         given = copy.deepcopy(original, copies)
         before = Snapshot.take(given)
-        result, in_place = self.transform.apply(given, self.case.tracer_class, timeout=self.timeout)
+        result, in_place = self.capture.apply(self.transform, given, timeout=self.timeout)
         input_change = None if in_place else before.first_difference(given)
         result.train(mode == "train")
         changes = Snapshot.take(original).differences(result)
@@ -160,15 +144,15 @@ class Verification:
         return Applied(mode, original, result, in_place, input_change, fates,
                        rewrites_state(original, result, copies), changes)
 
-    def apply_to(self, gm: fx.GraphModule, mode: str) -> nn.Module:
-        """The transform's result for ``gm`` (a fresh trace, or a copy of one), in ``mode``."""
-        result, _ = self.transform.apply(gm, self.case.tracer_class, timeout=self.timeout)
-        return result.train(mode == "train")
+    def capture_fresh(self, mode: str) -> fx.GraphModule:
+        """A fresh graph of a fresh instance of the model, in ``mode``."""
+        return self.capture.capture(self.case.build(training=mode == "train"), training=mode == "train")
 
     def transformed_fresh(self, mode: str) -> nn.Module:
-        """Only the result of the transform applied to a fresh trace in ``mode``, for work that
+        """Only the result of the transform applied to a fresh capture in ``mode``, for work that
         needs no reference or snapshot (determinism reruns, train mode, the cross-process digest)."""
-        return self.apply_to(self.case.trace(training=mode == "train"), mode)
+        result, _ = self.capture.apply(self.transform, self.capture_fresh(mode), timeout=self.timeout)
+        return result.train(mode == "train")
 
     @functools.cached_property
     def changes(self) -> list[str] | None:
@@ -255,16 +239,18 @@ class Verification:
             if which == "result" and applied.rewrites_state:
                 self._float64[key] = self._transformed_in(dtype)
             else:
-                self._float64[key] = self._copy(which, module).to(dtype)
+                self._float64[key] = self.convert(which, module, dtype=dtype)
         return self._float64[key]
 
-    def _copy(self, which: str, module: nn.Module) -> nn.Module:
-        """``copy.deepcopy(module)``; when that raises, why is remembered in ``uncopyable``: fxverify
-        cannot make its converted copies, which says nothing of the module's dtypes (lint reports it)."""
+    def convert(self, which: str, module: nn.Module, *, dtype: torch.dtype | None = None,
+                device: str | None = None) -> nn.Module:
+        """``module`` (the ``original``'s or the ``result``'s) converted by the capture; when copying it
+        raises, why is remembered in ``uncopyable``: fxverify cannot make its converted copies, which
+        says nothing of the module's dtypes or devices (lint reports a result that cannot be copied)."""
         try:
-            return copy.deepcopy(module)
-        except Exception as exc:
-            self.uncopyable[which] = exception_summary(exc)
+            return self.capture.convert(module, dtype=dtype, device=device)
+        except CopyFailed as exc:
+            self.uncopyable[which] = str(exc)
             raise
 
     def _transformed_in(self, dtype: torch.dtype) -> nn.Module:
@@ -273,12 +259,12 @@ class Verification:
         Falls back to converting the float32 result when the transform fails on it."""
         applied = self.applied()
         try:
-            result, _ = self.transform.apply(copy.deepcopy(applied.original).to(dtype), self.case.tracer_class,
-                                             timeout=self.timeout)
+            result, _ = self.capture.apply(self.transform, self.capture.convert(applied.original, dtype=dtype),
+                                           timeout=self.timeout)
         except TransformFailed as exc:
             self._float64_exact = False
             self.float64_fallback = exc.cause
-            return self._copy("result", applied.result).to(dtype)
+            return self.convert("result", applied.result, dtype=dtype)
         return result.to(dtype).train(applied.mode == "train")
 
     @property
@@ -288,106 +274,3 @@ class Verification:
         self.module("result", torch.float64)
         return self._float64_exact
 
-    # -- checks ----------------------------------------------------------------
-    def run(self, check: str) -> CheckResult:
-        """Run the named check and return its result (never raises for a finding)."""
-        from fxverify.checks import CHECKS
-
-        if check not in CHECKS:
-            raise FxVerifyError(f"unknown check {check!r}; known checks: {', '.join(CHECKS)}")
-        if self.case.entry.xfail:
-            return self._expected_failure(check)
-        try:
-            details = CHECKS[check](self) or {}
-        except Skip as skip:
-            return self._result(check, SKIPPED, str(skip))
-        except Finding as finding:
-            return self._result(check, FAILED, self._failure_message(check, finding), finding.details)
-        except TransformFailed as exc:
-            message = self._failure_message(check, Finding(f"the transform failed on this model:\n{exc}"))
-            return self._result(check, FAILED, message)
-        except Exception as exc:  # fxverify's own code raised: no verdict on the transform
-            return self.internal_error(check, exc)
-        return self._result(check, PASSED, "", details)
-
-    def internal_error(self, check: str, exc: BaseException, doing: str = "") -> CheckResult:
-        """The result of a check that fxverify itself could not complete: an ERROR naming the
-        model and transform, saying it is no verdict on the transform, with the traceback."""
-        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        what = doing or f"running the {check} check"
-        lines = [
-            f"fxverify error in the {check} check (not a finding about the transform)",
-            f"  model:      {self.case.name}",
-            f"  transform:  {self.transform.spec}",
-            f"  error:      {what} raised {exception_summary(exc)} inside fxverify; this says nothing about "
-            "the transform. Please report it to fxverify's maintainers, with this message",
-            tb.rstrip(),
-        ]
-        return self._result(check, ERROR, "\n".join(lines))
-
-    @functools.cached_property
-    def model_error(self) -> str | None:
-        """Why the untransformed model fails to trace or run on its primary inputs (None if it works)."""
-        try:
-            traced = self.case.trace()
-            with torch.no_grad():
-                traced(*self.primary.make(self.case.seed))
-        except Exception as exc:  # any failure to trace or run is what an xfail entry records
-            return exception_summary(exc)
-        return None
-
-    def _expected_failure(self, check: str) -> CheckResult:
-        """A catalogue entry marked ``xfail``: no check runs; the model must still fail to trace or run."""
-        entry = self.case.entry
-        if self.model_error is not None:
-            return self._result(check, XFAILED, f"expected failure: {entry.xfail} (now: {self.model_error})")
-        message = (
-            f"corpus entry {entry.name!r} is listed as an expected failure ({entry.xfail}), but it now "
-            f"traces and runs with {library_versions(entry.source)}: remove `xfail` from its catalogue "
-            "entry so the checks run on it"
-        )
-        return self._result(check, FAILED, message)
-
-    def run_all(self, checks: list[str] | None = None) -> list[CheckResult]:
-        """Every check (or the named ones), in the canonical order."""
-        from fxverify.checks import CHECKS
-
-        return [self.run(name) for name in (checks or list(CHECKS))]
-
-    def _result(self, check: str, outcome: str, message: str, details: dict[str, Any] | None = None) -> CheckResult:
-        return CheckResult(check, self.case.name, self.transform.spec, outcome, message, details or {})
-
-    def _failure_message(self, check: str, finding: Finding) -> str:
-        entry = self.case.entry
-        lines = [
-            f"fxverify {check} check failed",
-            f"  model:      {entry.name} ({entry.source}, tracer {entry.tracer})",
-            f"  transform:  {self.transform.spec}",
-            f"  contract:   {self.contract.describe()}",
-        ]
-        if finding.input:
-            lines.append(f"  input:      {finding.input}")
-        if finding.where:
-            lines.append(f"  first diff: {finding.where}")
-        if finding.node:
-            lines.append(f"  first node: {finding.node}")
-        lines.append("  finding:    " + textwrap.indent(finding.what, " " * 14).lstrip())
-        repro = self.repro_command(check)
-        if repro:
-            lines.append(f"  reproduce:  {repro}")
-        return "\n".join(lines)
-
-    def repro_command(self, check: str) -> str | None:
-        """A command that reruns this check alone, when the transform and model can be named
-        (not for golden: its folder is a pytest option that the command would not know)."""
-        from fxverify import catalogue
-
-        if check == "golden":
-            return None
-
-        shipped = any(e.name == self.case.name for e in catalogue.catalogue())
-        if not self.transform.reloadable or not shipped:
-            return None
-        return (
-            f'python -c "import fxverify; fxverify.assert_{check}(\'{self.transform.spec}\', \'{self.case.name}\')"'
-        )

@@ -1,7 +1,7 @@
 """Input configurations: the batch sizes, spatial sizes and magnitudes a model
 is checked at, and the tensors for each, reproducible from a seed.
 
->>> from fxverify.catalogue import InputSpec
+>>> from fxverify.cases.catalogue import InputSpec
 >>> [c.name for c in input_configs((InputSpec((2, 3, 8, 8)),), (1, 2), ((8, 8), (12, 12)))]
 ['b2-3x8x8', 'b1-3x8x8', 'b2-3x12x12', 'b2-3x8x8-large']
 """
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from fxverify.catalogue import InputSpec
+from fxverify.cases.catalogue import InputSpec
 
 LARGE_SCALE = 1e3
 

@@ -23,9 +23,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from fxverify.contracts import Contract, contract_of
+from fxverify.engine.contracts import Contract, contract_of
 from fxverify.errors import TransformFailed, TransformLoadError
-from fxverify.result import exception_summary
+from fxverify.engine.results import exception_summary
 
 ACCEPTED_RETURNS = (
     "an nn.Module (usually a torch.fx.GraphModule), None (the argument was modified in place), "
@@ -92,17 +92,16 @@ class Transform:
             )
         return cls.from_callable(obj, spec)
 
-    def apply(self, gm: Any, tracer_class: type, *, timeout: float | None = None) -> tuple[Any, bool]:
-        """Call the transform on ``gm``; return ``(module, in_place)``.
+    def apply(self, gm: Any, *extra: Any, timeout: float | None = None) -> tuple[Any, bool]:
+        """Call the transform on ``gm`` (and ``extra`` arguments: the tracer class for the
+        ``transform(m, tracer_class)`` convention, which the capture supplies); return
+        ``(module, in_place)``.
 
         Raises :class:`TransformFailed` when it raises, hangs past ``timeout``
         seconds or returns an unusable value.
         """
-        from fxverify.tracing import forget_unpatchable_wraps
-
-        args = (gm, tracer_class) if self.takes_tracer_class else (gm,)
         try:
-            returned = call_with_timeout(self.fn, args, timeout)
+            returned = call_with_timeout(self.fn, (gm, *extra), timeout)
         except _Timeout:
             raise TransformFailed(
                 f"transform {self.spec} did not finish within {timeout:g} s "
@@ -113,8 +112,6 @@ class Transform:
         except BaseException as exc:  # the user's own error (sys.exit() too), reported with its traceback
             tb = "".join(traceback.format_exception(type(exc), exc, _users_frames(exc.__traceback__)))
             raise TransformFailed(f"transform {self.spec} raised {_raised(exc)}\n{tb}", _raised(exc)) from exc
-        finally:
-            forget_unpatchable_wraps()
         return self.normalize_result(returned, gm)
 
     def normalize_result(self, returned: Any, given: Any) -> tuple[Any, bool]:

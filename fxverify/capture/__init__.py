@@ -1,0 +1,64 @@
+"""Captures: how a model becomes the graph a transform takes.
+
+Everything fxverify does with graphs goes through one small protocol, :class:`Capture`:
+capture a model in a mode, capture a result's code again (the ``retrace`` check),
+apply a transform to a capture the way its users do, convert a module for the float64
+and device runs, and say which checks do not apply to its graphs. Nothing else in
+fxverify knows how a graph was made. :class:`~fxverify.capture.symbolic.SymbolicTrace`
+(``torch.fx`` symbolic tracing with a plain, timm's or a custom tracer) is the first
+implementation; ``docs/architecture.md`` shows how to add another.
+
+>>> capture = for_entry("plain")
+>>> capture.name, capture.skips("retrace")
+('symbolic_trace', None)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import torch
+from torch import fx, nn
+
+from fxverify.capture.symbolic import SymbolicTrace, symbolic
+from fxverify.engine.transform import Transform
+
+__all__ = ["Capture", "SymbolicTrace", "for_entry"]
+
+
+class Capture(Protocol):
+    """How a model becomes a graph a transform takes (``name`` shows in messages and reports)."""
+
+    name: str
+
+    def capture(self, module: nn.Module, *, training: bool) -> fx.GraphModule:
+        """A fresh graph of ``module`` in the given mode."""
+        ...
+
+    def recapture(self, gm: fx.GraphModule) -> fx.Graph:
+        """The graph of ``gm``'s own code captured again (compared with ``gm.graph`` by ``retrace``)."""
+        ...
+
+    def apply(self, transform: Transform, gm: fx.GraphModule, *, timeout: float | None) -> tuple[nn.Module, bool]:
+        """``transform`` called on ``gm`` as its users call it; ``(result, in_place)``."""
+        ...
+
+    def convert(self, module: nn.Module, *, dtype: torch.dtype | None = None, device: str | None = None) -> nn.Module:
+        """A copy of ``module`` in ``dtype`` and / or on ``device`` (the float64, meta and CUDA runs);
+        :class:`~fxverify.errors.CopyFailed` when the module cannot be copied."""
+        ...
+
+    def skips(self, check: str) -> str | None:
+        """Why ``check`` does not apply to this capture's graphs (it is then skipped, saying so), or None."""
+        ...
+
+    def describe(self) -> str:
+        """One line for failure messages, e.g. ``symbolic_trace (tracer timm)``."""
+        ...
+
+
+def for_entry(tracer: str, concrete_args: Mapping[str, Any] | None = None) -> Capture:
+    """The capture of a corpus entry: its ``tracer`` (``plain``, ``timm``, ``module:TracerClass``) and
+    ``concrete_args``."""
+    return symbolic(tracer, concrete_args)

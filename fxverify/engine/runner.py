@@ -1,0 +1,187 @@
+"""The runner above the checks: it looks a check up in the registry, runs it on the subject,
+turns what it raises into a :class:`~fxverify.engine.results.CheckResult` (a finding, a skip,
+the transform's failure, or an ERROR when fxverify's own code raised), renders the message,
+handles the catalogue's expected failures, and calls the post-failure hooks (minimising a
+numerics failure into a repro file is one: :class:`fxverify.diagnose.repro.ReproOnFailure`).
+
+>>> import fxverify
+>>> runner = Runner(fxverify.examples.identity, fxverify.load_case("edge_conv_bn_head"))
+>>> runner.run("lint").outcome
+<Outcome.PASSED: 'passed'>
+"""
+
+from __future__ import annotations
+
+import functools
+import textwrap
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import torch
+
+from fxverify import checks
+from fxverify.capture import Capture
+from fxverify.cases import catalogue
+from fxverify.cases.case import ModelCase
+from fxverify.engine.results import (ERROR, FAILED, PASSED, SKIPPED, XFAILED, CheckResult, Finding, Outcome, Skip,
+                                     exception_summary)
+from fxverify.engine.subject import DEFAULT_TIMEOUT, Settings, Subject
+from fxverify.engine.transform import Transform
+from fxverify.errors import FxVerifyError, TransformFailed
+
+
+class AfterFailure(Protocol):
+    """A post-failure hook: called with the subject, the check's name and its finding before the
+    message is rendered; it may add to the finding (``finding.repro``, a line in ``finding.what``)."""
+
+    def __call__(self, subject: Subject, check: str, finding: Finding) -> None: ...
+
+
+def library_versions(source: str) -> str:
+    """The versions that decide whether a model of ``source`` traces, e.g. ``torch 2.14.1, timm 1.0.31``."""
+    versions = [f"torch {torch.__version__}"]
+    if source in ("torchvision", "timm"):
+        module = __import__(source)
+        versions.append(f"{source} {module.__version__}")
+    return ", ".join(versions)
+
+
+class Runner:
+    """Runs checks of ``transform`` on ``case``, on one shared :class:`Subject` (``subject``).
+
+    ``settings`` are what single checks need (the cross-process digests, the golden folder);
+    ``after_failure`` hooks run on each finding before its message is made; ``capture``
+    overrides the case's own (see :mod:`fxverify.capture`).
+    """
+
+    def __init__(
+        self,
+        transform: Transform | Callable[..., Any] | str,
+        case: ModelCase | str,
+        *,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        settings: Settings = Settings(),
+        capture: Capture | None = None,
+        after_failure: Sequence[AfterFailure] = (),
+    ) -> None:
+        self.subject = Subject(transform, case, timeout=timeout, settings=settings, capture=capture)
+        self.after_failure = list(after_failure)
+
+    @property
+    def transform(self) -> Transform:
+        return self.subject.transform
+
+    @property
+    def case(self) -> ModelCase:
+        return self.subject.case
+
+    def run(self, check: str) -> CheckResult:
+        """Run the named check and return its result (never raises for a finding)."""
+        if check not in checks.NAMES:
+            raise FxVerifyError(f"unknown check {check!r}; known checks: {', '.join(checks.NAMES)}")
+        if self.case.entry.xfail:
+            return self._expected_failure(check)
+        skipped = self.subject.capture.skips(check)
+        if skipped:
+            return self._result(check, SKIPPED, message=skipped)
+        try:
+            details = checks.get(check)(self.subject) or {}
+        except Skip as skip:
+            return self._result(check, SKIPPED, message=str(skip))
+        except Finding as finding:
+            return self._failed(check, finding)
+        except TransformFailed as exc:
+            return self._failed(check, Finding(f"the transform failed on this model:\n{exc}"))
+        except Exception as exc:  # fxverify's own code raised: no verdict on the transform
+            return self.internal_error(check, exc)
+        return self._result(check, PASSED, details=details)
+
+    def _failed(self, check: str, finding: Finding) -> CheckResult:
+        for hook in self.after_failure:
+            try:
+                hook(self.subject, check, finding)
+            except Exception as exc:  # a hook's failure must not hide the finding
+                finding.what += f"\n{type(hook).__name__} raised {exception_summary(exc)}; please report this to fxverify"
+        return self._result(check, FAILED, message=self._failure_message(check, finding), details=finding.details,
+                            finding=finding.what, input=finding.input, where=finding.where, node=finding.node,
+                            divergence=finding.divergence, max_abs=finding.max_abs, max_rel=finding.max_rel,
+                            repro=finding.repro)
+
+    def internal_error(self, check: str, exc: BaseException, doing: str = "") -> CheckResult:
+        """The result of a check that fxverify itself could not complete: an ERROR naming the
+        model and transform, saying it is no verdict on the transform, with the traceback."""
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        error = (f"{doing or f'running the {check} check'} raised {exception_summary(exc)} inside fxverify; this "
+                 "says nothing about the transform. Please report it to fxverify's maintainers, with this message")
+        lines = [
+            f"fxverify error in the {check} check (not a finding about the transform)",
+            f"  model:      {self.case.name}",
+            f"  transform:  {self.transform.spec}",
+            f"  error:      {error}",
+            tb.rstrip(),
+        ]
+        return self._result(check, ERROR, message="\n".join(lines), finding=error)
+
+    @functools.cached_property
+    def model_error(self) -> str | None:
+        """Why the untransformed model fails to trace or run on its primary inputs (None if it works)."""
+        try:
+            traced = self.case.trace()
+            with torch.no_grad():
+                traced(*self.subject.primary.make(self.case.seed))
+        except Exception as exc:  # any failure to trace or run is what an xfail entry records
+            return exception_summary(exc)
+        return None
+
+    def _expected_failure(self, check: str) -> CheckResult:
+        """A catalogue entry marked ``xfail``: no check runs; the model must still fail to trace or run."""
+        entry = self.case.entry
+        if self.model_error is not None:
+            return self._result(check, XFAILED, message=f"expected failure: {entry.xfail} (now: {self.model_error})")
+        message = (
+            f"corpus entry {entry.name!r} is listed as an expected failure ({entry.xfail}), but it now "
+            f"traces and runs with {library_versions(entry.source)}: remove `xfail` from its catalogue "
+            "entry so the checks run on it"
+        )
+        return self._result(check, FAILED, message=message, finding=message)
+
+    def run_all(self, names: list[str] | None = None) -> list[CheckResult]:
+        """Every check (or the named ones), in the canonical order."""
+        return [self.run(name) for name in (names or checks.NAMES)]
+
+    def _result(self, check: str, outcome: Outcome, **fields: Any) -> CheckResult:
+        return CheckResult(check, self.case.name, self.transform.spec, outcome, **fields)
+
+    def _failure_message(self, check: str, finding: Finding) -> str:
+        entry = self.case.entry
+        lines = [
+            f"fxverify {check} check failed",
+            f"  model:      {entry.name} ({entry.source}, {self.subject.capture.describe()})",
+            f"  transform:  {self.transform.spec}",
+            f"  contract:   {self.transform.contract.describe()}",
+        ]
+        if finding.input:
+            lines.append(f"  input:      {finding.input}")
+        if finding.where:
+            lines.append(f"  first diff: {finding.where}")
+        if finding.node:
+            lines.append("  first node: " + textwrap.indent(finding.node, " " * 14).lstrip())
+        lines.append("  finding:    " + textwrap.indent(finding.what, " " * 14).lstrip())
+        repro = self.repro_command(check)
+        if repro:
+            lines.append(f"  reproduce:  {repro}")
+        return "\n".join(lines)
+
+    def repro_command(self, check: str) -> str | None:
+        """A command that reruns this check alone, when the transform and model can be named
+        (not for golden: its folder is a pytest option that the command would not know)."""
+        if check == "golden":
+            return None
+
+        shipped = any(e.name == self.case.name for e in catalogue.catalogue())
+        if not self.transform.reloadable or not shipped:
+            return None
+        return (
+            f'python -c "import fxverify; fxverify.assert_{check}(\'{self.transform.spec}\', \'{self.case.name}\')"'
+        )

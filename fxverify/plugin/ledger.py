@@ -1,0 +1,117 @@
+"""The one listener of a run: every fxverify item's report is read here once (its node id parsed,
+its outcome decided, what the item attached to it taken), for the summary table, the golden-file
+updates, the JSON / HTML reports and whoever else subscribes (the random graphs remember the
+seeds that failed). Under pytest-xdist the controller's ledger sees every worker's reports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fxverify.engine.results import ERROR, FAILED, PASSED, SKIPPED, XFAILED, CheckResult, Outcome
+from fxverify.engine.transform import Transform
+from fxverify.golden import format_updates
+from fxverify.plugin.nodeids import parse_nodeid
+from fxverify.reports.records import record
+from fxverify.reports.summary import format_table, rewrite_warning
+
+# the user_properties keys an item attaches to its report
+RECORD = "fxverify_record"  # its report record (only when a JSON or HTML report is wanted)
+CHANGED = "fxverify_changed"  # what the transform changed on its model
+GOLDEN = "fxverify_golden_update"  # (status, path) of the golden file it wrote
+OUTCOME = "fxverify_outcome"  # "error" when fxverify could not judge it
+CRASHED = "???"  # the ``when`` of the report pytest-xdist makes for an item whose worker died
+
+Observer = Callable[[str, str, str, Outcome], None]  # (transform spec, model, check, outcome)
+
+
+def item_outcome(report: pytest.TestReport) -> Outcome:
+    """What became of the item of ``report``: an error when fxverify's own code raised or the
+    process running it died (pytest-xdist's crash report), else as pytest says."""
+    if hasattr(report, "wasxfail"):
+        return XFAILED
+    if report.failed and (report.when == CRASHED or (OUTCOME, ERROR.value) in report.user_properties):
+        return ERROR
+    return {"passed": PASSED, "failed": FAILED, "skipped": SKIPPED}[report.outcome]
+
+
+@dataclasses.dataclass(eq=False)  # pytest plugins must be hashable
+class Ledger:
+    """Outcomes, changes, golden updates and report records of the run's items (a pytest plugin)."""
+
+    transforms: list[Transform]
+    checks: tuple[str, ...]
+    random_graphs: frozenset[str] = frozenset()  # the models that are random graphs
+    keep_records: bool = False
+    outcomes: dict[str, dict[tuple[str, str], Outcome]] = dataclasses.field(default_factory=lambda: defaultdict(dict))
+    changes: dict[str, dict[str, list[str] | None]] = dataclasses.field(default_factory=lambda: defaultdict(dict))
+    golden_updates: dict[str, list[str]] = dataclasses.field(default_factory=lambda: defaultdict(list))
+    records: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    observers: list[Observer] = dataclasses.field(default_factory=list)
+    written: list[Path] = dataclasses.field(default_factory=list)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        parsed = parse_nodeid(report.nodeid)
+        if parsed is None or (report.when != "call" and not (report.failed or report.skipped)):
+            return
+        spec, model, check = parsed
+        outcome = item_outcome(report)
+        self.outcomes[spec][(model, check)] = outcome
+        attached = dict(report.user_properties)
+        if CHANGED in attached:
+            self.changes[spec][model] = attached[CHANGED]
+        if GOLDEN in attached:
+            status, path = attached[GOLDEN]
+            self.golden_updates[status].append(path)
+        if self.keep_records:
+            self._record(report, spec, model, check, outcome, attached.get(RECORD))
+        for observer in self.observers:
+            observer(spec, model, check, outcome)
+
+    def _record(self, report: pytest.TestReport, spec: str, model: str, check: str, outcome: Outcome,
+                given: dict[str, Any] | None) -> None:
+        if given is not None and report.when == "call":
+            self.records[report.nodeid] = {**given, "nodeid": report.nodeid, "duration": report.duration,
+                                           "outcome": outcome.value}
+        elif report.failed or report.nodeid not in self.records:  # outside the check: setup, a dead worker
+            self.records[report.nodeid] = record(CheckResult(check, model, spec, outcome, report.longreprtext),
+                                                 duration=report.duration, nodeid=report.nodeid)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_report_teststatus(self, report: pytest.TestReport) -> tuple[str, str, str] | None:
+        """An item fxverify could not judge is an error, not a failure of the transform."""
+        if parse_nodeid(report.nodeid) is not None and item_outcome(report) is ERROR:
+            return "error", "E", "ERROR"
+        return None
+
+    def sorted_records(self) -> list[dict[str, Any]]:
+        """The records by transform, model and the checks' order."""
+        order = {name: i for i, name in enumerate(self.checks)}
+        return sorted(self.records.values(),
+                      key=lambda r: (r["transform"], r["model"], order.get(r["check"], len(order))))
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.outcomes:
+            terminalreporter.write_sep("=", "fxverify summary")
+        for transform in self.transforms:
+            outcomes = self.outcomes.get(transform.spec)
+            if not outcomes:
+                continue
+            changes = self.changes[transform.spec]
+            cells = {key: outcome.short for key, outcome in outcomes.items()}
+            terminalreporter.write_line(format_table(transform.spec, transform.contract.describe(), cells,
+                                                     list(self.checks), changes))
+            warning = rewrite_warning(transform.spec, changes, self.random_graphs)
+            if warning:
+                terminalreporter.write_line(warning, yellow=True, bold=True)
+            terminalreporter.write_line("")
+        if self.golden_updates:
+            terminalreporter.write_line(format_updates(self.golden_updates, terminalreporter.config.rootpath))
+        for path in self.written:
+            terminalreporter.write_line(f"fxverify: wrote {path}")

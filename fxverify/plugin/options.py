@@ -1,0 +1,185 @@
+"""fxverify's pytest options, declared once: each :class:`Option` gives its command-line flag, its
+ini name, its default and its help; the plugin declares both forms from :data:`OPTIONS`, and
+:meth:`RunOptions.from_config` reads and checks them all in one place, so every bad value is a
+usage error that names the option (``--fxverify-timeout (ini fxverify_timeout) must be ...``).
+``docs/options.md`` is kept in step with the table by a test.
+
+Nothing here imports torch: pytest reads the options of every run, with fxverify in use or not.
+
+>>> [o.flag for o in OPTIONS][:3]
+['--fxverify', '--fxverify-corpus', '--fxverify-exclude']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fxverify.checks import NAMES
+
+TEXT, LINES, PATH, FLAG = "text", "lines", "path", "flag"
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One option: ``--<flag>`` on the command line and ``name`` in the ini file (``ini=False``:
+    command line only); ``default`` as the ini file would give it; ``kind`` one of ``text``,
+    ``lines`` (repeatable / one per line), ``path`` (relative to where pytest was started on the
+    command line, to the rootdir in the ini file) and ``flag`` (on or off)."""
+
+    name: str
+    metavar: str
+    default: str
+    help: str
+    kind: str = TEXT
+    ini: bool = True
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def describe_default(self) -> str:
+        """The default as the docs and ``--help`` show it."""
+        if self.kind == FLAG:
+            return "off"
+        return self.default if self.default else "none"
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("fxverify", "MOD:FN", "", "transform(s) to verify: 'package.module:function' or "
+           "'path/to/file.py:function'; repeatable (ini: one per line)", LINES),
+    Option("fxverify_corpus", "SELECTION", "default", "models to verify on: profiles (default, smoke, full, edge, "
+           "layers), model names or globs, comma-separated"),
+    Option("fxverify_exclude", "SELECTION", "", "models to leave out: profiles, names or globs, comma-separated"),
+    Option("fxverify_tags", "TAGS", "", "keep only models with at least one of these tags, comma-separated, "
+           "e.g. attention,batchnorm"),
+    Option("fxverify_shard", "I/N", "", "run shard I of N of the selected models (a stable partition, for CI "
+           "matrices)"),
+    Option("fxverify_checks", "CHECKS", "", f"comma-separated subset of checks: {','.join(NAMES)} (default: all)"),
+    Option("fxverify_timeout", "SECONDS", "300", "seconds a transform may run on one model before its items fail"),
+    Option("fxverify_golden_dir", "DIR", "fxverify_golden", "golden files of the golden check: "
+           "DIR/<transform>/<model>.golden", PATH),
+    Option("fxverify_update_golden", "", "", "write or rewrite the golden files instead of comparing them; the "
+           "summary lists what changed", FLAG, ini=False),
+    Option("fxverify_random_graphs", "N", "0", "add N new random FX graphs (fxverify.strategies.graph_modules) to "
+           "the models, drawn from the ops the transform rewrites, plus the graphs that failed before (kept in the "
+           "Hypothesis example database, .hypothesis/, and replayed until they pass)"),
+    Option("fxverify_random_graph_options", "JSON", "", "options of those graphs, as a JSON object of "
+           "fxverify.strategies.graph_modules keywords, e.g. '{\"dtypes\": [\"float32\", \"int64\"], "
+           "\"max_nodes\": 20}'; without ops, the ops the transform rewrites ('{\"ops\": null}': all)"),
+    Option("fxverify_repro_dir", "DIR", "", "for each failing numerics item, minimise the model to the few nodes "
+           "that still fail and write a standalone repro (DIR/<model>-numerics-<transform>.py and its inputs) "
+           "there", PATH),
+    Option("fxverify_json", "FILE", "", "write machine-readable results (one record per item, with numbers and "
+           "timing) to FILE", PATH),
+    Option("fxverify_html", "FILE", "", "write a self-contained HTML report (matrix, graph pictures and code diff "
+           "of each failure) to FILE", PATH),
+)
+
+
+def add_options(parser: pytest.Parser) -> None:
+    """Declare every option on the command line and, unless command-line only, in the ini file."""
+    group = parser.getgroup("fxverify", "fxverify: verify torch.fx transforms over a model corpus")
+    for option in OPTIONS:
+        where = f"ini: {option.name}; " if option.ini else ""
+        text = f"{option.help} ({where}default: {option.describe_default()})"
+        if option.kind == FLAG:
+            group.addoption(option.flag, dest=option.name, action="store_true", default=False, help=text)
+        elif option.kind == LINES:
+            group.addoption(option.flag, dest=option.name, action="append", default=[], metavar=option.metavar,
+                            help=text)
+        else:
+            group.addoption(option.flag, dest=option.name, default=None, metavar=option.metavar, help=text)
+        if option.ini:
+            parser.addini(option.name, type="linelist" if option.kind == LINES else "string", default=(
+                [] if option.kind == LINES else option.default), help=option.help)
+
+
+def _usage(option: str, problem: str) -> pytest.UsageError:
+    named = next(o for o in OPTIONS if o.name == option)
+    where = f" (ini {named.name})" if named.ini else ""
+    return pytest.UsageError(f"fxverify: {named.flag}{where} {problem}")
+
+
+def raw(config: pytest.Config, name: str) -> Any:
+    """An option as given: on the command line, else in the ini file, else its default."""
+    given = config.getoption(name)
+    option = next(o for o in OPTIONS if o.name == name)
+    if given not in (None, []) or not option.ini:
+        return given
+    return config.getini(name)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """Every option of a run, read and checked once (:meth:`from_config`)."""
+
+    transforms: tuple[str, ...]
+    corpus: str
+    exclude: str
+    tags: str
+    shard: str
+    checks: tuple[str, ...]
+    timeout: float
+    golden_dir: Path | None
+    update_golden: bool
+    random_graphs: int
+    random_graph_options: str
+    repro_dir: Path | None
+    json: Path | None
+    html: Path | None
+
+    @classmethod
+    def from_config(cls, config: pytest.Config) -> RunOptions:
+        """The options of ``config``; :class:`pytest.UsageError` naming the option for a bad value."""
+        transforms = tuple(dict.fromkeys(s.strip() for s in raw(config, "fxverify") if s.strip()))
+        chosen = tuple(c.strip() for c in (raw(config, "fxverify_checks") or "").split(",") if c.strip()) or NAMES
+        unknown = [c for c in chosen if c not in NAMES]
+        if unknown:
+            raise _usage("fxverify_checks", f"names unknown checks {unknown}; known: {', '.join(NAMES)}")
+        update_golden = bool(raw(config, "fxverify_update_golden"))
+        if update_golden and "golden" not in chosen:
+            raise pytest.UsageError("fxverify: --fxverify-update-golden writes golden files, but --fxverify-checks "
+                                    "leaves out the golden check: add golden to it")
+        return cls(
+            transforms=transforms,
+            corpus=raw(config, "fxverify_corpus") or "default",
+            exclude=raw(config, "fxverify_exclude") or "",
+            tags=raw(config, "fxverify_tags") or "",
+            shard=raw(config, "fxverify_shard") or "",
+            checks=chosen,
+            timeout=_number("fxverify_timeout", raw(config, "fxverify_timeout"), float, "a number of seconds > 0",
+                            lambda n: n > 0),
+            golden_dir=_path(config, "fxverify_golden_dir"),
+            update_golden=update_golden,
+            random_graphs=_number("fxverify_random_graphs", raw(config, "fxverify_random_graphs"), int,
+                                  "a whole number >= 0", lambda n: n >= 0),
+            random_graph_options=raw(config, "fxverify_random_graph_options") or "",
+            repro_dir=_path(config, "fxverify_repro_dir"),
+            json=_path(config, "fxverify_json"),
+            html=_path(config, "fxverify_html"),
+        )
+
+
+def _number(name: str, value: Any, kind: Callable[[Any], Any], expected: str, valid: Callable[[Any], bool]) -> Any:
+    try:
+        number = kind(value)
+    except (TypeError, ValueError):
+        number = None
+    if number is None or not valid(number):
+        raise _usage(name, f"must be {expected}, got {value!r}")
+    return number
+
+
+def _path(config: pytest.Config, name: str) -> Path | None:
+    """A path option: from the command line relative to where pytest was started, from the ini
+    file relative to the rootdir, as pytest's own ``cache_dir``; None when unset."""
+    given = config.getoption(name)
+    if given:
+        return (config.invocation_params.dir / given).resolve()
+    configured = config.getini(name)
+    return (config.rootpath / configured).resolve() if configured else None

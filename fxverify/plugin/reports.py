@@ -1,0 +1,52 @@
+"""pytest glue of ``--fxverify-json`` / ``--fxverify-html``.
+
+Each item attaches its record to its report (with the pictures and code of a failure when an
+HTML report is wanted, made where the models are), which pytest-xdist carries from the workers;
+the ledger (:mod:`fxverify.plugin.ledger`) gathers them and :class:`ReportWriter`, on the
+controller (or the single process), writes the files once, at the end of the session.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fxverify.engine.results import FAILED, CheckResult, exception_summary
+from fxverify.engine.subject import Subject
+from fxverify.plugin.ledger import RECORD, Ledger
+from fxverify.reports.figures import failure_figures
+from fxverify.reports.html import write_html
+from fxverify.reports.records import header, record, write_json
+
+
+def report_properties(result: CheckResult, subject: Subject | None, *, html: bool,
+                      changed: list[str] | None = None) -> list[tuple[str, Any]]:
+    """The ``user_properties`` entry of an item: its record (with what the transform changed on the
+    model), and for a failure in a run writing HTML, the pictures and code."""
+    figures = None
+    if html and result.outcome == FAILED and subject is not None:
+        try:
+            figures = failure_figures(subject, result)
+        except Exception as exc:  # drawing must never hide the check's own result
+            figures = {"note": f"no pictures: drawing them raised {exception_summary(exc)}"}
+    return [(RECORD, record(result, figures=figures, changed=changed))]
+
+
+@dataclasses.dataclass(eq=False)  # pytest plugins must be hashable
+class ReportWriter:
+    """Writes the JSON and HTML reports from the ledger's records at the end of the session."""
+
+    ledger: Ledger
+    json_path: Path | None
+    html_path: Path | None
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self) -> None:
+        records, head = self.ledger.sorted_records(), header()
+        if self.json_path:
+            self.ledger.written.append(write_json(self.json_path, records, head))
+        if self.html_path:
+            self.ledger.written.append(write_html(self.html_path, records, head))

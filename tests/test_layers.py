@@ -1,0 +1,101 @@
+"""The layer rule of docs/architecture.md, read from the source with ``ast``: a module imports only
+from its own layer or the layers below it, and no import inside a function breaks an import cycle
+(one that would close a cycle at import time is a layer problem to fix, not to hide)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "fxverify"
+
+# lowest first; a module belongs to the first prefix it starts with
+LAYERS: list[tuple[str, ...]] = [
+    ("fxverify.errors",),
+    ("fxverify.analysis", "fxverify.golden"),
+    ("fxverify.engine.contracts", "fxverify.engine.transform", "fxverify.engine.results"),
+    ("fxverify.capture",),
+    ("fxverify.cases",),
+    ("fxverify.strategies",),
+    ("fxverify.engine.subject",),
+    ("fxverify.checks",),
+    ("fxverify.engine.runner",),
+    ("fxverify.diagnose",),
+    ("fxverify.reports",),
+    ("fxverify.api", "fxverify.rewrite", "fxverify.examples"),
+    ("fxverify.plugin", "fxverify"),
+]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer(name: str) -> int:
+    for rank, prefixes in enumerate(LAYERS):
+        if any(name == p or name.startswith(p + ".") for p in prefixes):
+            return rank
+    raise AssertionError(f"{name} is in no layer: add it to LAYERS")
+
+
+def imports(path: Path) -> list[tuple[str, bool, int]]:
+    """``(module imported, inside a function, line)`` for every fxverify import of the file."""
+    tree = ast.parse(path.read_text(), str(path))
+    here = module_name(path)
+    found = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            nested = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if isinstance(child, ast.Import):
+                found.extend((a.name, nested, child.lineno) for a in child.names if a.name.startswith("fxverify"))
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:  # relative
+                    base = ".".join(here.split(".")[: len(here.split(".")) - child.level + (path.name == "__init__.py")] + [base])
+                if base.startswith("fxverify"):
+                    for alias in child.names:  # "from fxverify.cases import catalogue" imports a submodule
+                        sub = f"{base}.{alias.name}"
+                        found.append((sub if (PACKAGE.parent / Path(*sub.split("."))).exists()
+                                      or (PACKAGE.parent / Path(*sub.split("."))).with_suffix(".py").exists()
+                                      else base, nested, child.lineno))
+            visit(child, nested)
+
+    visit(tree, False)
+    return found
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def test_every_module_imports_only_its_own_layer_and_below():
+    wrong = []
+    for name, path in MODULES.items():
+        for imported, _, line in imports(path):
+            if imported != "fxverify" and layer(imported) > layer(name):
+                wrong.append(f"{path.relative_to(PACKAGE.parent)}:{line} ({LAYERS[layer(name)][0]}) imports {imported} "
+                             f"({LAYERS[layer(imported)][0]}), a higher layer")
+    assert not wrong, "\n".join(wrong)
+
+
+def top_level_closure(name: str, seen: set[str] | None = None) -> set[str]:
+    """Every fxverify module that importing ``name`` imports (its top-level imports, transitively)."""
+    seen = set() if seen is None else seen
+    if name in seen or name not in MODULES:
+        return seen
+    seen.add(name)
+    for imported, nested, _ in imports(MODULES[name]):
+        if not nested:
+            top_level_closure(imported, seen)
+    return seen
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_no_function_level_import_breaks_a_cycle(name):
+    cycles = [f"{MODULES[name].relative_to(PACKAGE.parent)}:{line} imports {imported} inside a function, and "
+              f"{imported} imports {name} back" for imported, nested, line in imports(MODULES[name])
+              if nested and name in top_level_closure(imported)]
+    assert not cycles, "\n".join(cycles)
