@@ -510,12 +510,19 @@ class MkldnnConv(nn.Module):
         return self.conv(x.to_mkldnn()).to_dense()
 
 
-def _swap_modules(gm: fx.GraphModule, kind: type, make: Any) -> fx.GraphModule:
-    """A copy of ``gm`` whose submodules of exactly type ``kind``, called by the graph, are ``make(module)``."""
+def _swap_modules(gm: fx.GraphModule, kind: type, make: Any, takes: Any = lambda module: True) -> fx.GraphModule:
+    """A copy of ``gm`` whose submodules of exactly type ``kind`` that ``takes`` accepts, called by the
+    graph and whose parameters nothing else reads (a tied weight, a get_attr), are ``make(module)``."""
     gm = copy.deepcopy(gm)
+    owners: dict[int, set[str]] = {}
+    for name, param in gm.named_parameters(remove_duplicate=False):
+        owners.setdefault(id(param), set()).add(name.rpartition(".")[0])
+    read = {str(n.target).rpartition(".")[0] for n in gm.graph.find_nodes(op="get_attr")}
     for node in gm.graph.find_nodes(op="call_module"):
-        module = gm.get_submodule(str(node.target))
-        if type(module) is kind:
+        target = str(node.target)
+        module = gm.get_submodule(target)
+        alone = target not in read and all(owners[id(p)] == {target} for p in module.parameters())
+        if type(module) is kind and alone and takes(module):
             parent, _, name = str(node.target).rpartition(".")
             setattr(gm.get_submodule(parent) if parent else gm, name, make(module))
     return gm
@@ -526,7 +533,8 @@ def mkldnn_convs(gm: fx.GraphModule) -> nn.Module:
     """Runs every Conv2d on mkldnn tensors, declared as the CPU / float32 inference rewrite it is: its
     float64 stages, meta and CUDA runs, and save round trips do not apply (once false alarms: float64
     stages, "look for a hard-coded device", "still trainable", and a crash of fxverify's no-op test)."""
-    return _swap_modules(gm, nn.Conv2d, MkldnnConv)
+    return _swap_modules(gm, nn.Conv2d, MkldnnConv,  # mkldnn's conv takes int padding, zero-padded, only
+                         lambda conv: not isinstance(conv.padding, str) and conv.padding_mode == "zeros")
 
 
 def _fp16_linear(linear: nn.Linear) -> nn.Module:
@@ -628,11 +636,9 @@ def bn_fold_float64_math(gm: fx.GraphModule) -> nn.Module:
     """The conv/BN fold with its arithmetic in float64, rounded once to float32: correct, but its new
     float32 parameters carry their own rounding (once a false alarm at the x1000 input set, judged
     as if the parameters were the original's)."""
-    dtype = next(gm.parameters()).dtype
-
     def fold(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> tuple[torch.Tensor, torch.Tensor]:
         weight, bias = _correct_fold(copy.deepcopy(conv).double(), copy.deepcopy(bn).double())
-        return weight.to(dtype), bias.to(dtype)
+        return weight.to(conv.weight.dtype), bias.to(conv.weight.dtype)
 
     return _fold_bn(gm, fold)
 
