@@ -174,7 +174,6 @@ def bare_loop(corpus: str) -> int:
 
     from fxverify.cases import catalogue
     from fxverify.cases.case import ModelCase
-
     from fxverify.examples import identity  # the transform under test, the same in both runs
 
     defaults = {torch.float32: (1.3e-6, 1e-5), torch.float64: (1e-7, 1e-7)}
@@ -272,7 +271,7 @@ def bare_loop(corpus: str) -> int:
         with torch.no_grad():
             expected = result(*inputs)
             for trip in (recompile, retrace, to_folder, pickle_and_deepcopy, interpreter):
-                both_fail(lambda m: trip(m, expected), result, gm)  # a trip the original fails too is skipped
+                both_fail(lambda m, trip=trip: trip(m, expected), result, gm)  # one the original fails too is skipped
 
     def one_model(case: ModelCase) -> None:
         entry, seed = case.entry, case.seed

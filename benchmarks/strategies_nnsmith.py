@@ -27,7 +27,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-DEFAULT_SITE = "/work/nnsmith-site"
+DEFAULT_SITE = str(Path.home() / "nnsmith-site")  # NNSMITH_SITE overrides it
 INSTALL_COMMAND = (
     "pip install --no-deps --target {site} nnsmith==0.1.0 z3-solver==4.12.6.0 "
     "omegaconf==2.3.0 antlr4-python3-runtime==4.9.3 multipledispatch==1.0.0 appdirs==1.4.4"

@@ -32,7 +32,6 @@ import os
 import re
 import sys
 import time
-import tomllib
 import warnings
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -41,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import timm
+import tomllib
 import torch
 import torchvision
 from torch import nn
@@ -298,7 +298,7 @@ def _child(entry: CorpusEntry, conn: Connection) -> None:
     (Quietly: warnings off, and ``sys.stderr`` closed to FX's report of each failed run.)"""
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
-    sys.stderr = open(os.devnull, "w")
+    sys.stderr = open(os.devnull, "w")  # noqa: SIM115  (for the life of this survey process)
     try:
         result = survey(entry)
     except Exception as exc:

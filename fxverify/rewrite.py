@@ -12,6 +12,7 @@ message carries the check's finding and whose ``case`` prints as runnable Python
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,12 +23,12 @@ from torch import fx
 
 from fxverify.analysis.compare import Tolerance, compare_trees
 from fxverify.engine.contracts import contract
-from fxverify.errors import CheckFailed, TransformFailed
 from fxverify.engine.results import FAILED
+from fxverify.engine.runner import Runner
+from fxverify.engine.transform import Transform, as_transform
+from fxverify.errors import CheckFailed, TransformFailed
 from fxverify.strategies.patterns import PatternCase, graphs_with_pattern
 from fxverify.strategies.tensors import inputs_for
-from fxverify.engine.transform import Transform, as_transform
-from fxverify.engine.runner import Runner
 
 CORE_CHECKS = ("lint", "numerics", "determinism")
 
@@ -124,13 +125,11 @@ def compare_on(transform: Transform, case: PatternCase, drawn: Sequence[torch.Te
     the numerics check uses (a cheap screen run before the checks, so shrinking stays fast),
     within the transform's contract tolerance; :class:`RewriteFailed` if they differ or
     the rewrite raises."""
-    import copy
-
     try:
-        result, _ = transform.apply(copy.deepcopy(case.module), fx.Tracer, timeout=None)
+        result, _ = case.capture.apply(transform, copy.deepcopy(case.module), timeout=None)
     except TransformFailed as failed:
         raise RewriteFailed(str(failed), case) from None
-    tolerance = Tolerance(transform.contract.rtol, transform.contract.atol)
+    tolerance = Tolerance(transform.contract.rtol, transform.contract.atol, transform.contract.range_tol)
     runs = [("the drawn inputs", drawn)] + [(c.describe(), c.make(case.seed)) for c in case.configs]
     for where, inputs in runs:
         def float64_reference(inputs: Sequence[torch.Tensor] = inputs) -> Any:

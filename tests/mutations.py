@@ -155,9 +155,9 @@ def split_module_restitched(gm: fx.GraphModule) -> nn.Module:
                                                  fx.node.map_arg(node.args, lambda a: env[a])))
             for sub_node in sub.graph.nodes:
                 if sub_node.op == "output":
-                    env[node] = fx.node.map_arg(sub_node.args[0], lambda a: inner[a])
+                    env[node] = fx.node.map_arg(sub_node.args[0], lambda a, inner=inner: inner[a])
                 elif sub_node.op != "placeholder":
-                    copied = inner[sub_node] = graph.node_copy(sub_node, lambda a: inner[a])
+                    copied = inner[sub_node] = graph.node_copy(sub_node, lambda a, inner=inner: inner[a])
                     if copied.op in ("call_module", "get_attr"):
                         copied.target = qualnames.get(f"{node.target}.{sub_node.target}", sub_node.target)
         elif node.target is operator.getitem and isinstance(node.args[0], fx.Node) and isinstance(env[node.args[0]], tuple):

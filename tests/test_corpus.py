@@ -13,8 +13,8 @@ from torch import nn
 
 import fxverify
 from fxverify.cases import catalogue
-from fxverify.errors import CorpusError
 from fxverify.engine.results import FAILED, XFAILED
+from fxverify.errors import CorpusError
 
 MUTATIONS = Path(__file__).with_name("mutations.py")
 IDENTITY = f"{MUTATIONS}:transformer_identity"

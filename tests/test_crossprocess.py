@@ -7,10 +7,10 @@ import os
 import textwrap
 from pathlib import Path
 
-from fxverify.checks import _digest_server as crossprocess
 from fxverify.cases.case import load_case
-from fxverify.checks.determinism import digest
+from fxverify.checks import _digest_server as crossprocess
 from fxverify.checks._digest_server import CrossProcessDigests
+from fxverify.checks.determinism import digest
 from fxverify.engine.transform import Transform
 
 MODELS = ["edge_conv_bn_head", "edge_nested_outputs"]

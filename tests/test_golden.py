@@ -20,9 +20,9 @@ import torch
 from torch import fx
 
 from fxverify import golden
+from fxverify.api import Verification
 from fxverify.cases import catalogue
 from fxverify.engine.transform import Transform
-from fxverify.api import Verification
 from tests import mutations
 
 CORPUS_GOLDEN = Path(__file__).parents[1] / "corpus" / "golden"

@@ -8,11 +8,11 @@ import inspect
 
 import pytest
 import torch
+from fxverify.corpus import layer_variants
 from torch import nn
 
 import fxverify
 from fxverify.cases import catalogue
-from fxverify.corpus import layer_variants
 from tests import mutations
 
 LAYERS = catalogue.select("layers")

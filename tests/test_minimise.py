@@ -12,12 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import fxverify
-from fxverify.errors import FxVerifyError
 from fxverify.diagnose.minimise import DIFFERS, minimise_failure, minimise_module
 from fxverify.diagnose.repro import EXIT_DIFFERS, EXIT_RAISES, repro_stem, write_repro
-from fxverify.engine.transform import Transform
 from fxverify.engine.subject import Subject
+from fxverify.engine.transform import Transform
+from fxverify.errors import FxVerifyError
 from tests import mutations
 
 MUTATIONS = Path(__file__).with_name("mutations.py")
@@ -35,7 +34,8 @@ def test_a_broken_bn_fold_shrinks_to_conv_and_bn():
 
 
 def test_the_time_budget_returns_the_smallest_failing_candidate_so_far():
-    found = minimise_failure(Subject(mutations.bn_fold_ignores_running_mean, "edge_conv_bn_head"), budget_s=0.0)  # spent before the first try: the whole model
+    # the budget is spent before the first try: the whole model
+    found = minimise_failure(Subject(mutations.bn_fold_ignores_running_mean, "edge_conv_bn_head"), budget_s=0.0)
     assert not found.complete and found.nodes_after == found.nodes_before == 12
     assert "time budget spent" in found.describe()
 
@@ -78,7 +78,7 @@ def scales_what_a_wrapped_function_returns(gm: torch.fx.GraphModule) -> torch.fx
         if node.op == "call_function" and getattr(node.target, "__name__", "") == "pad_to_multiple":
             with gm.graph.inserting_after(node):
                 scaled = gm.graph.call_function(operator.mul, (node, 1.5))
-            node.replace_all_uses_with(scaled, delete_user_cb=lambda user: user is not scaled)
+            node.replace_all_uses_with(scaled, delete_user_cb=lambda user, scaled=scaled: user is not scaled)
     gm.recompile()
     return gm
 

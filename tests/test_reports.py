@@ -16,13 +16,13 @@ import torch
 from torch import fx, nn
 
 import fxverify
-from fxverify.reports.graph_picture import INSTALL_HINT, GraphvizMissing, crop, graph_dot, render_svg
-from fxverify.reports.figures import failure_figures
-from fxverify.reports.html import render_html
-from fxverify.reports import records_from_results
-from fxverify.reports.records import FIGURES, json_report, record
 from fxverify.engine.results import CheckResult
 from fxverify.engine.transform import Transform
+from fxverify.reports import records_from_results
+from fxverify.reports.figures import failure_figures
+from fxverify.reports.graph_picture import INSTALL_HINT, GraphvizMissing, crop, graph_dot, render_svg
+from fxverify.reports.html import render_html
+from fxverify.reports.records import FIGURES, json_report, record
 from tests import mutations
 
 MUTATIONS = Path(__file__).with_name("mutations.py")

@@ -15,7 +15,6 @@ import fxverify
 from fxverify.rewrite import RewriteFailed
 from fxverify.strategies import graphs_with_pattern
 
-
 # small surroundings keep finding and shrinking (a few hundred runs of the checks) within seconds
 SMALL = {"ops": ["exp", "neg", "add", "mul", "F.relu"], "max_nodes": 4, "checks": ("lint",), "derandomize": True}
 

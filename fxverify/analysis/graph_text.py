@@ -52,11 +52,13 @@ def target_name(node: fx.Node) -> str:
     """A stable name for a node's target (qualified name for callables)."""
     if isinstance(node.target, str):
         return node.target
-    return fx.node._get_qualified_name(node.target)  # type: ignore[arg-type]
+    return fx.node._get_qualified_name(node.target)
 
 
 def _arg(value: Any, name: Callable[[fx.Node], str]) -> str:
-    return str(fx.node.map_aggregate(fx.node.map_arg(value, lambda n: _Verbatim("%" + name(n))), _sorted_set))
+    def verbatim(n: fx.Node) -> Any:  # map_arg puts whatever fn returns in the node's place, not only an Argument
+        return _Verbatim("%" + name(n))
+    return str(fx.node.map_aggregate(fx.node.map_arg(value, verbatim), _sorted_set))
 
 
 def _sorted_set(value: Any) -> Any:

@@ -62,7 +62,7 @@ def tensor_state(module: nn.Module) -> dict[str, torch.Tensor]:
     >>> sorted(tensor_state(m))
     ['bias', 'scale', 'weight']
     """
-    state = dict(module.named_parameters(remove_duplicate=False))
+    state: dict[str, torch.Tensor] = dict(module.named_parameters(remove_duplicate=False))
     state.update(module.named_buffers(remove_duplicate=False))
     for qualname, sub in module.named_modules(remove_duplicate=False):
         for attr, value in vars(sub).items():
@@ -126,15 +126,15 @@ class Snapshot:
         now = tensor_state(module)
         if now.keys() != self.state.keys() or not all(tensors_equal(v, now[k]) for k, v in self.state.items()):
             found.append("state")
-        graph_module = isinstance(module, fx.GraphModule)
-        structure = canonical_text(module.graph, anonymous=True) if graph_module else None
+        graph_module = module if isinstance(module, fx.GraphModule) else None
+        structure = canonical_text(graph_module.graph, anonymous=True) if graph_module is not None else None
         if structure != self.structure:
             found.append("graph")
-        if graph_module and self.code != module.code:
+        if graph_module is not None and self.code != graph_module.code:
             found.append("code")
         if self.modules != _module_classes(module):
             found.append("modules")
-        if graph_module and self.meta != _meta_keys(module.graph):
+        if graph_module is not None and self.meta != _meta_keys(graph_module.graph):
             found.append("meta")
         return found
 

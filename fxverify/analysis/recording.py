@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Set
 from typing import Any
 
 import torch
@@ -27,7 +28,7 @@ class RecordingInterpreter(fx.Interpreter):
     tensor([1., 1.])
     """
 
-    def __init__(self, module: fx.GraphModule, record: set[str] = frozenset(), *, retain_grad: bool = False) -> None:
+    def __init__(self, module: fx.GraphModule, record: Set[str] = frozenset(), *, retain_grad: bool = False) -> None:
         super().__init__(module)
         self.record = record
         self.retain_grad = retain_grad

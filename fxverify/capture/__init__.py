@@ -16,7 +16,7 @@ implementation; ``docs/architecture.md`` shows how to add another.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 from torch import fx, nn
@@ -25,6 +25,8 @@ from fxverify.capture.symbolic import SymbolicTrace, symbolic
 from fxverify.engine.transform import Transform
 
 __all__ = ["Capture", "SymbolicTrace", "for_entry"]
+
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 
 class Capture(Protocol):
@@ -44,7 +46,7 @@ class Capture(Protocol):
         """``transform`` called on ``gm`` as its users call it; ``(result, in_place)``."""
         ...
 
-    def convert(self, module: nn.Module, *, dtype: torch.dtype | None = None, device: str | None = None) -> nn.Module:
+    def convert(self, module: ModuleT, *, dtype: torch.dtype | None = None, device: str | None = None) -> ModuleT:
         """A copy of ``module`` in ``dtype`` and / or on ``device`` (the float64, meta and CUDA runs);
         :class:`~fxverify.errors.CopyFailed` when the module cannot be copied."""
         ...

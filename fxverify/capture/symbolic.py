@@ -19,7 +19,7 @@ import dataclasses
 import functools
 import importlib
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import fx, nn
@@ -27,6 +27,9 @@ from torch import fx, nn
 from fxverify.engine.results import exception_summary
 from fxverify.engine.transform import Transform
 from fxverify.errors import CopyFailed
+
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
+
 
 @dataclasses.dataclass(frozen=True)
 class SymbolicTrace:
@@ -74,7 +77,7 @@ class SymbolicTrace:
         finally:
             forget_unpatchable_wraps()  # a transform that re-traces may have left a registration behind
 
-    def convert(self, module: nn.Module, *, dtype: torch.dtype | None = None, device: str | None = None) -> nn.Module:
+    def convert(self, module: ModuleT, *, dtype: torch.dtype | None = None, device: str | None = None) -> ModuleT:
         """A copy of ``module`` in ``dtype`` and / or on ``device``; :class:`~fxverify.errors.CopyFailed`
         when it cannot be copied. To the meta device, parameters and buffers are not copied first
         (``copy.deepcopy(module).to("meta")`` would copy their data)."""
@@ -87,7 +90,8 @@ class SymbolicTrace:
             copied = copy.deepcopy(module, memo)
         except Exception as exc:
             raise CopyFailed(f"copy.deepcopy raised {exception_summary(exc)}") from exc
-        return copied.to(**{k: v for k, v in (("dtype", dtype), ("device", device)) if v is not None})
+        options: dict[str, Any] = {k: v for k, v in (("dtype", dtype), ("device", device)) if v is not None}
+        return copied.to(**options)
 
     def skips(self, check: str) -> str | None:
         """Why ``check`` does not apply to this capture's graphs: every check does."""

@@ -22,9 +22,9 @@ from torch import fx, nn
 from fxverify.capture import Capture, for_entry
 from fxverify.cases import catalogue
 from fxverify.cases.catalogue import CorpusEntry, InputSpec
-from fxverify.errors import CorpusError
 from fxverify.cases.inputs import InputConfig, input_configs
 from fxverify.cases.state import randomize_state
+from fxverify.errors import CorpusError
 
 
 class ModelCase:

@@ -2,8 +2,8 @@
 
 Entries come from the TOML files of ``corpus/`` (shipped as ``fxverify.corpus``:
 ``models.toml`` the default zoo, ``edge.toml`` the FX edge cases, ``layers.toml``
-the layer variants, ``full.toml`` the generated full zoo) and from :func:`register_model`. Nothing here imports torch, so the pytest plugin
-can collect items cheaply.
+the layer variants, ``full.toml`` the generated full zoo) and from :func:`register_model`.
+Nothing here imports torch, so the pytest plugin can collect items cheaply.
 
 >>> [e.name for e in select("resnet18")]
 ['resnet18']
@@ -15,10 +15,11 @@ import dataclasses
 import difflib
 import fnmatch
 import functools
-import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from importlib import resources
 from typing import Any
+
+import tomllib
 
 from fxverify.errors import CorpusError
 

@@ -63,4 +63,4 @@ def spec(name: str) -> CheckSpec:
 def get(name: str) -> Callable[[Any], dict[str, Any] | None]:
     """The check function called ``name`` (imported now, with torch)."""
     entry = _BY_NAME[name]
-    return getattr(importlib.import_module(f"fxverify.checks.{entry.module}"), entry.function)  # type: ignore[no-any-return]
+    return getattr(importlib.import_module(f"fxverify.checks.{entry.module}"), entry.function)

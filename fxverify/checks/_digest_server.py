@@ -32,10 +32,10 @@ from collections.abc import Sequence
 from typing import IO
 
 from fxverify.cases.case import ModelCase
-from fxverify.engine.transform import Transform
 from fxverify.checks.determinism import digest
 from fxverify.engine.results import Skip, exception_summary
 from fxverify.engine.subject import Subject
+from fxverify.engine.transform import Transform
 from fxverify.errors import TransformFailed
 
 SERVER_START_SECONDS = 120.0  # imports, on a loaded machine
@@ -131,7 +131,7 @@ class _Server:
         env["PYTHONHASHSEED"] = "1" if os.environ.get("PYTHONHASHSEED") == "0" else "0"
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         env["OMP_NUM_THREADS"] = "1"  # it builds, traces and transforms: no use for the cores the checks need
-        self._stderr = tempfile.TemporaryFile()
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115  (open as long as the server runs; closed in close())
         self.process = subprocess.Popen(
             [sys.executable, "-m", "fxverify.checks._digest_server", spec, str(timeout)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env, text=True,

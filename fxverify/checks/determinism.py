@@ -15,7 +15,6 @@ long-lived server process for the whole run, see :mod:`fxverify.checks._digest_s
 from __future__ import annotations
 
 import contextlib
-import copy
 import hashlib
 import itertools
 from collections.abc import Iterator
@@ -30,6 +29,8 @@ from fxverify.engine.results import Finding, Skip
 from fxverify.engine.subject import Subject
 
 ORDERS = ("ascending", "descending")  # how the nodes of the reruns' traces hash: in graph order, reversed
+
+_patched_graph: Any = fx_graph  # torch.fx.graph, whose Node class hash_ordered swaps (mypy forbids assigning to a class)
 
 
 class _HashOrderedNode(fx.Node):
@@ -56,6 +57,7 @@ def hash_ordered(order: str) -> Iterator[None]:
     (a set puts a small integer hash at that slot of its table), and a pass that iterates one
     orders its output one way, then the other.
 
+    >>> import copy
     >>> gm = fx.symbolic_trace(nn.Sequential(nn.ReLU(), nn.Tanh(), nn.Sigmoid()))
     >>> with hash_ordered("descending"):
     ...     copied = copy.deepcopy(gm)
@@ -66,11 +68,11 @@ def hash_ordered(order: str) -> Iterator[None]:
     step = 1 if order == "ascending" else -1
     _next_hash = itertools.count(1 if step == 1 else -2, step)  # -1 is no hash: CPython makes it -2
     plain = fx_graph.Node
-    fx_graph.Node = _HashOrderedNode  # Graph.create_node makes its nodes from this name
+    _patched_graph.Node = _HashOrderedNode  # Graph.create_node makes its nodes from this name
     try:
         yield
     finally:
-        fx_graph.Node = plain
+        _patched_graph.Node = plain
         _next_hash = iter(())
 
 

@@ -21,11 +21,12 @@ from typing import Any
 
 import torch
 from torch import fx, nn
+from torch.utils import _pytree as pytree
 
 from fxverify.analysis.recording import RecordingInterpreter
-from fxverify.errors import CopyFailed
 from fxverify.engine.results import Finding, Skip, exception_summary
 from fxverify.engine.subject import Subject
+from fxverify.errors import CopyFailed
 
 _NO_KERNEL = re.compile(r"Could not run '(?P<op>[\w:.]+)' with arguments from the '\w+' backend"
                         r"|(?P<fake>[\w:.]+): We could not find the fake impl")
@@ -114,9 +115,7 @@ def _unmovable_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
                 found[f"tensor attribute {'.'.join(filter(None, (qualname, attr)))!r}"] = value
     if isinstance(module, fx.GraphModule):
         for node in module.graph.nodes:
-            values: list[Any] = []
-            fx.node.map_aggregate((node.args, node.kwargs), lambda a: values.append(a) or a)
-            for value in values:
+            for value in pytree.tree_leaves((node.args, node.kwargs)):
                 if isinstance(value, torch.Tensor):
                     found[f"a tensor literal in the arguments of %{node.name}"] = value
     return found
@@ -181,7 +180,7 @@ def _backend_specific(result: nn.Module, error: BaseException) -> str | None:
     """Why ``result`` cannot leave the CPU by design, or None: it holds tensors of a CPU-only
     layout (mkldnn), or the op that failed on meta has kernels for the CPU only."""
     for name, tensor in [*result.named_parameters(), *result.named_buffers()]:
-        if tensor.layout == torch._mkldnn:
+        if tensor.layout == torch._mkldnn:  # type: ignore[attr-defined]  # a layout torch's stubs do not declare
             return f"it holds mkldnn tensors ({name!r}), which exist on the CPU only"
     op = _no_kernel(error)
     if op is not None and _has_kernel(op, "Meta") is False and _has_kernel(op, "CUDA") is False:

@@ -24,7 +24,6 @@ from fxverify.engine.results import Finding, Skip
 from fxverify.engine.subject import Subject
 
 
-
 def check(v: Subject) -> dict[str, Any]:
     if RANDOM_GRAPH_TAG in v.case.entry.tags:
         raise Skip(f"{v.case.name} is a random graph: its seed changes every run, so it has no stable golden "

@@ -13,7 +13,7 @@ differs, or else the kept node nearest the outputs whose gradient differs
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import fx, nn
@@ -118,7 +118,7 @@ def _gradients(module: nn.Module, inputs: tuple[torch.Tensor, ...], seed: int,
     _loss(outputs, seed).backward()
     grads = {f"input {i}": t.grad for i, t in enumerate(inputs) if t.is_floating_point() and t.grad is not None}
     named = dict(module.named_parameters(remove_duplicate=False))
-    grads.update({f"parameter {label!r}": named[name].grad for label, name in params.items()
+    grads.update({f"parameter {label!r}": cast(torch.Tensor, named[name].grad) for label, name in params.items()
                   if name in named and named[name].grad is not None})
     module.zero_grad(set_to_none=True)
     return grads

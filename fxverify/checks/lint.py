@@ -65,7 +65,8 @@ def check(v: Subject) -> dict[str, Any]:
     except Exception as exc:
         raise Finding(f"copy.deepcopy of the result raised {exception_summary(exc)}") from None
     if copied.code != result.code:
-        raise Finding("copy.deepcopy of the result generates different code", where=first_line_difference(result.code, copied.code))
+        raise Finding("copy.deepcopy of the result generates different code",
+                      where=first_line_difference(result.code, copied.code))
     return {"nodes": len(graph.nodes), "interpreter": interpreter_note or "runs"}
 
 

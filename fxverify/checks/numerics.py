@@ -22,6 +22,7 @@ the contract's primary mode and writes it as a standalone file
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -29,11 +30,11 @@ import torch
 from torch import fx, nn
 
 from fxverify.analysis.compare import Mismatch, compare_trees, compare_values, leaves_with_paths, rmse_per_leaf
-from fxverify.errors import TransformFailed
 from fxverify.analysis.localise import Localisation, localise
 from fxverify.analysis.module_state import tensor_state
 from fxverify.engine.results import Finding, ModuleRaised, exception_summary
 from fxverify.engine.subject import Subject
+from fxverify.errors import TransformFailed
 
 
 def check(v: Subject) -> dict[str, Any]:
@@ -45,7 +46,7 @@ def check(v: Subject) -> dict[str, Any]:
             actual,
             expected,
             tolerance=v.tolerance,
-            fp64_expected=None if v.float64_problem else lambda config=config: v.outputs("original", config, torch.float64),
+            fp64_expected=None if v.float64_problem else functools.partial(v.outputs, "original", config, torch.float64),
             fp64_allowance=_rounding_allowance(v, config),
         )
         if found is not None:
@@ -143,7 +144,8 @@ def _copy_problem(v: Subject) -> str | None:
         with torch.no_grad():
             outputs = copied(*v.primary.make(v.case.seed))
     except Exception as exc:
-        return f"fxverify runs the float64 stage on copy.deepcopy(result).to(torch.float64); the copy raises: {exception_summary(exc)}"
+        return ("fxverify runs the float64 stage on copy.deepcopy(result).to(torch.float64); the copy raises: "
+                f"{exception_summary(exc)}")
     found = compare_trees(outputs, v.outputs("result"), tolerance=v.tolerance)
     if found is None:
         return None
@@ -231,6 +233,7 @@ def _compare_runs(v: Subject, original: nn.Module, result: nn.Module, how: str, 
     def fp64() -> Any:
         if not reference_run:
             inputs = config.make(v.case.seed, dtype=torch.float64)
+            assert reference is not None  # fp64 is passed on only when there is a reference
             reference_run.append(_run_reseeded(v, reference, inputs, where, original=True))
         return reference_run[0]
 
@@ -248,12 +251,13 @@ def _compare_runs(v: Subject, original: nn.Module, result: nn.Module, how: str, 
 
     def fp64_buffer(name: str) -> Any:
         fp64()  # the reference's buffers are updated by its run
+        assert reference is not None  # fp64_buffer is passed on only when there is a reference
         return tensor_state(reference).get(name)
 
     for name in sorted((before.keys() & after.keys()) - parameters):
         found_buffer = compare_values(after[name], before[name], path=f"buffer {name!r} after the forward pass",
                                       tolerance=v.tolerance,
-                                      fp64=(lambda name=name: fp64_buffer(name)) if reference is not None else None)
+                                      fp64=functools.partial(fp64_buffer, name) if reference is not None else None)
         if found_buffer is not None:
             raise Finding(
                 f"buffers updated differently: {found_buffer.describe()}", input=where, where=found_buffer.path

@@ -9,9 +9,9 @@ outputs on the primary inputs (value by value, first differing output path named
   ``symbolic_trace``, tracing it with the model's tracer) gives an isomorphic graph (see
   :func:`_same_graph`). Modules the graph calls stay leaves, so what is compared is the code, not
   the tracer's leaf policy; the entry's ``concrete_args`` are not passed again, since the
-  generated code already holds their specialisation (its asserts, under renamed parameters). A plain Python function inserted as a ``call_function`` target without
-  ``torch.fx.wrap`` is traced into, and a pass that retraces (torch's ``fuse``,
-  ``remove_dropout``) sees another graph;
+  generated code already holds their specialisation (its asserts, under renamed parameters). A
+  plain Python function inserted as a ``call_function`` target without ``torch.fx.wrap`` is
+  traced into, and a pass that retraces (torch's ``fuse``, ``remove_dropout``) sees another graph;
 - ``to_folder``: ``gm.to_folder()`` exported, imported as a fresh package, same outputs;
 - ``pickle``: ``copy.deepcopy`` gives the same code, a ``pickle`` round trip (which re-traces
   the code) an isomorphic graph, both the same outputs;
@@ -23,7 +23,7 @@ function registered with ``torch.fx.wrap``, say), the check skips saying that th
 it too, with both reasons: not the transform's doing.
 
 >>> import fxverify
->>> fxverify.check_pickle(fxverify.examples.identity, "edge_conv_bn_head").outcome
+>>> fxverify.check_pickle(fxverify.examples.identity, "edge_conv_bn_head").outcome.value
 'passed'
 """
 
@@ -114,7 +114,7 @@ def _lost_wraps(v: Subject) -> str | None:
     """Why re-tracing the result may trace into functions the original kept opaque, if that is why."""
     applied = v.applied()
     wrapped = {n.target for n in applied.original.graph.nodes if n.op == "call_function" and n.meta.get("is_wrapped")}
-    lost = [f"%{n.name}" for n in applied.result.graph.nodes
+    lost = [f"%{n.name}" for n in _graph_module(v, "result").graph.nodes
             if n.op == "call_function" and n.target in wrapped and not n.meta.get("is_wrapped")]
     if not lost:
         return None
@@ -130,7 +130,7 @@ def _lost_wraps(v: Subject) -> str | None:
 
 
 def _recompile(v: Subject, which: str) -> None:
-    module = v.module(which)
+    module = _graph_module(v, which)
     copied = _step("copy.deepcopy", lambda: copy.deepcopy(module))
     _step("recompile()", copied.recompile)
     _same_code(module, copied, "recompile() changes the generated code: the graph was edited without calling "
@@ -141,7 +141,7 @@ def _recompile(v: Subject, which: str) -> None:
 
 
 def _retrace(v: Subject, which: str) -> None:
-    module = v.module(which)
+    module = _graph_module(v, which)
     name = v.capture.describe()
     graph = _step(f"capturing again with {name}", lambda: v.capture.recapture(module))
     _same_graph(module, module.graph, module, graph,
@@ -151,7 +151,7 @@ def _retrace(v: Subject, which: str) -> None:
 
 
 def _to_folder(v: Subject, which: str) -> None:
-    module = v.module(which)
+    module = _graph_module(v, which)
     with tempfile.TemporaryDirectory(prefix="fxverify-") as tmp:
         folder = Path(tmp) / "exported"
         with warnings.catch_warnings():
@@ -163,7 +163,7 @@ def _to_folder(v: Subject, which: str) -> None:
 
 
 def _pickle(v: Subject, which: str) -> None:
-    module = v.module(which)
+    module = _graph_module(v, which)
     copied = _step("copy.deepcopy", lambda: copy.deepcopy(module))
     _same_code(module, copied, "copy.deepcopy generates different code")
     _same_outputs(v, which, copied, "copy.deepcopy computes something else")
@@ -280,11 +280,18 @@ def _reference(v: Subject, which: str) -> Any:
     return _run(v, _runnable(v, which))
 
 
-def _runnable(v: Subject, which: str) -> nn.Module:
+def _runnable(v: Subject, which: str) -> fx.GraphModule:
     """The module to run: in train mode a copy, since a run updates state (BatchNorm running
     statistics) that later checks read from the shared module."""
-    module = v.module(which)
+    module = _graph_module(v, which)
     return module if v.applied().mode == "eval" else copy.deepcopy(module)
+
+
+def _graph_module(v: Subject, which: str) -> fx.GraphModule:
+    """``v.module(which)``, known to be a GraphModule: the round trips run only on a result that is one."""
+    module = v.module(which)
+    assert isinstance(module, fx.GraphModule), type(module)
+    return module
 
 
 def _run(v: Subject, fn: Callable[..., Any]) -> Any:

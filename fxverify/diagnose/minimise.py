@@ -30,10 +30,11 @@ from torch._functorch.fx_minifier import minifier
 
 from fxverify.analysis.compare import Mismatch, Tolerance, compare_trees
 from fxverify.capture import Capture, for_entry
-from fxverify.errors import FxVerifyError, TransformFailed
+from fxverify.cases.inputs import InputConfig
 from fxverify.engine.results import exception_summary
 from fxverify.engine.subject import Subject
 from fxverify.engine.transform import Transform, as_transform
+from fxverify.errors import FxVerifyError, TransformFailed
 
 DEFAULT_BUDGET = 120.0
 RAISES, DIFFERS = "raises", "differs"
@@ -155,7 +156,9 @@ def minimise_failure(v: Subject, *, budget_s: float = DEFAULT_BUDGET) -> Minimis
         print(found.module.code)  # the conv and the BN it folds, say
     """
     deadline = time.monotonic() + budget_s
-    attempts = [(config, torch.float64, v.float64_tolerance) for config in v.case.configs]
+    attempts: list[tuple[InputConfig, torch.dtype | None, Tolerance]] = [
+        (config, torch.float64, v.float64_tolerance) for config in v.case.configs
+    ]
     attempts += [(config, None, v.tolerance) for config in v.case.configs]  # None: as built
     for config, dtype, tolerance in attempts:
         inputs = config.make(v.case.seed, dtype=dtype)

@@ -31,12 +31,12 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from fxverify.errors import FxVerifyError
-from fxverify.golden import portable_spec, safe_name
+from fxverify.analysis.module_state import resolve
 from fxverify.diagnose.minimise import DIFFERS, Minimised, minimise_failure
 from fxverify.engine.results import Finding, exception_summary
 from fxverify.engine.subject import Subject
-from fxverify.analysis.module_state import resolve
+from fxverify.errors import FxVerifyError
+from fxverify.golden import portable_spec, safe_name
 
 EXIT_DIFFERS, EXIT_RAISES = 3, 4  # a repro's exit status while the bug is there
 CHECK_TIMEOUT_S = 300.0  # for the run of a freshly written repro
@@ -197,7 +197,7 @@ def _constructor(module: nn.Module) -> str | None:
         return None
     expression = f"torch.nn.{module!r}"
     try:
-        rebuilt = eval(expression, {"torch": torch, "inf": math.inf, "nan": math.nan})  # noqa: S307 - our own repr
+        rebuilt = eval(expression, {"torch": torch, "inf": math.inf, "nan": math.nan})
     except Exception:
         return None
     def shapes(m: nn.Module) -> dict[str, torch.Size]:

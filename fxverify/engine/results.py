@@ -10,6 +10,7 @@ from typing import Any
 
 from fxverify.errors import CheckFailed
 
+
 class Outcome(str, enum.Enum):
     """What became of one check on one model. A string, so it compares equal to its value
     (``Outcome.PASSED == "passed"``) and writes as one in JSON; ``short`` is its summary cell.

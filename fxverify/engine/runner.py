@@ -6,8 +6,8 @@ numerics failure into a repro file is one: :class:`fxverify.diagnose.repro.Repro
 
 >>> import fxverify
 >>> runner = Runner(fxverify.examples.identity, fxverify.load_case("edge_conv_bn_head"))
->>> runner.run("lint").outcome
-<Outcome.PASSED: 'passed'>
+>>> runner.run("lint").outcome.value
+'passed'
 """
 
 from __future__ import annotations
@@ -24,8 +24,18 @@ from fxverify import checks
 from fxverify.capture import Capture
 from fxverify.cases import catalogue
 from fxverify.cases.case import ModelCase
-from fxverify.engine.results import (ERROR, FAILED, PASSED, SKIPPED, XFAILED, CheckResult, Finding, Outcome, Skip,
-                                     exception_summary)
+from fxverify.engine.results import (
+    ERROR,
+    FAILED,
+    PASSED,
+    SKIPPED,
+    XFAILED,
+    CheckResult,
+    Finding,
+    Outcome,
+    Skip,
+    exception_summary,
+)
 from fxverify.engine.subject import DEFAULT_TIMEOUT, Settings, Subject
 from fxverify.engine.transform import Transform
 from fxverify.errors import FxVerifyError, TransformFailed

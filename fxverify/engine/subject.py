@@ -16,7 +16,7 @@ import dataclasses
 import functools
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, TypeVar, overload
 
 import torch
 from torch import fx, nn
@@ -28,11 +28,13 @@ from fxverify.capture import Capture
 from fxverify.cases.case import ModelCase, load_case
 from fxverify.cases.inputs import InputConfig
 from fxverify.engine.contracts import Contract
-from fxverify.engine.results import ModuleRaised, exception_summary
+from fxverify.engine.results import ModuleRaised
 from fxverify.engine.transform import Transform, as_transform
 from fxverify.errors import CopyFailed, TransformFailed
 
 DEFAULT_TIMEOUT = 300.0
+
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 
 @dataclasses.dataclass
@@ -224,6 +226,11 @@ class Subject:
             raise found
         return found
 
+    @overload
+    def module(self, which: Literal["original"], dtype: torch.dtype | None = None) -> fx.GraphModule: ...
+    @overload
+    def module(self, which: str, dtype: torch.dtype | None = None) -> nn.Module: ...
+
     def module(self, which: str, dtype: torch.dtype | None = None) -> nn.Module:
         """The primary-mode ``original`` or ``result`` module as built, or in ``dtype`` (a copy, cached).
 
@@ -242,8 +249,8 @@ class Subject:
                 self._float64[key] = self.convert(which, module, dtype=dtype)
         return self._float64[key]
 
-    def convert(self, which: str, module: nn.Module, *, dtype: torch.dtype | None = None,
-                device: str | None = None) -> nn.Module:
+    def convert(self, which: str, module: ModuleT, *, dtype: torch.dtype | None = None,
+                device: str | None = None) -> ModuleT:
         """``module`` (the ``original``'s or the ``result``'s) converted by the capture; when copying it
         raises, why is remembered in ``uncopyable``: fxverify cannot make its converted copies, which
         says nothing of the module's dtypes or devices (lint reports a result that cannot be copied)."""

@@ -21,11 +21,11 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 from fxverify.engine.contracts import Contract, contract_of
-from fxverify.errors import TransformFailed, TransformLoadError
 from fxverify.engine.results import exception_summary
+from fxverify.errors import TransformFailed, TransformLoadError
 
 ACCEPTED_RETURNS = (
     "an nn.Module (usually a torch.fx.GraphModule), None (the argument was modified in place), "
@@ -56,7 +56,7 @@ class Transform:
         importable = spec or _importable_spec(fn)
         return cls(
             fn=fn,
-            spec=importable or getattr(fn, "__qualname__", repr(fn)),
+            spec=importable or cast(str, getattr(fn, "__qualname__", repr(fn))),
             contract=contract_of(fn),
             takes_tracer_class=_takes_tracer_class(fn, spec or repr(fn)),
             reloadable=importable is not None,

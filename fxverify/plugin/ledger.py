@@ -63,7 +63,7 @@ class Ledger:
         spec, model, check = parsed
         outcome = item_outcome(report)
         self.outcomes[spec][(model, check)] = outcome
-        attached = dict(report.user_properties)
+        attached: dict[str, Any] = dict(report.user_properties)
         if CHANGED in attached:
             self.changes[spec][model] = attached[CHANGED]
         if GOLDEN in attached:

@@ -23,7 +23,7 @@ import pytest
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from fxverify.engine.results import FAILED, PASSED, Outcome
-from fxverify.strategies.corpus import PREFIX, SEED_FORMAT, canonical, entry_for
+from fxverify.strategies.corpus import SEED_FORMAT, canonical, entry_for
 from fxverify.strategies.probe import Probe, probe_ops
 
 WORKER_GRAPHS = "fxverify_random_graphs"  # xdist workerinput: [[seed, options], ...] from the controller

@@ -24,14 +24,13 @@ import zlib
 from collections.abc import Mapping
 from typing import Any
 
-from torch import fx
+from torch import fx, nn
 
-from fxverify.errors import TransformFailed
-from fxverify.reports.graph_picture import (DEFAULT_HOPS, DEFAULT_MAX_NODES, GraphvizMissing, crop, graph_dot,
-                                     render_svg)
 from fxverify.analysis.node_map import kept_nodes
 from fxverify.engine.results import CheckResult
 from fxverify.engine.subject import Subject
+from fxverify.errors import TransformFailed
+from fxverify.reports.graph_picture import DEFAULT_HOPS, DEFAULT_MAX_NODES, GraphvizMissing, crop, graph_dot, render_svg
 
 
 def failure_figures(v: Subject, result: CheckResult, *, hops: int = DEFAULT_HOPS,
@@ -46,7 +45,8 @@ def failure_figures(v: Subject, result: CheckResult, *, hops: int = DEFAULT_HOPS
     except TransformFailed:
         figures["note"] = "no graphs: the transform failed on this model"
         return figures
-    original, transformed = applied.original, applied.result
+    original = applied.original
+    transformed: nn.Module | None = applied.result
     figures["code_before"] = original.code
     if not isinstance(transformed, fx.GraphModule):
         figures["note"] = f"no graph after: the transform returned a {type(transformed).__name__}, not a GraphModule"

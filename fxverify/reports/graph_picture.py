@@ -23,8 +23,8 @@ from collections.abc import Collection
 import graphviz
 from torch import fx
 
-from fxverify.errors import FxVerifyError
 from fxverify.analysis.graph_text import target_name
+from fxverify.errors import FxVerifyError
 
 DEFAULT_HOPS = 4
 DEFAULT_MAX_NODES = 40

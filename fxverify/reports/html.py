@@ -120,7 +120,8 @@ def _matrix(transform: str, records: list[Record], anchors: Mapping[int, str]) -
             if r is None:
                 row.append('<td class="missing">-</td>')
                 continue
-            text = escape(SHORT.get(r["outcome"], r["outcome"]))
+            outcome: str = r["outcome"]
+            text = escape(SHORT.get(outcome, outcome))
             if id(r) in anchors:
                 text = f'<a href="#{anchors[id(r)]}">{text}</a>'
             title = escape(r["message"].splitlines()[0] if r.get("message") else r["outcome"])

@@ -51,7 +51,7 @@ def record(result: CheckResult, *, duration: float | None = None, nodeid: str | 
 
 def header() -> dict[str, Any]:
     """Versions of fxverify, Python and the libraries that decide results, and the time (UTC)."""
-    versions = {"python": platform.python_version()}
+    versions: dict[str, str | None] = {"python": platform.python_version()}
     for package in ("fxverify", "torch", "torchvision", "timm"):
         try:
             versions[package] = importlib.metadata.version(package)

@@ -56,7 +56,7 @@ def rewrite_warning(transform: str, changes: Mapping[str, Sequence[str] | None],
     of them it changed. None when it rewrote enough to say nothing.
 
     >>> print(rewrite_warning("my:pass", {"a": ["code"], "b": []}))  # doctest: +ELLIPSIS
-    WARNING: my:pass changed the graph or parameters of none of the 2 models it ran on: nothing it rewrites was verified. Select ...
+    WARNING: my:pass changed the graph or parameters of none of the 2 models it ran on: nothing it rewrites ...
     >>> print(rewrite_warning("my:pass", {"a": ["graph"], "random_graph_7": []}, {"random_graph_7"}))
     my:pass changed 0 of 1 random graphs (graph or parameters)
     """

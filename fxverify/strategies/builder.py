@@ -316,6 +316,8 @@ class Builder:
         if not sinks:
             sinks = [self.values[-1]]
         kind = self.choice(("single", "tuple", "dict"))
+        out: fx.node.Argument
+        predicted: Meta | dict[str, Meta] | tuple[Meta, ...]
         if kind == "single" and len(sinks) == 1:
             out, predicted = sinks[0].node, sinks[0].meta
         elif kind == "dict":

@@ -12,7 +12,6 @@ import copy
 import functools
 import inspect
 import json
-from pathlib import Path
 from typing import Any
 
 from hypothesis.errors import InvalidArgument

@@ -26,7 +26,16 @@ from torch import nn
 
 from fxverify.strategies.builder import Builder, Value, random_tensor
 from fxverify.strategies.meta import (
-    ANY, BOOL, FLOATS, INTS, NUMBERS, Meta, accumulated, broadcast, broadcastable, floating,
+    ANY,
+    BOOL,
+    FLOATS,
+    INTS,
+    NUMBERS,
+    Meta,
+    accumulated,
+    broadcast,
+    broadcastable,
+    floating,
 )
 
 Emit = Callable[[Builder, Value], Any]
@@ -143,6 +152,7 @@ def _to_bool(dtype: torch.dtype) -> torch.dtype:
     return torch.bool
 
 
+_fn: Callable[..., Any]  # the loop variable of the registrations below, each time another torch function
 for _fn in (torch.exp, torch.exp2, torch.expm1, torch.log, torch.log2, torch.log10, torch.log1p, torch.sqrt,
             torch.rsqrt, torch.sin, torch.cos, torch.tan, torch.asin, torch.acos, torch.atan, torch.sinh,
             torch.cosh, torch.tanh, torch.asinh, torch.acosh, torch.atanh, torch.sigmoid, torch.erf, torch.erfc,
@@ -394,7 +404,7 @@ def _pair_reduction(name: str, fn: Callable[..., Any], dtypes: tuple[torch.dtype
                 shape[dim] = 1
             else:
                 del shape[dim]
-        kwargs = {"keepdim": keep} if keepdim and kept is None else {}
+        kwargs: dict[str, Any] = {"keepdim": keep} if keepdim and kept is None else {}
         if fn in (torch.std_mean, torch.var_mean):  # Bessel's correction needs two values
             kwargs["correction"] = 1 if x.meta.shape[dim] >= 2 and b.flag() else 0
         pair = b.call_either(fn, x, *args, dim=dim, meta=x.meta, **kwargs)
@@ -405,6 +415,7 @@ def _pair_reduction(name: str, fn: Callable[..., Any], dtypes: tuple[torch.dtype
         result = None
         for i in picks:
             result = b.item(pair, i, metas[i])
+        assert result is not None  # picks is never empty
         return result
 
     _register(Op(name, family, emit, dtypes=dtypes, cost=2))
@@ -569,7 +580,7 @@ def _conv(d: int, transposed: bool, module: bool) -> None:
             p = min(p, dil * (k - 1) // 2)
             out_spatial = [(i - 1) * s - 2 * p + dil * (k - 1) + out_pad + 1 for i in spatial]
             weight_shape = (c, out_channels // g) + (k,) * d
-            options = dict(stride=s, padding=p, output_padding=out_pad, groups=g, dilation=dil)
+            options: dict[str, Any] = dict(stride=s, padding=p, output_padding=out_pad, groups=g, dilation=dil)
         else:
             out_spatial = [_conv_out(i, k, s, p, dil) for i in spatial]
             weight_shape = (out_channels, c // g) + (k,) * d
@@ -1053,6 +1064,7 @@ def _pieces(b: Builder, x: Value, node_target: Any, args: tuple[Any, ...], sizes
         else:
             shape[dim] = sizes[i]
         result = b.item(parts, i, _same(x.meta, shape=shape), fresh=False)
+    assert result is not None  # chosen is never empty: ops of cost 2 leave room for one getitem
     return result
 
 

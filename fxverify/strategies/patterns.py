@@ -34,7 +34,15 @@ from fxverify.analysis.recording import RecordingInterpreter
 from fxverify.engine.results import exception_summary as exc_summary
 from fxverify.strategies.builder import Builder, DrawnChoices, Limits, Value
 from fxverify.strategies.graphs import (
-    DEFAULT_DTYPES, GraphCase, Plan, _input_spec, _validate_bool, _validate_int, grow, seeded, select_ops,
+    DEFAULT_DTYPES,
+    GraphCase,
+    Plan,
+    _input_spec,
+    _validate_bool,
+    _validate_int,
+    grow,
+    seeded,
+    select_ops,
     validate_dtypes,
 )
 from fxverify.strategies.meta import DTYPE_NAMES, Meta
@@ -152,7 +160,9 @@ def embed(b: Builder, embedding: Embedding) -> list[Value]:
         if embedding.broadcast and not swapped:
             other, _ = b.operand(first.meta, (first.meta.dtype,), scalar=False, same_dtype=True)
         else:
-            found = b.candidates(lambda v, meta=meta: v.meta == meta)
+            def matches(v: Value, meta: Meta = meta) -> bool:
+                return v.meta == meta
+            found = b.candidates(matches)
             other = found[b.index(len(found))] if found and b.flag() else b.new_input(meta)
         feeds.append(other)
     metas = _run_on_meta(embedding, tuple(f.meta for f in feeds))

@@ -29,12 +29,12 @@ from typing import Any
 
 from hypothesis.errors import InvalidArgument
 
-from fxverify.capture import for_entry
-from fxverify.errors import TransformFailed
 from fxverify.analysis.module_state import Snapshot
+from fxverify.capture import for_entry
+from fxverify.engine.transform import Transform, as_transform
+from fxverify.errors import TransformFailed
 from fxverify.strategies import ops as catalogue
 from fxverify.strategies.graphs import graph_from_seed
-from fxverify.engine.transform import Transform, as_transform
 
 PROBE_SEEDS = (0, 1, 2)  # graphs per op: one op alone in a chain, on an input, or shared by two users
 PROBE_NODES = 3

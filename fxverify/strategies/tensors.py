@@ -150,7 +150,7 @@ def in_layout(values: torch.Tensor, layout: str) -> torch.Tensor:
     raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
 
 
-class Inputs(tuple):  # type: ignore[type-arg]
+class Inputs(tuple):
     """The drawn inputs of a graph; its repr is Python code that rebuilds them exactly,
     layout included."""
 
