@@ -139,6 +139,7 @@ PROD_MODELS = """
 """
 
 
+@pytest.mark.slow
 def test_user_models_from_the_conftest_hook_are_verified(pytester, monkeypatch):
     pytester.makeconftest(USER_MODELS)
     pytester.makepyfile(prod_models=PROD_MODELS)

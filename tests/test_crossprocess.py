@@ -7,6 +7,8 @@ import os
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from fxverify.cases.case import load_case
 from fxverify.checks import _digest_server as crossprocess
 from fxverify.checks._digest_server import CrossProcessDigests
@@ -64,6 +66,7 @@ def test_a_server_that_dies_is_reported_with_its_error(tmp_path, monkeypatch):
     assert "only importable in the parent" in answer
 
 
+@pytest.mark.slow
 def test_a_stuck_server_times_out_and_the_next_request_gets_a_fresh_one(tmp_path, monkeypatch):
     transform = transform_file(tmp_path, """
         import os, time

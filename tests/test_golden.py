@@ -179,6 +179,7 @@ def tag_output(gm):
 '''
 
 
+@pytest.mark.slow
 def test_golden_files_are_created_then_byte_stable_across_processes_and_hash_seeds(pytester, monkeypatch):
     pytester.makepyfile(tagging=SET_ARG_TRANSFORM)
     args = ["-p", "no:cacheprovider", "--fxverify", "tagging.py:tag_output", "--fxverify-checks=golden",

@@ -46,6 +46,7 @@ def test_a_transform_that_does_not_fail_has_nothing_to_minimise():
         minimise_module(lambda m: m, gm, (torch.ones(2),))
 
 
+@pytest.mark.slow
 def test_repro_dir_writes_a_small_repro_that_fails_alone_and_none_for_a_correct_transform(pytester):
     repros = pytester.path / "repros"
     result = pytester.runpytest(
@@ -83,6 +84,7 @@ def scales_what_a_wrapped_function_returns(gm: torch.fx.GraphModule) -> torch.fx
     return gm
 
 
+@pytest.mark.slow
 def test_a_repro_of_a_wrapped_function_registers_the_wrap_at_module_level_and_fails_alone(tmp_path):
     found = minimise_failure(Subject(scales_what_a_wrapped_function_returns, "edge_wrapped_function"))
     assert [n.op for n in found.module.graph.nodes] == ["placeholder", "call_function", "output"]
@@ -107,6 +109,7 @@ def asserts_false(gm):
 """
 
 
+@pytest.mark.slow
 def test_a_repro_that_fails_for_another_reason_than_the_failure_is_rejected_and_deleted(tmp_path):
     passes = tmp_path / "passes.py"
     passes.write_text(ASSERTS_FALSE)

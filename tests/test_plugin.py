@@ -125,12 +125,14 @@ def test_several_transforms_are_verified_separately(pytester):
     result.stdout.fnmatch_lines(["*did not call gm.recompile()*"])
 
 
+@pytest.mark.slow
 def test_in_place_and_tracer_class_conventions(pytester):
     result = pytester.runpytest("-p", "no:cacheprovider", "--fxverify", spec("relu_to_clamp_in_place"), "--fxverify",
                                 spec("retrace_with_tracer_class"), EDGE)
     assert result.ret == 0, result.stdout.str()
 
 
+@pytest.mark.slow
 def test_xdist_runs_each_models_items_on_one_worker(pytester):
     result = pytester.runpytest("-p", "no:cacheprovider", "-n", "2", "--fxverify", spec("normalize_args"),
                                 "--fxverify-corpus=edge_conv_bn_head,squeezenet1_1", "--fxverify-checks=lint,purity", "-v")
@@ -146,6 +148,7 @@ def test_xdist_runs_each_models_items_on_one_worker(pytester):
     result.stdout.fnmatch_lines(["*fxverify summary*", "squeezenet1_1 * pass * pass *"])
 
 
+@pytest.mark.slow
 def test_fx_model_fixture_is_parametrized_over_the_corpus(pytester, monkeypatch):
     pytester.makepyfile(test_mine="""
         import fxverify
@@ -192,6 +195,7 @@ def _bug_cases():
             for f, check in mutations.BUGGY.items()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "check", "model"), _bug_cases())
 def test_every_bug_fails_its_item_through_the_plugin(pytester, name, check, model):
     result = pytester.runpytest("-p", "no:cacheprovider", "--fxverify", spec(name), f"--fxverify-corpus={model}",
@@ -208,6 +212,7 @@ def _once_false_alarms():
             for f, (models, checks) in mutations.ONCE_FALSE_ALARMS.items() for model in models]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "model", "checks"), _once_false_alarms())
 def test_correct_transforms_that_once_raised_false_alarms_pass_through_the_plugin(pytester, name, model, checks):
     args = ["-p", "no:cacheprovider", "--fxverify", spec(name), f"--fxverify-corpus={model}"]
@@ -232,6 +237,7 @@ def test_an_exception_inside_fxverify_is_reported_as_an_error_not_a_failure(pyte
     assert records == {"lint": "error", "purity": "passed"}
 
 
+@pytest.mark.slow
 def test_a_transform_that_kills_its_worker_fails_that_model_as_errors_and_the_run_goes_on(pytester):
     """Under -n, a model whose transform kills the process (os.abort()) has its items reported as errors
     naming the model; the other models are checked and the reports are written."""

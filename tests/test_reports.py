@@ -158,6 +158,7 @@ def test_reports_from_a_pytest_run(pytester):
     _check_report(pytester.path / "out/r.json", pytester.path / "out/r.html")
 
 
+@pytest.mark.slow
 def test_reports_under_xdist_are_written_once_by_the_controller(pytester):
     pytester.makeini("[pytest]\nfxverify_json = ini/r.json\nfxverify_html = ini/r.html\n")
     result = pytester.runpytest(*RUN, "-n", "2")

@@ -85,6 +85,7 @@ def test_a_correct_rule_passes():
     fxverify.check_rewrite(add_relu, add_clamp, max_examples=25)
 
 
+@pytest.mark.slow
 def test_a_rule_correct_only_for_equal_shapes_is_found_and_shrunk():
     with pytest.raises(RewriteFailed) as failure:
         fxverify.check_rewrite(add_sum, sum_add, max_examples=100, **SMALL)
@@ -96,6 +97,7 @@ def test_a_rule_correct_only_for_equal_shapes_is_found_and_shrunk():
     assert "class RandomGraph" in repr(case)  # printed as runnable Python
 
 
+@pytest.mark.slow
 def test_a_rule_correct_only_for_finite_inputs_is_found_with_special_values():
     with pytest.raises(RewriteFailed, match="NaN positions differ|inf positions differ") as failure:
         fxverify.check_rewrite(times_zero, zeros, checks=("lint",), max_examples=100, derandomize=True)
@@ -115,6 +117,7 @@ def relu_in_place(gm):
     return gm
 
 
+@pytest.mark.slow
 def test_a_matcher_ignoring_outside_users_of_internal_nodes_is_found():
     with pytest.raises(RewriteFailed) as failure:
         fxverify.check_rewrite(add_relu, rewrite=relu_in_place, max_examples=300, **SMALL)  # found in 4 of 5 runs of 100
@@ -177,6 +180,7 @@ def broken(gm):
     raise RuntimeError("matcher bug")
 
 
+@pytest.mark.slow
 def test_a_rewrite_that_raises_is_a_rewrite_failure_with_the_case():
     with pytest.raises(RewriteFailed, match="raised RuntimeError: matcher bug") as failure:
         fxverify.check_rewrite(add_relu, rewrite=broken, max_examples=5, max_nodes=0, max_instances=1,

@@ -145,6 +145,7 @@ def test_random_graphs_catch_torchs_normalize_operators_dropping_a_rounding_mode
     assert "failed" in outcomes and set(outcomes) <= {"failed", "passed"}  # passed: the x.div(...) method form
 
 
+@pytest.mark.slow
 def test_a_seed_gives_the_same_graph_in_another_process_and_options_match_graph_modules():
     import inspect
     import subprocess
@@ -304,6 +305,7 @@ def rename_input(gm):
 """
 
 
+@pytest.mark.slow
 def test_random_graphs_option_adds_graphs_and_replays_failures_from_the_database(pytester, monkeypatch):
     pytester.makepyfile(breakable=BREAKABLE)
     args = ("-p", "no:cacheprovider", "--fxverify", "breakable.py:rename_input", "--fxverify-corpus",

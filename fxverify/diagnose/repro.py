@@ -24,6 +24,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import types
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from fxverify.errors import FxVerifyError
 from fxverify.golden import portable_spec, safe_name
 
 EXIT_DIFFERS, EXIT_RAISES = 3, 4  # a repro's exit status while the bug is there
+OUTCOME_ENV = "FXVERIFY_REPRO_OUTCOME"  # a file where a repro run by fxverify writes the exception type raised
 CHECK_TIMEOUT_S = 300.0  # for the run of a freshly written repro
 
 
@@ -143,6 +145,7 @@ def write_repro(found: Minimised, directory: str | os.PathLike[str], stem: str =
         exit_differs=EXIT_DIFFERS,
         exit_raises=EXIT_RAISES,
         tracer_arg=", LeafTracer" if found.transform.takes_tracer_class else "",
+        outcome_env=OUTCOME_ENV,
         rtol=found.tolerance[0],
         atol=found.tolerance[1],
     )
@@ -239,15 +242,18 @@ def _check_reproduces(path: Path, found: Minimised) -> None:
     """Run the repro in a fresh process (this one's ``sys.path``, from the current directory)
     and raise :class:`FxVerifyError` unless it fails as ``found`` does: outputs that differ,
     or the result raising the same exception type."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in [*sys.path, os.environ.get("PYTHONPATH")] if p)}
-    try:
-        run = subprocess.run([sys.executable, str(path)], env=env, capture_output=True, text=True,
-                             timeout=CHECK_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise FxVerifyError(f"the repro written to {path} did not finish within {CHECK_TIMEOUT_S:g} s") from None
+    with tempfile.TemporaryDirectory(prefix="fxverify-repro-") as tmp:
+        told = Path(tmp) / "raised"
+        env = {**os.environ, OUTCOME_ENV: str(told),
+               "PYTHONPATH": os.pathsep.join(p for p in [*sys.path, os.environ.get("PYTHONPATH")] if p)}
+        try:
+            run = subprocess.run([sys.executable, str(path)], env=env, capture_output=True, text=True,
+                                 timeout=CHECK_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise FxVerifyError(f"the repro written to {path} did not finish within {CHECK_TIMEOUT_S:g} s") from None
+        raised = told.read_text() if told.exists() else None
     expected = EXIT_DIFFERS if found.kind == DIFFERS else EXIT_RAISES
-    raised = re.search(r"^fxverify repro: the transformed module raised (\S+)$", run.stderr, re.MULTILINE)
-    if run.returncode == expected and (found.kind == DIFFERS or (raised and raised[1] == found.raised)):
+    if run.returncode == expected and (found.kind == DIFFERS or raised == found.raised):
         return
     tail = "\n".join(run.stderr.strip().splitlines()[-3:]) or run.stdout.strip()
     wanted = "outputs that differ" if found.kind == DIFFERS else f"the transformed module raising {found.raised}"
@@ -360,15 +366,23 @@ def main():
         except Exception as exc:
             traceback.print_exc()
             print(f"fxverify repro: the transformed module raised {{type(exc).__qualname__}}", file=sys.stderr)
+            _tell(raised=type(exc).__qualname__)
             return EXIT_RAISES
     try:
         torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL, equal_nan=True)
     except AssertionError:
         traceback.print_exc()
         print("fxverify repro: the transformed module's outputs differ", file=sys.stderr)
+        _tell()
         return EXIT_DIFFERS
     print("no failure: the transform's result matches the module")
     return 0
+
+
+def _tell(raised=""):
+    """When fxverify runs this file to check it, it asks which exception the module raised."""
+    if os.environ.get("{outcome_env}"):
+        pathlib.Path(os.environ["{outcome_env}"]).write_text(raised)
 
 
 if __name__ == "__main__":
