@@ -25,7 +25,7 @@ from fxverify.cases.case import ModelCase, load_case
 from fxverify.checks._digest_server import CrossProcessDigests
 from fxverify.diagnose.minimise import DEFAULT_BUDGET, Minimised, minimise_failure
 from fxverify.diagnose.repro import ReproOnFailure
-from fxverify.engine.results import FAILED, CheckResult
+from fxverify.engine.results import CheckResult
 from fxverify.engine.runner import Runner
 from fxverify.engine.subject import DEFAULT_TIMEOUT, Settings, Subject
 from fxverify.engine.transform import Transform, as_transform
@@ -40,9 +40,11 @@ class Verification(Runner):
     expensive work (``subject``): ``run(check)``, ``run_all()``.
 
     ``cross_process`` supplies digests of the transform's result computed in another process
-    (see :mod:`fxverify.checks.determinism`); ``golden_dir`` and ``update_golden`` are the golden
-    check's folder and mode; with ``repro_dir``, a failing numerics check is minimised and written
-    there as a standalone repro (:class:`fxverify.diagnose.repro.ReproOnFailure`).
+    (see :mod:`fxverify.checks.determinism`; give :class:`CrossProcessDigests` the same ``capture``);
+    ``golden_dir`` and ``update_golden`` are the golden check's folder and mode; with ``repro_dir``,
+    a failing numerics check is minimised and written there as a standalone repro
+    (:class:`fxverify.diagnose.repro.ReproOnFailure`); ``capture`` says how the model becomes a
+    graph (default: the case's own, see :mod:`fxverify.capture`).
 
     >>> import fxverify
     >>> v = Verification(fxverify.examples.identity, "edge_conv_bn_head")
@@ -72,7 +74,7 @@ def verify(
     digests = CrossProcessDigests(transform, [case], timeout=timeout or DEFAULT_TIMEOUT)
     try:
         return Verification(transform, case, timeout=timeout, cross_process=digests).run_all(
-            list(checks) if checks else None)
+            None if checks is None else list(checks))
     finally:
         digests.close()
 
@@ -91,7 +93,8 @@ def minimise_numerics(transform: TransformLike, case: CaseLike, *, budget_s: flo
 def assert_transform_ok(
     transform: TransformLike, case: CaseLike, *, checks: Sequence[str] | None = None, timeout: float | None = DEFAULT_TIMEOUT
 ) -> list[CheckResult]:
-    """Run the checks and raise :class:`CheckFailed` listing every failure.
+    """Run the checks and raise :class:`CheckFailed` listing every failure (and every check fxverify
+    itself could not complete).
 
     Example, in your own test over the corpus::
 
@@ -100,7 +103,7 @@ def assert_transform_ok(
     """
     __tracebackhide__ = True
     results = verify(transform, case, checks=checks, timeout=timeout)
-    failed = [r for r in results if r.outcome == FAILED]
+    failed = [r for r in results if not r.ok]
     if failed:
         raise CheckFailed("\n\n".join(r.message for r in failed))
     return results
@@ -121,7 +124,7 @@ def _pair(name: str) -> tuple[Callable[..., CheckResult], Callable[..., CheckRes
     check_fn.__doc__ = (
         f"Run the {name} check: {summary}.\n\n"
         f"Returns a CheckResult; ``.ok`` is False when it failed, ``.message`` says why::\n\n"
-        f"    fxverify.check_{name}(my_pass, 'resnet18').outcome   # 'passed', 'failed' or 'skipped'\n"
+        f"    fxverify.check_{name}(my_pass, 'resnet18').outcome   # 'passed', 'failed', 'skipped', 'xfailed' or 'error'\n"
     )
     assert_fn.__doc__ = (
         f"Run the {name} check and raise CheckFailed with the finding when it fails.\n\n"

@@ -30,7 +30,7 @@ class TransformFailed(FxVerifyError):
 
 class CopyFailed(FxVerifyError):
     """``copy.deepcopy`` of a module raised, so fxverify cannot make the converted copy it needs
-    (its float64 or meta device copy): no verdict on the module's dtypes or devices follows."""
+    (its float64, meta or CUDA copy): no verdict on the module's dtypes or devices follows."""
 
 
 class CorpusError(FxVerifyError):

@@ -23,10 +23,10 @@ from torch import fx
 
 from fxverify.analysis.compare import Tolerance, compare_trees
 from fxverify.engine.contracts import contract
-from fxverify.engine.results import FAILED
+from fxverify.engine.results import ERROR, FAILED
 from fxverify.engine.runner import Runner
 from fxverify.engine.transform import Transform, as_transform
-from fxverify.errors import CheckFailed, TransformFailed
+from fxverify.errors import CheckFailed, FxVerifyError, TransformFailed
 from fxverify.strategies.patterns import PatternCase, graphs_with_pattern
 from fxverify.strategies.tensors import inputs_for
 
@@ -113,9 +113,14 @@ def check_rewrite(
 
 
 def run_case(transform: Transform, case: PatternCase, checks: Sequence[str]) -> None:
-    """Run ``checks`` of ``transform`` on ``case``; raise :class:`RewriteFailed` on a failure."""
+    """Run ``checks`` of ``transform`` on ``case``; raise :class:`RewriteFailed` on a failure (and
+    :class:`FxVerifyError` when fxverify itself could not complete a check: no verdict on the rule)."""
     verification = Runner(transform, case, timeout=None)
-    failed = [r for r in (verification.run(c) for c in checks) if r.outcome == FAILED]
+    results = [verification.run(c) for c in checks]
+    errors = [r for r in results if r.outcome == ERROR]
+    if errors:
+        raise FxVerifyError(errors[0].message)
+    failed = [r for r in results if r.outcome == FAILED]
     if failed:
         raise RewriteFailed("\n\n".join(r.message for r in failed), case)
 

@@ -352,6 +352,24 @@ def test_an_exception_inside_fxverify_is_an_error_not_a_finding(monkeypatch):
     assert result.outcome == "error" and not result.ok
     assert result.message.startswith("fxverify error in the lint check (not a finding about the transform)")
     assert "ZeroDivisionError" in result.message and "Please report it" in result.message
+    with pytest.raises(fxverify.CheckFailed, match="fxverify error in the lint check"):  # never passes silently
+        fxverify.assert_transform_ok(mutations.normalize_args, "edge_conv_bn_head", checks=["lint"])
+
+
+class DataDependent(torch.nn.Module):
+    def forward(self, x):
+        return x if x.sum() > 0 else -x  # symbolic_trace cannot branch on a traced value
+
+
+def test_a_model_that_cannot_be_captured_is_blamed_not_the_transform_nor_fxverify():
+    case = fxverify.case_from_module("data_dependent", DataDependent, [(2, 3)])
+    for check in ("lint", "numerics", "determinism"):
+        result = fxverify.verify(mutations.normalize_args, case, checks=[check])[0]
+        assert result.outcome == "failed", result.message
+        assert result.finding.startswith("building or capturing model 'data_dependent' (symbolic_trace (tracer plain)) "
+                                         "in eval mode raised TraceError"), result.finding
+        assert "Not the transform's doing" in result.finding and "report" not in result.message
+    assert fxverify.verify(mutations.normalize_args, case, checks=[]) == []  # an empty selection runs nothing
 
 
 @pytest.mark.slow

@@ -175,7 +175,8 @@ def test_exclude_tags_and_shard_options_select_items(pytester):
     assert collected() == {n for n in smoke if not n.startswith("edge_")}
     result = pytester.runpytest("-p", "no:cacheprovider", "--fxverify", IDENTITY, "--fxverify-shard=3/2")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*shard must be I/N with 1 <= I <= N*"])
+    result.stderr.fnmatch_lines(["*bad corpus selection (--fxverify-corpus 'smoke'*--fxverify-shard '3/2')*"
+                                 "shard must be I/N with 1 <= I <= N*"])
 
 
 class OptionalMask(nn.Module):

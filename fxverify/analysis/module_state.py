@@ -5,6 +5,7 @@ comparing tensors, and snapshots that show what a transform changed.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -53,6 +54,21 @@ def strided(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def tensor_attributes(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The plain tensor attributes of ``module`` and its submodules, by qualified name: tensors that
+    ``module.to(...)`` does not convert (nn.Module keeps parameters and buffers in its own tables,
+    not in ``__dict__``).
+
+    >>> m = nn.Sequential(nn.Linear(2, 2)); m[0].scale = torch.ones(())
+    >>> [name for name, _ in tensor_attributes(m)]
+    ['0.scale']
+    """
+    for qualname, sub in module.named_modules(remove_duplicate=False):
+        for attr, value in vars(sub).items():
+            if isinstance(value, torch.Tensor):
+                yield ".".join(filter(None, (qualname, attr))), value
+
+
 def tensor_state(module: nn.Module) -> dict[str, torch.Tensor]:
     """Every tensor the module holds, by qualified name: parameters, buffers and plain tensor
     attributes (a GraphModule built again registers its plain constants as buffers: the same
@@ -64,10 +80,8 @@ def tensor_state(module: nn.Module) -> dict[str, torch.Tensor]:
     """
     state: dict[str, torch.Tensor] = dict(module.named_parameters(remove_duplicate=False))
     state.update(module.named_buffers(remove_duplicate=False))
-    for qualname, sub in module.named_modules(remove_duplicate=False):
-        for attr, value in vars(sub).items():
-            if isinstance(value, torch.Tensor):
-                state.setdefault(".".join(filter(None, (qualname, attr))), value)
+    for name, value in tensor_attributes(module):
+        state.setdefault(name, value)
     return state
 
 

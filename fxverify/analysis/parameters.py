@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from fxverify.analysis.module_state import tensors_equal
+from fxverify.analysis.module_state import resolve, tensor_attributes, tensors_equal
 
 KEPT, MOVED, FROZEN, CHANGED, REMOVED = "kept", "moved", "frozen", "changed", "removed"
 
@@ -113,26 +113,21 @@ class _Tensors:
         self.others: dict[str, tuple[torch.Tensor, str]] = {
             name: (t, "a buffer") for name, t in module.named_buffers(remove_duplicate=False)
         }
-        for qualname, sub in module.named_modules(remove_duplicate=False):
-            for attr, value in vars(sub).items():
-                if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter):
-                    self.others.setdefault(".".join(filter(None, (qualname, attr))), (value, "a plain tensor attribute"))
+        for name, value in tensor_attributes(module):
+            if not isinstance(value, nn.Parameter):
+                self.others.setdefault(name, (value, "a plain tensor attribute"))
         if isinstance(module, fx.GraphModule):
             for node in module.graph.find_nodes(op="get_attr"):
-                value = _resolve(module, str(node.target))
+                try:
+                    value = resolve(module, str(node.target))
+                except AttributeError:  # lint reports a target that does not resolve
+                    continue
                 if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter):
                     self.others.setdefault(str(node.target), (value, "a plain tensor read by get_attr"))
         self.parameter_ids: dict[int, list[str]] = {}
         for name, t in self.parameters.items():
             self.parameter_ids.setdefault(id(t), []).append(name)
         self.other_ids = {id(t): name for name, (t, _) in reversed(list(self.others.items()))}
-
-
-def _resolve(module: nn.Module, target: str) -> Any:
-    obj: Any = module
-    for atom in target.split("."):
-        obj = getattr(obj, atom, None)
-    return obj
 
 
 def _fate(name: str, tensor: torch.Tensor, is_parameter: bool, copy_: Any, found: _Tensors, claimed: set[int]) -> Fate:

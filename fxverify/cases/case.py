@@ -65,11 +65,12 @@ class ModelCase:
         randomize_state(module, self.seed)
         return module.train(training)
 
-    def trace(self, *, training: bool = False) -> fx.GraphModule:
-        """A fresh ``GraphModule`` of a fresh instance, captured in the given mode."""
+    def trace(self, *, training: bool = False, capture: Capture | None = None) -> fx.GraphModule:
+        """A fresh ``GraphModule`` of a fresh instance, captured in the given mode (by the entry's
+        own capture unless another is given)."""
         module = self.build(training=training)
         _check_concrete_args(self.entry, module)
-        return self.capture.capture(module, training=training)
+        return (capture or self.capture).capture(module, training=training)
 
     def example_inputs(self) -> tuple[torch.Tensor, ...]:
         """The primary configuration's inputs."""

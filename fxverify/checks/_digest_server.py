@@ -11,7 +11,7 @@ collects the answer.
     python -m fxverify.checks._digest_server SPEC TIMEOUT    # the server, started by CrossProcessDigests
 
 Protocol: one request per line on the server's stdin (a base64 pickle of
-``(entry, seed)``), one JSON answer ``[name, digest]`` per line on the file
+``(entry, seed, capture)``), one JSON answer ``[name, digest]`` per line on the file
 descriptor that was its stdout; the transform's own prints go to stderr.
 """
 
@@ -31,9 +31,10 @@ import time
 from collections.abc import Sequence
 from typing import IO
 
+from fxverify.capture import Capture
 from fxverify.cases.case import ModelCase
 from fxverify.checks.determinism import digest
-from fxverify.engine.results import Skip, exception_summary
+from fxverify.engine.results import CaptureFailed, Skip, exception_summary
 from fxverify.engine.subject import Subject
 from fxverify.engine.transform import Transform
 from fxverify.errors import TransformFailed
@@ -42,7 +43,8 @@ SERVER_START_SECONDS = 120.0  # imports, on a loaded machine
 
 
 class CrossProcessDigests:
-    """Callable: ``digests(model_name) -> digest | 'skip: why' | 'error: why'``.
+    """Callable: ``digests(model_name) -> digest | 'skip: why' | 'error: why'``. The server captures
+    each model with ``capture`` (default: the entry's own), as the :class:`Subject` it serves must.
 
     >>> from fxverify.engine.transform import as_transform
     >>> digests = CrossProcessDigests(as_transform(lambda gm: gm), [], timeout=10)
@@ -50,8 +52,10 @@ class CrossProcessDigests:
     'skip:'
     """
 
-    def __init__(self, transform: Transform, cases: Sequence[ModelCase], *, timeout: float) -> None:
+    def __init__(self, transform: Transform, cases: Sequence[ModelCase], *, timeout: float,
+                 capture: Capture | None = None) -> None:
         self.transform = transform
+        self.capture = capture
         self.cases = {c.name: c for c in cases if not c.entry.xfail}  # known failures get no check
         self.timeout = timeout
         self._digests: dict[str, str] = {}
@@ -74,7 +78,7 @@ class CrossProcessDigests:
                 self._digests[name] = f"error: could not start the cross-process server: {exc}"
                 return
         try:
-            self._server.send((case.entry, case.seed))
+            self._server.send((case.entry, case.seed, self.capture))
         except OSError:  # the server died; the answer says why
             pass
         self._pending.append(name)
@@ -97,7 +101,7 @@ class CrossProcessDigests:
         if name not in self.cases:
             return f"error: {name} is not among the models this runner was given"
         try:
-            pickle.dumps(self.cases[name].entry)
+            pickle.dumps((self.cases[name].entry, self.capture))
         except Exception as exc:
             return f"skip: corpus entry cannot be sent to another process ({type(exc).__name__}: {exc})"
         return None
@@ -145,7 +149,7 @@ class _Server:
             self._answers.put(line)
         self._answers.put(None)
 
-    def send(self, request: tuple[object, int]) -> None:
+    def send(self, request: tuple[object, ...]) -> None:
         assert self.process.stdin is not None
         self.process.stdin.write(base64.b64encode(pickle.dumps(request)).decode() + "\n")
         self.process.stdin.flush()
@@ -184,16 +188,16 @@ def _serve(spec: str, timeout: float) -> None:
 
     transform = Transform.load(spec)
     for line in sys.stdin:
-        entry, seed = pickle.loads(base64.b64decode(line))
-        subject = Subject(transform, ModelCase(entry, seed), timeout=timeout)
+        entry, seed, capture = pickle.loads(base64.b64decode(line))
+        subject = Subject(transform, ModelCase(entry, seed), timeout=timeout, capture=capture)
         try:
             answer = digest(subject.transformed_fresh(transform.contract.primary_mode))
         except TransformFailed as exc:
             answer = f"error: {exc}"
         except Skip as exc:
             answer = f"skip: {exc}"
-        except Exception as exc:  # a model that fails to build or trace must not cost the others their digest
-            answer = f"error: building or tracing the model failed: {exception_summary(exc)}"
+        except Exception as exc:  # a model that fails to build or capture must not cost the others their digest
+            answer = f"error: {exc if isinstance(exc, CaptureFailed) else exception_summary(exc)}"
         protocol.write(json.dumps([entry.name, answer]) + "\n")
         protocol.flush()
 

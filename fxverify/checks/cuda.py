@@ -13,6 +13,7 @@ import torch
 from fxverify.analysis.compare import compare_trees
 from fxverify.engine.results import Finding, Skip, exception_summary
 from fxverify.engine.subject import Subject
+from fxverify.errors import CopyFailed
 
 
 def check(v: Subject) -> dict[str, Any]:
@@ -29,6 +30,9 @@ def check(v: Subject) -> dict[str, Any]:
     try:
         try:
             module = v.convert("result", result, device="cuda")
+        except CopyFailed as exc:  # no copy, no verdict (lint reports a result that cannot be copied)
+            raise Skip(f"not judged: {exc}") from None
+        try:
             with torch.no_grad():
                 actual = module(*config.make(v.case.seed, device="cuda"))
         except Exception as exc:

@@ -9,7 +9,7 @@ so a set of nodes iterates one way, then the other:
 an order-dependent pass gives two graphs, every time, where address-dependent
 reruns would agree by chance. Their canonical graph and code are compared; then
 with a digest computed in another process under a different hash seed (one
-long-lived server process for the whole run, see :mod:`fxverify.checks._digest_server`).
+long-lived server process per transform, see :mod:`fxverify.checks._digest_server`).
 """
 
 from __future__ import annotations

@@ -23,9 +23,10 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
+from fxverify.analysis.module_state import tensor_attributes
 from fxverify.analysis.recording import RecordingInterpreter
 from fxverify.engine.results import Finding, Skip, exception_summary
-from fxverify.engine.subject import Subject
+from fxverify.engine.subject import Applied, Subject
 from fxverify.errors import CopyFailed
 
 _NO_KERNEL = re.compile(r"Could not run '(?P<op>[\w:.]+)' with arguments from the '\w+' backend"
@@ -105,14 +106,9 @@ def _pinned_devices(module: fx.GraphModule) -> dict[str, str]:
 
 
 def _unmovable_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
-    """Tensors ``module.to(...)`` does not convert: plain tensor attributes (nn.Module keeps
-    parameters and buffers in its own tables, not in ``__dict__``) and tensor literals in node
-    arguments, by description."""
-    found = {}
-    for qualname, sub in module.named_modules():
-        for attr, value in vars(sub).items():
-            if isinstance(value, torch.Tensor):
-                found[f"tensor attribute {'.'.join(filter(None, (qualname, attr)))!r}"] = value
+    """Tensors ``module.to(...)`` does not convert: plain tensor attributes and tensor literals in
+    node arguments, by description."""
+    found = {f"tensor attribute {name!r}": value for name, value in tensor_attributes(module)}
     if isinstance(module, fx.GraphModule):
         for node in module.graph.nodes:
             for value in pytree.tree_leaves((node.args, node.kwargs)):
@@ -121,24 +117,24 @@ def _unmovable_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
     return found
 
 
-def _run_on_meta(v: Subject, applied: Any) -> str:
+def _run_on_meta(v: Subject, applied: Applied) -> str:
     config = v.primary
     inputs = config.make(v.case.seed, device="meta")
     where = f"{config.describe()} on device 'meta'"
 
-    def run(which: str, module: fx.GraphModule) -> tuple[Exception | None, fx.Node | None]:
+    def run(which: str, module: nn.Module) -> tuple[Exception | None, fx.Node | None]:
         try:
             moved = v.convert(which, module, device="meta")
         except CopyFailed:  # no copy, no verdict (lint reports a result that cannot be copied)
             raise
         except Exception as exc:  # the module's tensors do not move to meta
             return exc, None
-        interpreter = RecordingInterpreter(moved)
+        interpreter = RecordingInterpreter(moved) if isinstance(moved, fx.GraphModule) else None
         try:
             with torch.no_grad():
-                interpreter.run(*inputs)
+                interpreter.run(*inputs) if interpreter else moved(*inputs)
         except Exception as exc:
-            return exc, interpreter.current
+            return exc, interpreter.current if interpreter else None
         return None, None
 
     try:

@@ -32,6 +32,7 @@ from torch import fx, nn
 from fxverify.analysis.compare import Mismatch, compare_trees, compare_values, leaves_with_paths, rmse_per_leaf
 from fxverify.analysis.localise import Localisation, localise
 from fxverify.analysis.module_state import tensor_state
+from fxverify.cases.inputs import InputConfig
 from fxverify.engine.results import Finding, ModuleRaised, exception_summary
 from fxverify.engine.subject import Subject
 from fxverify.errors import TransformFailed
@@ -112,7 +113,7 @@ def _float32_localisation(v: Subject) -> Localisation:
     return localise(v.module("original"), v.module("result"), inputs, v.tolerance, guard=lambda run: _run(run, where))
 
 
-def _rounding_allowance(v: Subject, config: Any) -> Callable[[], list[float]] | None:
+def _rounding_allowance(v: Subject, config: InputConfig) -> Callable[[], list[float]] | None:
     """For a result with new parameters, computed in float64 and stored in float32 (a fusion): what
     rounding them alone costs, per output, in rmse: the float64 result against the float32 result
     converted to float64. None when the result keeps the original's parameters, or when the float64
@@ -122,7 +123,7 @@ def _rounding_allowance(v: Subject, config: Any) -> Callable[[], list[float]] | 
 
     def allowance() -> list[float]:
         try:
-            rounded = copy.deepcopy(v.applied().result).to(torch.float64)
+            rounded = v.capture.convert(v.applied().result, dtype=torch.float64)
             with torch.no_grad():
                 outputs = rounded(*config.make(v.case.seed, dtype=torch.float64))
         except Exception:  # a result that cannot be converted: no allowance, the rule as for any result
@@ -175,7 +176,7 @@ def _compare_other_mode(v: Subject, mode: str) -> tuple[fx.GraphModule, nn.Modul
     """Trace, transform and run in ``mode`` (train): outputs and buffers after one step. Returns
     copies of the trace and the result made before they ran, for the switched-mode comparison
     (None when the result cannot be copied: lint reports that)."""
-    original = v.case.trace(training=mode == "train")
+    original = v.capture_fresh(mode)
     try:
         result = v.transformed_fresh(mode)
     except TransformFailed as exc:
@@ -223,7 +224,7 @@ def _compare_runs(v: Subject, original: nn.Module, result: nn.Module, how: str, 
     reference = None
     if v.float64_problem is None:
         try:
-            reference = copy.deepcopy(original).to(torch.float64)
+            reference = v.capture.convert(original, dtype=torch.float64)
         except Exception:  # no float64 reference: plain float32 tolerances
             reference = None
     expected = _run_reseeded(v, original, config.make(v.case.seed), where, original=True)

@@ -51,7 +51,7 @@ from fxverify.analysis.recording import RecordingInterpreter
 from fxverify.engine.results import Finding, Skip, exception_summary
 from fxverify.engine.subject import Subject
 
-Trip = Callable[[Any, str], None]  # (verification, "result" or "original"): raises Finding
+Trip = Callable[[Subject, str], None]  # (subject, "result" or "original"): raises Finding
 
 
 def check_recompile(v: Subject) -> dict[str, Any]:

@@ -52,7 +52,6 @@ class Minimised:
     module: fx.GraphModule
     inputs: tuple[Any, ...]
     transform: Transform
-    capture: Capture
     tolerance: tuple[float, float]  # (rtol, atol) the failure exceeds
     kind: str  # RAISES (the result raises when run) or DIFFERS (its outputs differ)
     failure: str
@@ -130,7 +129,7 @@ def minimise_module(
         node.meta.pop("concrete_value", None)
     failure = predicate.failure(best, best_inputs)
     return Minimised(
-        module=best, inputs=tuple(best_inputs), transform=transform, capture=capture,
+        module=best, inputs=tuple(best_inputs), transform=transform,
         tolerance=predicate.rtol_atol(best, best_inputs), kind=predicate.kind,
         failure=str(failure) if failure else "it no longer fails",
         nodes_before=len(module.graph.nodes), nodes_after=len(best.graph.nodes), queries=predicate.queries,

@@ -141,6 +141,7 @@ def write_repro(found: Minimised, directory: str | os.PathLike[str], stem: str =
         wraps="".join(f"{line}\n" for line in wraps),
         forward=forward.replace("\n", "\n    "),
         stem=stem,
+        run_path=os.path.relpath(folder / f"{stem}.py"),
         spec=_absolute_spec(found.transform.spec),
         exit_differs=EXIT_DIFFERS,
         exit_raises=EXIT_RAISES,
@@ -267,7 +268,7 @@ _TEMPLATE = '''"""{title}.
 Written by fxverify: {size}.
 Failure: {failure}
 
-Run it from your project root (where the transform imports): python {stem}.py
+Run it from the directory fxverify ran in (where the transform imports): python {run_path}
 While the bug is there it prints the traceback and exits with {exit_differs} (torch.testing.assert_close
 fails) or {exit_raises} (the transformed module raises); any other exit status is another problem.
 Needs torch and the transform only; the module's state and inputs are in {stem}.pt beside it.

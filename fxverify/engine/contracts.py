@@ -43,8 +43,8 @@ class Contract:
     to_folder round trips skip).
     ``rtol`` / ``atol``: tolerances that loosen the dtype defaults.
     ``range_tol``: an absolute tolerance relative to each output's scale:
-    differences up to ``range_tol * (max - min)`` of the expected output are
-    accepted (a quantizing pass: "within 1e-3 of the output range").
+    differences up to ``range_tol * max(max - min, max(|x|))`` of the expected
+    output ``x`` are accepted (a quantizing pass: "within 1e-3 of the output range").
 
     >>> Contract(modes=("eval",), dtypes=("float32",)).describe()
     'declared: modes=eval changes_parameters=no dtypes=float32'

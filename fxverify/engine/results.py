@@ -74,6 +74,19 @@ class ModuleRaised(Finding):
         super().__init__(what, input=where)
 
 
+class CaptureFailed(Finding):
+    """Building the model or capturing its graph raised, before any transform: the model or
+    how it is captured is to blame (a corpus entry, or your own case), never the transform."""
+
+    def __init__(self, model: str, capture: str, exc: BaseException, mode: str) -> None:
+        self.cause = exception_summary(exc)
+        super().__init__(
+            f"building or capturing model {model!r} ({capture}) in {mode} mode raised {self.cause}, before any "
+            "transform. Not the transform's doing: fix the model or how it is captured (its tracer, concrete_args), "
+            "or mark its corpus entry xfail",
+            input=f"the model built in {mode} mode")
+
+
 ORIGINAL_RAISED = (
     "the original model itself raised when run, before any transform: {error}. Not the transform's doing: "
     "the corpus entry cannot run this configuration; fix its inputs, batch_sizes or spatial_sizes"
@@ -99,11 +112,7 @@ def exception_summary(exc: BaseException) -> str:
     ...                                       "backend. This could be because ... [CPU, CUDA, Meta, ...]."))
     "NotImplementedError: Could not run 'aten::equal' with arguments from the 'MkldnnCPU' backend"
     """
-    try:
-        text = str(exc)
-    except Exception as err:  # a user's exception class with a broken __str__
-        text = f"(its str() raised {type(err).__name__})"
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    lines = [line.strip() for line in exception_text(exc).strip().splitlines() if line.strip()]
     if not lines:
         return type(exc).__name__
     head = _DISPATCHER.sub(r"\1", lines[0])
@@ -115,10 +124,16 @@ def exception_summary(exc: BaseException) -> str:
 
 
 def exception_text(exc: BaseException) -> str:
-    """``str(exc)``, or a note saying it could not be had (never raises)."""
+    """``str(exc)``, or a note saying it could not be had (never raises).
+
+    >>> class Broken(Exception):
+    ...     def __str__(self): raise ValueError
+    >>> exception_text(Broken())
+    '(its str() raised ValueError)'
+    """
     try:
         return str(exc)
-    except Exception as err:
+    except Exception as err:  # a user's exception class with a broken __str__
         return f"(its str() raised {type(err).__name__})"
 
 

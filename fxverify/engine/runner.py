@@ -137,7 +137,7 @@ class Runner:
     def model_error(self) -> str | None:
         """Why the untransformed model fails to trace or run on its primary inputs (None if it works)."""
         try:
-            traced = self.case.trace()
+            traced = self.case.trace(capture=self.subject.capture)
             with torch.no_grad():
                 traced(*self.subject.primary.make(self.case.seed))
         except Exception as exc:  # any failure to trace or run is what an xfail entry records
@@ -158,7 +158,7 @@ class Runner:
 
     def run_all(self, names: list[str] | None = None) -> list[CheckResult]:
         """Every check (or the named ones), in the canonical order."""
-        return [self.run(name) for name in (names or checks.NAMES)]
+        return [self.run(name) for name in (checks.NAMES if names is None else names)]
 
     def _result(self, check: str, outcome: Outcome, **fields: Any) -> CheckResult:
         return CheckResult(check, self.case.name, self.transform.spec, outcome, **fields)
@@ -184,13 +184,13 @@ class Runner:
         return "\n".join(lines)
 
     def repro_command(self, check: str) -> str | None:
-        """A command that reruns this check alone, when the transform and model can be named
-        (not for golden: its folder is a pytest option that the command would not know)."""
-        if check == "golden":
+        """A command that reruns this check alone, when the transform and model can be named: a
+        reloadable transform, a shipped corpus entry captured its own way (not for golden: its folder
+        is a pytest option that the command would not know)."""
+        if check == "golden" or not self.transform.reloadable or self.subject.capture != self.case.capture:
             return None
-
-        shipped = any(e.name == self.case.name for e in catalogue.catalogue())
-        if not self.transform.reloadable or not shipped:
+        shipped = any(e == self.case.entry for e in catalogue.catalogue())
+        if not shipped:
             return None
         return (
             f'python -c "import fxverify; fxverify.assert_{check}(\'{self.transform.spec}\', \'{self.case.name}\')"'

@@ -28,7 +28,7 @@ from fxverify.capture import Capture
 from fxverify.cases.case import ModelCase, load_case
 from fxverify.cases.inputs import InputConfig
 from fxverify.engine.contracts import Contract
-from fxverify.engine.results import ModuleRaised
+from fxverify.engine.results import CaptureFailed, ModuleRaised
 from fxverify.engine.transform import Transform, as_transform
 from fxverify.errors import CopyFailed, TransformFailed
 
@@ -134,7 +134,7 @@ class Subject:
 
     def apply_fresh(self, mode: str) -> Applied:
         """Trace the case anew in ``mode`` and apply the transform to a copy."""
-        original = self.capture.capture(self.case.build(training=mode == "train"), training=mode == "train")
+        original = self.capture_fresh(mode)
         copies: dict[int, Any] = {}
         given = copy.deepcopy(original, copies)
         before = Snapshot.take(given)
@@ -147,8 +147,15 @@ class Subject:
                        rewrites_state(original, result, copies), changes)
 
     def capture_fresh(self, mode: str) -> fx.GraphModule:
-        """A fresh graph of a fresh instance of the model, in ``mode``."""
-        return self.capture.capture(self.case.build(training=mode == "train"), training=mode == "train")
+        """A fresh graph of a fresh instance of the model, in ``mode``.
+
+        Raises :class:`CaptureFailed` (a finding against the model, not the transform) when
+        building or capturing it raises.
+        """
+        try:
+            return self.case.trace(training=mode == "train", capture=self.capture)
+        except Exception as exc:
+            raise CaptureFailed(self.case.name, self.capture.describe(), exc, mode) from exc
 
     def transformed_fresh(self, mode: str) -> nn.Module:
         """Only the result of the transform applied to a fresh capture in ``mode``, for work that

@@ -105,7 +105,7 @@ class Transform:
         except _Timeout:
             raise TransformFailed(
                 f"transform {self.spec} did not finish within {timeout:g} s "
-                "(raise --fxverify-timeout if it is just slow)"
+                "(if it is just slow, raise --fxverify-timeout, or timeout= in the Python API)"
             ) from None
         except KeyboardInterrupt:  # the user stopping the run
             raise

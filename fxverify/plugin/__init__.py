@@ -29,14 +29,17 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 
 def selected_entries(options: RunOptions) -> list[Any]:
-    """The corpus entries the options select (``CorpusEntry`` objects); UsageError on a bad selection."""
+    """The corpus entries the options select (``CorpusEntry`` objects); UsageError naming the selection
+    options on a bad selection."""
     from fxverify.cases import catalogue  # torch-free: the catalogue is data
     from fxverify.errors import FxVerifyError
 
     try:
         return catalogue.choose(options.corpus, exclude=options.exclude, tags=options.tags, shard_spec=options.shard)
     except FxVerifyError as exc:
-        raise pytest.UsageError(f"fxverify: {exc}") from None
+        given = {"corpus": options.corpus, "exclude": options.exclude, "tags": options.tags, "shard": options.shard}
+        named = ", ".join(f"--fxverify-{name} {value!r}" for name, value in given.items() if value)
+        raise pytest.UsageError(f"fxverify: bad corpus selection ({named}): {exc}") from None
 
 
 @pytest.hookimpl(trylast=True)

@@ -37,6 +37,7 @@ class Option:
     help: str
     kind: str = TEXT
     ini: bool = True
+    shown_default: str = ""  # the default in words, when the empty value stands for something ("all")
 
     @property
     def flag(self) -> str:
@@ -46,7 +47,7 @@ class Option:
         """The default as the docs and ``--help`` show it."""
         if self.kind == FLAG:
             return "off"
-        return self.default if self.default else "none"
+        return self.shown_default or self.default or "none"
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -59,7 +60,8 @@ OPTIONS: tuple[Option, ...] = (
            "e.g. attention,batchnorm"),
     Option("fxverify_shard", "I/N", "", "run shard I of N of the selected models (a stable partition, for CI "
            "matrices)"),
-    Option("fxverify_checks", "CHECKS", "", f"comma-separated subset of checks: {','.join(NAMES)} (default: all)"),
+    Option("fxverify_checks", "CHECKS", "", f"comma-separated subset of checks: {','.join(NAMES)}",
+           shown_default="all"),
     Option("fxverify_timeout", "SECONDS", "300", "seconds a transform may run on one model before its items fail"),
     Option("fxverify_golden_dir", "DIR", "fxverify_golden", "golden files of the golden check: "
            "DIR/<transform>/<model>.golden", PATH),

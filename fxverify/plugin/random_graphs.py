@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from fxverify.engine.results import FAILED, PASSED, Outcome
+from fxverify.engine.results import ERROR, FAILED, PASSED, Outcome
 from fxverify.strategies.corpus import SEED_FORMAT, canonical, entry_for
 from fxverify.strategies.probe import Probe, probe_ops
 
@@ -97,14 +97,19 @@ class RandomGraphs:
                  f"database {DATABASE_DIR}/, {len(self.graphs) - replayed} new); rebuild a new one with "
                  f"fxverify.strategies.graph_from_seed(<seed>{''.join(f', {k}={v!r}' for k, v in self.drawn.items())})"]
         lines += [f"fxverify: {probe.describe()}" for probe in self.probes]
+        if self.probes:  # the ops were left to the probe: say what the new graphs are drawn from
+            ops = self.drawn.get("ops")
+            lines.append(f"fxverify: new random graphs are drawn from the ops the probe found rewritten ({len(ops)})"
+                         if ops else "fxverify: new random graphs are drawn from every op (the probe narrowed nothing)")
         return lines
 
     def reported(self, spec: str, model: str, check: str, outcome: Outcome) -> None:
-        """Save a random graph (its seed and options) as soon as one of its items fails (a ledger observer)."""
+        """Save a random graph (its seed and options) as soon as one of its items fails or errors (its
+        transform killed the worker, say): a ledger observer."""
         seed = self.seed_of.get(model)
         if seed is None:
             return
-        if outcome is FAILED:
+        if outcome in (FAILED, ERROR):
             self.failed.add(seed)
             self.database.save(self.key, self.saved.get(seed) or _encode(seed, self.graphs[seed]))
         elif outcome is PASSED:  # a skip proves nothing: the seed stays saved

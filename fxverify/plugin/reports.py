@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from fxverify.engine.results import FAILED, CheckResult, exception_summary
+from fxverify.engine.results import CheckResult
 from fxverify.engine.subject import Subject
 from fxverify.plugin.ledger import RECORD, Ledger
-from fxverify.reports.figures import failure_figures
+from fxverify.reports.figures import figures_of
 from fxverify.reports.html import write_html
 from fxverify.reports.records import header, record, write_json
 
@@ -26,12 +26,7 @@ def report_properties(result: CheckResult, subject: Subject | None, *, html: boo
                       changed: list[str] | None = None) -> list[tuple[str, Any]]:
     """The ``user_properties`` entry of an item: its record (with what the transform changed on the
     model), and for a failure in a run writing HTML, the pictures and code."""
-    figures = None
-    if html and result.outcome == FAILED and subject is not None:
-        try:
-            figures = failure_figures(subject, result)
-        except Exception as exc:  # drawing must never hide the check's own result
-            figures = {"note": f"no pictures: drawing them raised {exception_summary(exc)}"}
+    figures = figures_of(subject, result) if html and subject is not None else None
     return [(RECORD, record(result, figures=figures, changed=changed))]
 
 

@@ -56,10 +56,10 @@ class XdistGrouping:
         for nodeid in sched.drop_scope(crashitem):
             config = sched.config
             fspath = nodeid.split("::")[0]
-            skipped = pytest.TestReport(
+            not_run = pytest.TestReport(
                 nodeid=nodeid, location=(fspath, None, fspath), keywords={}, outcome="failed",
                 longrepr=f"not run: {died} (on its {check} check); the other items of {model!r} would kill their "
                          "workers too",
                 when=CRASHED, user_properties=[(OUTCOME, ERROR.value)],  # type: ignore[arg-type]
             )
-            config.hook.pytest_runtest_logreport(report=skipped)
+            config.hook.pytest_runtest_logreport(report=not_run)

@@ -19,7 +19,7 @@ from typing import Any
 
 from fxverify.engine.results import CheckResult
 from fxverify.engine.subject import Subject
-from fxverify.reports.figures import failure_figures
+from fxverify.reports.figures import figures_of
 from fxverify.reports.html import render_html, write_html
 from fxverify.reports.records import header, json_report, record, write_json
 
@@ -41,5 +41,4 @@ def records_from_results(results: Iterable[CheckResult], subject: Subject | None
     every record what the transform changed on the model."""
     if subject is None:
         return [record(result) for result in results]
-    return [record(r, figures=None if r.ok else failure_figures(subject, r), changed=subject.changes)
-            for r in results]
+    return [record(r, figures=figures_of(subject, r), changed=subject.changes) for r in results]

@@ -27,10 +27,21 @@ from typing import Any
 from torch import fx, nn
 
 from fxverify.analysis.node_map import kept_nodes
-from fxverify.engine.results import CheckResult
+from fxverify.engine.results import FAILED, CheckResult, exception_summary
 from fxverify.engine.subject import Subject
 from fxverify.errors import TransformFailed
 from fxverify.reports.graph_picture import DEFAULT_HOPS, DEFAULT_MAX_NODES, GraphvizMissing, crop, graph_dot, render_svg
+
+
+def figures_of(v: Subject, result: CheckResult) -> dict[str, Any] | None:
+    """The pictures and code of a failed result (None for any other outcome); when drawing them
+    raises, a note saying so instead: a picture must never hide the check's own result."""
+    if result.outcome != FAILED:
+        return None
+    try:
+        return failure_figures(v, result)
+    except Exception as exc:
+        return {"note": f"no pictures: drawing them raised {exception_summary(exc)}"}
 
 
 def failure_figures(v: Subject, result: CheckResult, *, hops: int = DEFAULT_HOPS,

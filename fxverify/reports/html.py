@@ -19,12 +19,12 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from fxverify.engine.results import Outcome
 from fxverify.reports.records import FIGURES, header
 from fxverify.reports.summary import changed_cell, rewrite_warning
 
 Record = Mapping[str, Any]
 
-SHORT = {"passed": "pass", "failed": "FAIL", "error": "ERROR", "skipped": "skip", "xfailed": "xfail"}
 SHOWN = ("failed", "error")  # outcomes with a section of their own
 
 _CSS = """
@@ -97,7 +97,7 @@ def write_html(path: str | Path, records: Iterable[Record], head: Mapping[str, A
 
 
 def _counts(records: list[Record]) -> str:
-    found = {o: sum(r["outcome"] == o for r in records) for o in SHORT}
+    found = {o.value: sum(r["outcome"] == o.value for r in records) for o in Outcome}
     return ", ".join(f"{n} {o}" for o, n in found.items() if n) or "no items"
 
 
@@ -121,7 +121,7 @@ def _matrix(transform: str, records: list[Record], anchors: Mapping[int, str]) -
                 row.append('<td class="missing">-</td>')
                 continue
             outcome: str = r["outcome"]
-            text = escape(SHORT.get(outcome, outcome))
+            text = escape(Outcome(outcome).short)
             if id(r) in anchors:
                 text = f'<a href="#{anchors[id(r)]}">{text}</a>'
             title = escape(r["message"].splitlines()[0] if r.get("message") else r["outcome"])

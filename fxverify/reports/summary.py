@@ -20,7 +20,8 @@ SHOWN = 5  # models named in a warning
 
 def changed_cell(changes: Sequence[str] | None) -> str:
     """The ``changed`` column: ``no-op`` (nothing at all changed), what changed
-    (``graph+state``, ``code``, ``meta``), or ``?`` when the transform failed.
+    (``graph+state``, ``code``, ``meta``), or ``?`` when it is not known (the transform failed,
+    or the model is an expected failure and no check ran).
 
     >>> changed_cell([]), changed_cell(["graph", "state"]), changed_cell(None)
     ('no-op', 'graph+state', '?')

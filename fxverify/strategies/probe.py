@@ -44,26 +44,32 @@ PROBE_CAPTURE = for_entry("plain")  # how the probe graphs were made: what a tra
 
 @dataclasses.dataclass(frozen=True)
 class Probe:
-    """What probing found: the ops the transform ``rewritten`` (changed or raised on), those of them
-    it ``raised`` on, how many ops were ``probed`` of how many ``usable`` under the options, and
-    the ``seconds`` it took."""
+    """What probing ``transform`` (its spec) found: the ops it ``rewritten`` (changed or raised on),
+    those of them it ``raised`` on, how many ops were ``probed`` of how many ``usable`` under the
+    options, and the ``seconds`` it took of its ``budget``."""
 
+    transform: str
     rewritten: tuple[str, ...]
     raised: tuple[str, ...]
     probed: int
     usable: int
     seconds: float
+    budget: float
 
     def describe(self) -> str:
-        """One line for the run header."""
+        """One line for the run header.
+
+        >>> Probe("my.pass", ("F.relu",), (), 256, 256, 5.2, 60.0).describe()
+        'probed my.pass on graphs of each of 256 ops in 5.2 s; it rewrote 1 (F.relu)'
+        """
         if not self.rewritten:
-            found = "changed none of them: random graphs are drawn from every op"
+            found = "changed none of them"
         else:
             shown = ", ".join(self.rewritten[:12]) + (f" and {len(self.rewritten) - 12} more"
                                                       if len(self.rewritten) > 12 else "")
-            found = f"rewrote {len(self.rewritten)} ({shown}): random graphs are drawn from those"
-        partial = "" if self.probed == self.usable else f" (of {self.usable}: the probe's {BUDGET_SECONDS:g} s ran out)"
-        return f"probed the transform on graphs of each of {self.probed} ops{partial} in {self.seconds:.1f} s; it {found}"
+            found = f"rewrote {len(self.rewritten)} ({shown})"
+        partial = "" if self.probed == self.usable else f" (of {self.usable}: the probe's {self.budget:g} s ran out)"
+        return f"probed {self.transform} on graphs of each of {self.probed} ops{partial} in {self.seconds:.1f} s; it {found}"
 
 
 def probe_ops(transform: Transform | Callable[..., Any] | str, *, ops: Sequence[str] | None = None,
@@ -91,7 +97,7 @@ def probe_ops(transform: Transform | Callable[..., Any] | str, *, ops: Sequence[
                 if outcome == "raised":
                     raised.append(name)
                 break
-    return Probe(tuple(rewritten), tuple(raised), probed, usable, time.monotonic() - start)
+    return Probe(transform.spec, tuple(rewritten), tuple(raised), probed, usable, time.monotonic() - start, budget)
 
 
 def _graphs_of(name: str, options: dict[str, Any]) -> list[Any]:
