@@ -228,7 +228,7 @@ def bare_loop(corpus: str) -> int:
     def round_trips(case: ModelCase, gm: fx.GraphModule, result: fx.GraphModule, inputs: tuple) -> None:
         called = {str(n.target) for n in result.graph.nodes if n.op == "call_module"}
 
-        class KeepCalled(case.tracer_class):
+        class KeepCalled(case.capture.tracer_class):
             def is_leaf_module(self, m, qualname):
                 return qualname in called or super().is_leaf_module(m, qualname)
 

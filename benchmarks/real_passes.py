@@ -5,8 +5,8 @@
 Each pass below runs as `pytest -n WORKERS --fxverify benchmarks.real_passes:NAME
 --fxverify-corpus CORPUS` in a scratch directory, and its failures are printed grouped by check
 and finding, with the models that show each. A verdict is only worth something when every
-failure is a real defect of the pass: read each group as the pass's author would (the note of
-the verdicts issue proves the ones found in torch 2.14 in a few lines of plain torch).
+failure is a real defect of the pass: read each group as the pass's author would, and prove it in
+a few lines of plain torch before calling it one.
 
 The wrappers call torch's passes the way their users do, with the model's tracer class where a
 pass re-traces its input (timm's leaf modules do not survive a plain `symbolic_trace`).
@@ -106,21 +106,21 @@ def run(name: str, corpus: str, workers: int) -> dict[str, Any]:
         command += ["-n", str(workers)] if workers > 1 else []
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
         start = time.time()
-        subprocess.run(command, cwd=tmp, env=env, capture_output=True, text=True)
+        ran = subprocess.run(command, cwd=tmp, env=env, capture_output=True, text=True)
         seconds = time.time() - start
         records = json.loads(report.read_text())["records"] if report.exists() else []
+    if not records:  # pytest did not get to run the items: say why instead of printing empty counts
+        raise SystemExit(f"{name}: pytest exited {ran.returncode} without results:\n{ran.stdout[-2000:]}{ran.stderr[-2000:]}")
     return {"records": records, "seconds": seconds}
 
 
-def finding(message: str) -> str:
-    """The line of a failure message that says what is wrong, numbers blanked so alike ones group."""
-    lines = message.splitlines()
-    at = next((i for i, line in enumerate(lines) if line.lstrip().startswith(("finding:", "error:"))), None)
-    if at is None:
-        return _NUMBERS.sub("N", (lines or ["?"])[0])[:160]
-    text = lines[at].split(":", 1)[1].strip()
-    if text.endswith(":") and at + 1 < len(lines):  # "the transform failed on this model:" and why
-        text += " " + lines[at + 1].strip()
+def finding(record: dict[str, Any]) -> str:
+    """What a failed or errored record says is wrong, numbers blanked so alike ones group (a crashed
+    worker's items carry no finding: the first line of their message)."""
+    lines = (record.get("finding") or record["message"] or "?").splitlines()
+    text = lines[0].strip()
+    if text.endswith(":") and len(lines) > 1:  # "the transform failed on this model:" and why
+        text += " " + lines[1].strip()
     return _NUMBERS.sub("N", text)[:200]
 
 
@@ -142,7 +142,7 @@ def main() -> None:
         groups: dict[tuple[str, str], list[tuple[str, str]]] = collections.defaultdict(list)
         for r in records:
             if r["outcome"] in ("failed", "error"):
-                groups[(r["outcome"], finding(r["message"]))].append((r["check"], r["model"]))
+                groups[(r["outcome"], finding(r))].append((r["check"], r["model"]))
         for (kind, text), items in sorted(groups.items(), key=lambda item: -len(item[1])):
             checks = ",".join(dict.fromkeys(check for check, _ in items))
             models = list(dict.fromkeys(model for _, model in items))

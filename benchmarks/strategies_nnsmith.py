@@ -7,7 +7,7 @@ prints NNSmith's figures:
     python benchmarks/strategies_nnsmith.py [--graphs 1000] [--nodes 13] [--seed 0] [--threads N] [--json]
 
 NNSmith lives outside the project's environment, in a target folder (env var
-NNSMITH_SITE, default /work/nnsmith-site) that is appended to sys.path, so the
+NNSMITH_SITE, default ~/nnsmith-site) that is appended to sys.path, so the
 project's torch and numpy always win. Install it there with INSTALL_COMMAND.
 """
 
