@@ -51,6 +51,15 @@ def test_correct_transforms_pass_every_check(correct):
     assert not failures, "\n\n".join(failures)
 
 
+@pytest.mark.parametrize(("transform", "model"), [(t, m) for t, models in mutations.KNOWN_DEFECTS.items() for m in models],
+                         ids=lambda x: getattr(x, "__name__", x))
+def test_real_defects_of_torch_passes_are_found_on_the_layer_variants(transform, model):
+    """torch's fuse, correct on the edge cases and the models, breaks on two layer variants."""
+    check, finding = mutations.KNOWN_DEFECTS[transform][model]
+    result = fxverify.verify(transform, model, checks=[check])[0]
+    assert result.outcome == "failed" and finding in result.finding, result.message
+
+
 def test_numerics_names_input_output_path_and_first_divergent_node():
     result = fxverify.check_numerics(mutations.bn_fold_ignores_running_mean, "edge_conv_bn_head")
     assert result.input.startswith("b2-3x16x16") and result.where == "output"
