@@ -8,6 +8,7 @@ correct ones. The tests and ``benchmarks/detection.py`` reuse both from here.
 
 from __future__ import annotations
 
+import collections
 import copy
 import math
 import operator
@@ -172,9 +173,11 @@ def split_module_restitched(gm: fx.GraphModule) -> nn.Module:
 
 def _fold_bn(gm: fx.GraphModule, fold_weights) -> fx.GraphModule:
     """Shared skeleton of the BN folds below: conv -> bn pairs, folded by ``fold_weights`` (a BN
-    without running statistics normalises with each batch's own in eval mode too: not folded)."""
+    without running statistics normalises with each batch's own in eval mode too: not folded; nor
+    is a conv called more than once, whose other calls the fold would change too)."""
     gm = copy.deepcopy(gm)
     modules = dict(gm.named_modules())
+    calls = collections.Counter(n.target for n in gm.graph.nodes if n.op == "call_module")
     for node in list(gm.graph.nodes):
         # exactly BatchNorm2d: subclasses add more (timm's BatchNormAct2d applies an activation too)
         if (node.op != "call_module" or type(modules.get(node.target)) is not nn.BatchNorm2d
@@ -182,7 +185,8 @@ def _fold_bn(gm: fx.GraphModule, fold_weights) -> fx.GraphModule:
             continue
         conv_node = node.args[0]
         if not (isinstance(conv_node, fx.Node) and conv_node.op == "call_module"
-                and isinstance(modules.get(conv_node.target), nn.Conv2d) and len(conv_node.users) == 1):
+                and isinstance(modules.get(conv_node.target), nn.Conv2d) and len(conv_node.users) == 1
+                and calls[conv_node.target] == 1):
             continue
         conv, bn = modules[conv_node.target], modules[node.target]
         fused = copy.deepcopy(conv)

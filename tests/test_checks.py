@@ -60,6 +60,19 @@ def test_real_defects_of_torch_passes_are_found_on_the_layer_variants(transform,
     assert result.outcome == "failed" and finding in result.finding, result.message
 
 
+@pytest.mark.parametrize("model", ["layer_conv_bn_no_affine", "layer_conv_bn_batch_stats", "layer_shared_conv"])
+def test_the_suites_correct_bn_fold_is_correct_on_the_layer_variants_that_break_folds(model):
+    """The layer variants found three defects in the suite's own "correct" fold (affine=False, no
+    running statistics, a conv called twice): fixed, it passes where torch's fuse fails."""
+    result = fxverify.check_numerics(mutations.bn_fold_correct, model)
+    assert result.ok, result.message
+    folded = mutations.bn_fold_correct(fxverify.load_case(model).trace())
+    modules = dict(folded.named_modules())
+    calls = [n for n in folded.graph.nodes if n.op == "call_module" and isinstance(modules[n.target], torch.nn.BatchNorm2d)]
+    left = {"layer_conv_bn_no_affine": 0, "layer_conv_bn_batch_stats": 1, "layer_shared_conv": 2}
+    assert len(calls) == left[model]  # the fold fired where it may, and only there
+
+
 def test_numerics_names_input_output_path_and_first_divergent_node():
     result = fxverify.check_numerics(mutations.bn_fold_ignores_running_mean, "edge_conv_bn_head")
     assert result.input.startswith("b2-3x16x16") and result.where == "output"
