@@ -3,6 +3,7 @@ start-up errors, per-model failures, timeouts, ini options and fixtures."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -268,9 +269,15 @@ def test_a_bad_timeout_in_the_ini_file_is_a_usage_error(pytester):
 
 def test_random_graphs_exercise_what_the_transform_rewrites(pytester):
     result = pytester.runpytest("-p", "no:cacheprovider", "--fxverify", spec("relu_to_clamp_in_place"), EDGE,
-                                "--fxverify-checks=lint", "--fxverify-random-graphs=3")
+                                "--fxverify-checks=lint", "--fxverify-random-graphs=3",
+                                "--fxverify-json=report.json", "--fxverify-html=report.html")
     assert result.ret == 0
+    said = "relu_to_clamp_in_place changed 3 of 3 random graphs (graph or parameters)"
     result.stdout.fnmatch_lines(["fxverify: probed *relu_to_clamp_in_place on graphs of each of * ops in * s; it "
                                  "rewrote 1 (F.relu)",
                                  "fxverify: new random graphs are drawn from the ops the probe found rewritten (1)",
-                                 "*relu_to_clamp_in_place changed 3 of 3 random graphs (graph or parameters)"])
+                                 f"*{said}"])
+    report = json.loads((pytester.path / "report.json").read_text())
+    assert len(report["header"]["random_graphs"]) == 3
+    assert set(report["header"]["random_graphs"]) == {r["model"] for r in report["records"]} - {"edge_conv_bn_head"}
+    assert said in (pytester.path / "report.html").read_text()  # the page says what the terminal says

@@ -395,11 +395,13 @@ def test_random_graph_options_shape_the_graphs_and_key_their_saved_seeds(tmp_pat
     ('{"max_nodes": 0}', "max_nodes must be between 1 and 200, but got max_nodes=0"),
 ])
 def test_bad_random_graph_options_are_a_usage_error_saying_what_is_wrong(pytester, given, message):
-    result = pytester.runpytest("-p", "no:cacheprovider", "--fxverify", "fxverify.examples:identity",
-                                "--fxverify-random-graphs", "2", "--fxverify-random-graph-options", given)
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
-    assert f"--fxverify-random-graph-options {given!r}" in "\n".join(result.errlines)
-    assert message in "\n".join(result.errlines)
+    for count in ("2", "0"):  # checked even when no graph is drawn: the ini file's typo shows at once
+        result = pytester.runpytest("-p", "no:cacheprovider", "--fxverify", "fxverify.examples:identity",
+                                    "--fxverify-random-graphs", count, "--fxverify-random-graph-options", given)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        errors = "\n".join(result.errlines)
+        assert f"--fxverify-random-graph-options (ini fxverify_random_graph_options) {given!r}" in errors
+        assert message in errors
 
 
 def test_random_graphs_option_rejects_a_negative_count(pytester):

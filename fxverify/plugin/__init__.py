@@ -82,13 +82,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def add_random_graphs(config: pytest.Config, options: RunOptions) -> Any:
     """The random graphs of ``--fxverify-random-graphs N`` (a registered plugin object that replays failures)."""
     from fxverify.plugin.random_graphs import RandomGraphs
-    from fxverify.strategies.corpus import parse_graph_options
 
-    try:
-        graph_options = parse_graph_options(options.random_graph_options)
-    except ValueError as exc:
-        raise pytest.UsageError(f"fxverify: --fxverify-random-graph-options {exc}") from None
-    graphs = RandomGraphs(config, options.random_graphs, list(options.transforms), graph_options)
+    graphs = RandomGraphs(config, options.random_graphs, list(options.transforms), options.random_graph_options)
     config.pluginmanager.register(graphs, "fxverify-random-graphs")
     return graphs
 

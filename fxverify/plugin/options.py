@@ -130,7 +130,7 @@ class RunOptions:
     golden_dir: Path | None
     update_golden: bool
     random_graphs: int
-    random_graph_options: str
+    random_graph_options: dict[str, Any]
     repro_dir: Path | None
     json: Path | None
     html: Path | None
@@ -160,7 +160,7 @@ class RunOptions:
             update_golden=update_golden,
             random_graphs=_number("fxverify_random_graphs", raw(config, "fxverify_random_graphs"), int,
                                   "a whole number >= 0", lambda n: n >= 0),
-            random_graph_options=raw(config, "fxverify_random_graph_options") or "",
+            random_graph_options=_graph_options(raw(config, "fxverify_random_graph_options") or ""),
             repro_dir=_path(config, "fxverify_repro_dir"),
             json=_path(config, "fxverify_json"),
             html=_path(config, "fxverify_html"),
@@ -175,6 +175,19 @@ def _number(name: str, value: Any, kind: Callable[[Any], Any], expected: str, va
     if number is None or not valid(number):
         raise _usage(name, f"must be {expected}, got {value!r}")
     return number
+
+
+def _graph_options(text: str) -> dict[str, Any]:
+    """``graph_from_seed`` keywords, checked even when no random graph is asked for (a typo in the ini
+    file shows at once, not on the day someone adds ``--fxverify-random-graphs``)."""
+    if not text.strip():
+        return {}
+    from fxverify.strategies.corpus import parse_graph_options  # imports torch: only for a value given
+
+    try:
+        return parse_graph_options(text)
+    except ValueError as exc:
+        raise _usage("fxverify_random_graph_options", str(exc)) from None
 
 
 def _path(config: pytest.Config, name: str) -> Path | None:

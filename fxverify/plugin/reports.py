@@ -40,7 +40,7 @@ class ReportWriter:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self) -> None:
-        records, head = self.ledger.sorted_records(), header()
+        records, head = self.ledger.sorted_records(), header(self.ledger.random_graphs)
         if self.json_path:
             self.ledger.written.append(write_json(self.json_path, records, head))
         if self.html_path:

@@ -14,7 +14,7 @@ True
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -76,7 +76,8 @@ def render_html(records: Iterable[Record], head: Mapping[str, Any] | None = None
     failures = [r for r in records if r["outcome"] in SHOWN]
     anchors = {id(r): f"failure-{i}" for i, r in enumerate(failures, 1)}
     for transform in dict.fromkeys(r["transform"] for r in records):
-        parts.append(_matrix(transform, [r for r in records if r["transform"] == transform], anchors))
+        parts.append(_matrix(transform, [r for r in records if r["transform"] == transform], anchors,
+                             head.get("random_graphs", ())))
     if failures:
         parts.append("<h2>Failures</h2>")
         if any(r.get(FIGURES) for r in failures):
@@ -101,14 +102,15 @@ def _counts(records: list[Record]) -> str:
     return ", ".join(f"{n} {o}" for o, n in found.items() if n) or "no items"
 
 
-def _matrix(transform: str, records: list[Record], anchors: Mapping[int, str]) -> str:
+def _matrix(transform: str, records: list[Record], anchors: Mapping[int, str], random_graphs: Collection[str]) -> str:
     """One transform's table: a row per model, a column per check, cells linking to failures, and
-    what the transform changed on each model; a warning above it when it rewrote (almost) nothing."""
+    what the transform changed on each model; above it, a warning when it rewrote (almost) nothing
+    and how many of the random graphs it changed, as in the terminal summary."""
     checks = list(dict.fromkeys(r["check"] for r in records))
     cells = {(r["model"], r["check"]): r for r in records}
     changes = {r["model"]: r.get("changed") for r in records if r.get("changed") is not None}
     rows = [f'<h2>transform <code>{escape(transform)}</code></h2>']
-    warning = rewrite_warning(transform, changes)
+    warning = rewrite_warning(transform, changes, random_graphs)
     if warning:
         rows.append(f'<p class="note">{escape(warning)}</p>')
     rows.append(f'<table class="matrix" data-transform="{escape(transform)}"><tr><th>model</th>'

@@ -49,8 +49,9 @@ def record(result: CheckResult, *, duration: float | None = None, nodeid: str | 
     return found
 
 
-def header() -> dict[str, Any]:
-    """Versions of fxverify, Python and the libraries that decide results, and the time (UTC)."""
+def header(random_graphs: Iterable[str] = ()) -> dict[str, Any]:
+    """Versions of fxverify, Python and the libraries that decide results, the time (UTC), and which
+    models are random graphs (``--fxverify-random-graphs``)."""
     versions: dict[str, str | None] = {"python": platform.python_version()}
     for package in ("fxverify", "torch", "torchvision", "timm"):
         try:
@@ -58,7 +59,7 @@ def header() -> dict[str, Any]:
         except importlib.metadata.PackageNotFoundError:
             versions[package] = None
     created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    return {"schema": SCHEMA_VERSION, "created": created, "versions": versions}
+    return {"schema": SCHEMA_VERSION, "created": created, "versions": versions, "random_graphs": sorted(random_graphs)}
 
 
 def json_report(records: Iterable[Mapping[str, Any]], head: Mapping[str, Any] | None = None) -> dict[str, Any]:
