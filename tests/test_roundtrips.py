@@ -155,3 +155,36 @@ def test_train_only_contracts_round_trip_in_train_mode(check):
     result = fxverify.verify(train_only, case, checks=[check])[0]
     assert result.outcome == "passed", result.message  # dropout reseeded per run, so outputs compare
     assert result.details["mode"] == "train"
+
+
+class OptionalMask(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x, mask=None):  # no annotations: to_folder cannot export those of the traced code
+        return self.b(self.a(x)) if mask is None else x * mask
+
+
+def split_in_halves(gm: fx.GraphModule) -> fx.GraphModule:
+    """torch's split_module with a simple callback: the first and the second half of the nodes."""
+    from torch.fx.passes.split_module import split_module
+
+    body = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    half = {node: 2 * i // len(body) for i, node in enumerate(body)}
+    return split_module(gm, gm, lambda node: half[node])
+
+
+def test_a_result_torch_fx_cannot_load_is_failed_with_the_torch_defect_explained_and_the_next_model_traces():
+    """split_module of a trace with mask=None puts torch.fx's `_assert_is_none` call in a submodule:
+    loading it runs torch.fx.wrap('torch.fx._symbolic_trace._assert_is_none'), after which every trace
+    in the process raises KeyError (hiera_tiny_224 under split_module). The original pickles fine
+    alone, so the failure is not skipped as the original's; one trip must not poison the next."""
+    case = fxverify.case_from_module("optional_mask", OptionalMask, [(2, 4)], concrete_args={"mask": None})
+    split = split_in_halves
+    for result in fxverify.verify(split, case, checks=["to_folder", "pickle"]):
+        assert result.outcome == "failed", result.message
+        assert "KeyError: 'torch.fx._symbolic_trace._assert_is_none': a torch.fx defect" in result.finding
+        assert result.finding.endswith("declare serializable=False")
+    assert fxverify.check_pickle(fxverify.examples.identity, case).ok  # the original's own trip is fine
+    assert fxverify.check_lint(split, plain_mlp()).ok  # and tracing works again

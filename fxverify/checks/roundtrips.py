@@ -48,6 +48,7 @@ from fxverify.analysis.compare import compare_trees
 from fxverify.analysis.graph_text import canonical_text
 from fxverify.analysis.module_state import first_line_difference, resolve
 from fxverify.analysis.recording import RecordingInterpreter
+from fxverify.capture.symbolic import forget_unpatchable_wraps, unpatchable_wrap_hint
 from fxverify.engine.results import Finding, Skip, exception_summary
 from fxverify.engine.subject import Subject
 
@@ -90,14 +91,17 @@ def check_interpreter(v: Subject) -> dict[str, Any]:
 
 
 def _round_trip(v: Subject, trip: Trip, *, retraces: bool = False) -> dict[str, Any]:
-    """Run ``trip`` on the result; when it fails, run it on the original to see whose fault it is."""
+    """Run ``trip`` on the result; when it fails, run it on the original to see whose fault it is (each
+    in a process that can trace: a failed trip may leave torch.fx unable to, see ``unpatchable_wrap_hint``)."""
     result = v.applied().result
     if not isinstance(result, fx.GraphModule):
         raise Skip(f"the transform returned a {type(result).__name__}, not a GraphModule: no graph to round-trip")
     try:
+        forget_unpatchable_wraps()
         trip(v, "result")
     except Finding as finding:
         try:
+            forget_unpatchable_wraps()
             trip(v, "original")
         except Finding as also:
             result_too = "" if also.what == finding.what else f" (the result: {finding.what})"
@@ -157,7 +161,8 @@ def _to_folder(v: Subject, which: str) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "saved as pickled files instead": expected for most children
             _step("to_folder()", lambda: module.to_folder(folder, "FxModule"))
-        exported = _step("importing the package that to_folder() wrote", lambda: _import_fresh(folder).FxModule())
+        exported = _step("importing the package that to_folder() wrote", lambda: _import_fresh(folder).FxModule(),
+                         saving=True)
     exported.train(module.training)
     _same_outputs(v, which, exported, "the module exported by to_folder() and imported again computes something else")
 
@@ -169,7 +174,7 @@ def _pickle(v: Subject, which: str) -> None:
     _same_outputs(v, which, copied, "copy.deepcopy computes something else")
     data = _step("pickle.dumps", functools.partial(pickle.dumps, copied))  # not the module: pickling recompiles it
     del copied  # one extra copy of a big model in memory at a time
-    loaded = _step("pickle.loads", functools.partial(pickle.loads, data))  # re-traces the pickled code
+    loaded = _step("pickle.loads", functools.partial(pickle.loads, data), saving=True)  # re-traces the pickled code
     del data
     _same_graph(module, module.graph, loaded, loaded.graph, "the unpickled module has another graph")
     _same_outputs(v, which, loaded, "the unpickled module computes something else")
@@ -191,11 +196,16 @@ def _interpreter(v: Subject, which: str) -> None:
 # -- helpers ---------------------------------------------------------------------------------
 
 
-def _step(what: str, fn: Callable[[], Any]) -> Any:
+def _step(what: str, fn: Callable[[], Any], *, saving: bool = False) -> Any:
     try:
         return fn()
     except Exception as exc:
-        raise Finding(f"{what} raised {exception_summary(exc)}") from None
+        hint = unpatchable_wrap_hint(exc)
+        if hint and saving:
+            hint += ("; loading what was saved runs such code, then traces GraphModules again (submodules saved "
+                     "with torch.save are traced when loaded). The result cannot be saved this way until torch fixes "
+                     "it: if the pass does not promise that, declare serializable=False")
+        raise Finding(f"{what} raised {exception_summary(exc)}" + (f": {hint}" if hint else "")) from None
 
 
 def _same_code(module: fx.GraphModule, other: fx.GraphModule, what: str) -> None:
