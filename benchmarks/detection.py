@@ -1,6 +1,6 @@
 """Detection rate of fxverify over the mutation suite of `tests/mutations.py`.
 
-    python benchmarks/detection.py [--corpus default] [--workers 2] [--only NAME,...] [--catalogue-order]
+    python benchmarks/detection.py [--corpus default] [--workers 2] [--only NAME,...] [--orders fast,catalogue]
 
 Each buggy transform (`BUGGY`) runs as `pytest -x -n WORKERS --fxverify tests.mutations:NAME
 --fxverify-corpus CORPUS`; it is detected when pytest fails a fxverify item (exit 1, or 2 when
@@ -11,14 +11,15 @@ included) until that failure's report reaches the controller; `run s` is the who
 the same way without -x; every failed item is a false positive, except on the models where
 `KNOWN_DEFECTS` records a real, proven defect of that pass (torch's fuse on two layer variants).
 
-The corpus is exactly the one given. Within it, the edge-case modules (milliseconds each,
-written to expose what breaks FX passes) run first and the zoo models after them in catalogue
-order, the same order for every transform, so that a bug that shows on a cheap module is
-reported early; `--catalogue-order` keeps pytest's order (the catalogue's, zoo models first).
-The runs happen in a scratch directory with the repository on PYTHONPATH (so that
+The corpus is exactly the one given, run in each of the orders given (`--fxverify-order`): `fast`,
+fxverify's default (edge-case and layer-variant modules first, then the other models by input
+size, as on a machine without pytest's cache: the runs use `-p no:cacheprovider`, so no history
+helps), and `catalogue`, the order before it (zoo models first). With both, each bug runs twice
+and the totals compare the time to the first failure; correct transforms run once, in the first
+order. The runs happen in a scratch directory with the repository on PYTHONPATH (so that
 `tests.mutations` imports, while pytest does not also collect fxverify's own test suite), and
-this module is loaded into them as a small pytest plugin (`-p benchmarks.detection`) that does
-the reordering and timestamps failures.
+this module is loaded into them as a small pytest plugin (`-p benchmarks.detection`) that
+timestamps failures.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import argparse
 import dataclasses
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,7 +40,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 EVENTS_ENV = "FXVERIFY_DETECTION_EVENTS"
-ORDER_ENV = "FXVERIFY_DETECTION_EDGE_FIRST"
 
 # -- the pytest plugin loaded into each run -----------------------------------------------------
 
@@ -48,17 +49,6 @@ _controller = True
 def pytest_configure(config: Any) -> None:
     global _controller
     _controller = not hasattr(config, "workerinput")
-
-
-def pytest_collection_modifyitems(items: list[Any]) -> None:
-    """Edge-case modules first, then the rest in catalogue order (a stable sort: each model's
-    checks keep their order). Every xdist worker computes the same order."""
-    def edge_case(item: Any) -> bool:
-        case = getattr(item, "case", None)  # fxverify's items carry their ModelCase
-        return case is not None and case.entry.source == "edge"
-
-    if os.environ.get(ORDER_ENV) == "1":
-        items.sort(key=lambda item: not edge_case(item))
 
 
 def pytest_runtest_logreport(report: Any) -> None:
@@ -78,6 +68,7 @@ class Outcome:
 
     name: str
     kind: str  # "bug" or "correct"
+    order: str  # --fxverify-order
     expected: str  # the check that must catch the bug; "-" for correct transforms
     exit_code: int
     failed: list[tuple[str, str]]  # (check, model) of the failed fxverify items, in the order reported
@@ -109,7 +100,7 @@ class Outcome:
         return f"ok (known defects on {', '.join(shown)})" if shown else "ok"
 
 
-def run_pytest(name: str, kind: str, expected: str, corpus: str, workers: int, edge_first: bool,
+def run_pytest(name: str, kind: str, expected: str, corpus: str, workers: int, order: str,
                known: frozenset[str] = frozenset()) -> Outcome:
     """Verify ``tests.mutations:name`` over ``corpus`` in a pytest subprocess (``-x`` for bugs)."""
     from fxverify.plugin.nodeids import parse_nodeid
@@ -117,11 +108,12 @@ def run_pytest(name: str, kind: str, expected: str, corpus: str, workers: int, e
     with tempfile.TemporaryDirectory(prefix="fxverify-detection-") as tmp:
         junit, events = Path(tmp) / "junit.xml", Path(tmp) / "events.jsonl"
         command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-p", "benchmarks.detection",
-                   "--fxverify", f"tests.mutations:{name}", f"--fxverify-corpus={corpus}", f"--junitxml={junit}"]
+                   "--fxverify", f"tests.mutations:{name}", f"--fxverify-corpus={corpus}", f"--fxverify-order={order}",
+                   f"--junitxml={junit}"]
         command += ["-x"] if kind == "bug" else []
         command += ["-n", str(workers)] if workers > 1 else []
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-        env[EVENTS_ENV], env[ORDER_ENV] = str(events), "1" if edge_first else "0"
+        env[EVENTS_ENV] = str(events)
         start = time.time()
         proc = subprocess.run(command, cwd=tmp, env=env, capture_output=True, text=True)
         run_s = time.time() - start
@@ -130,16 +122,27 @@ def run_pytest(name: str, kind: str, expected: str, corpus: str, workers: int, e
     failed = [(parsed[2], parsed[1]) for parsed in (parse_nodeid(e["nodeid"]) for e in reported) if parsed is not None]
     failed_items = len(reported) if suite is None else int(suite.get("failures", 0)) + int(suite.get("errors", 0))
     lines = (proc.stdout.strip() or proc.stderr.strip()).splitlines()
-    return Outcome(name, kind, expected, proc.returncode, failed, failed_items,
+    return Outcome(name, kind, order, expected, proc.returncode, failed, failed_items,
                    reported[0]["time"] - start if reported else None, run_s, lines[-1] if lines else "", known)
 
 
-ROW = "{:40s} {:7s} {:12s} {:38s} {:>12s} {:>6s}  {}"
+ROW = "{:40s} {:7s} {:9s} {:12s} {:38s} {:>12s} {:>6s}  {}"
+GOAL_S = 120.0  # every bug caught within two minutes of starting pytest
 
 
 def print_row(o: Outcome) -> None:
     first_s = "-" if o.first_failure_s is None else f"{o.first_failure_s:.1f}"
-    print(ROW.format(o.name, o.kind, o.expected, o.first, first_s, f"{o.run_s:.0f}", o.verdict), flush=True)
+    print(ROW.format(o.name, o.kind, o.order, o.expected, o.first, first_s, f"{o.run_s:.0f}", o.verdict), flush=True)
+
+
+def print_times(bugs: list[Outcome]) -> None:
+    """Per order: the time to the first failure over the bugs caught (median, max, within the goal)."""
+    for order in dict.fromkeys(o.order for o in bugs):
+        times = sorted(o.first_failure_s for o in bugs if o.order == order and o.first_failure_s is not None)
+        if times:
+            within = sum(t <= GOAL_S for t in times)
+            print(f"order {order:9s}: first failure median {statistics.median(times):.1f} s, max {times[-1]:.1f} s; "
+                  f"{within} of {len(times)} within {GOAL_S:.0f} s")
 
 
 def print_totals(outcomes: list[Outcome]) -> None:
@@ -152,8 +155,9 @@ def print_totals(outcomes: list[Outcome]) -> None:
     errors = [o for o in outcomes if o.verdict.startswith("ERROR")]
     print()
     if bugs:
-        print(f"bugs:    {len(detected)} detected, {len(missed)} missed, of {len(bugs)}; "
+        print(f"bugs:    {len(detected)} detected, {len(missed)} missed, of {len(bugs)} runs; "
               f"first caught by the expected check: {len(expected)} of {len(detected)}")
+        print_times(bugs)
     if correct:
         print(f"correct: {len(correct) - len(positives)} clean, {len(positives)} with false positives "
               f"({sum(len(o.false_positives) for o in positives)} failed items), of {len(correct)}")
@@ -169,8 +173,9 @@ def main() -> None:
     parser.add_argument("--corpus", default="default", help="corpus selection (profiles, names, globs)")
     parser.add_argument("--workers", type=int, default=2, help="pytest-xdist workers (-n); 1 runs in-process")
     parser.add_argument("--only", default="", help="comma-separated transform names (buggy or correct)")
-    parser.add_argument("--catalogue-order", action="store_true", help="do not run the edge-case modules first")
+    parser.add_argument("--orders", default="fast", help="comma-separated --fxverify-order values to run each bug in")
     args = parser.parse_args()
+    orders = [o.strip() for o in args.orders.split(",") if o.strip()]
 
     sys.path.insert(0, str(ROOT))
     from tests.mutations import BUGGY, CORRECT, KNOWN_DEFECTS
@@ -183,15 +188,17 @@ def main() -> None:
         parser.error(f"unknown transforms {unknown}; known: {', '.join(f.__name__ for f, _, _ in planned)}")
     planned = [p for p in planned if not wanted or p[0].__name__ in wanted]
 
-    print(f"corpus {args.corpus}, -n {args.workers}, {'catalogue order' if args.catalogue_order else 'edge cases first'}; "
+    print(f"corpus {args.corpus}, -n {args.workers}, orders {', '.join(orders)}, no pytest cache; "
           "first fail s: pytest start to the first failed item's report")
-    print(ROW.format("transform", "kind", "expected", "first failing check@model", "first fail s", "run s", "verdict"))
+    print(ROW.format("transform", "kind", "order", "expected", "first failing check@model", "first fail s", "run s",
+                     "verdict"))
     outcomes = []
     for transform, kind, expected in planned:
-        outcome = run_pytest(transform.__name__, kind, expected, args.corpus, args.workers, not args.catalogue_order,
-                             frozenset(KNOWN_DEFECTS.get(transform, ())))
-        print_row(outcome)
-        outcomes.append(outcome)
+        for order in orders if kind == "bug" else orders[:1]:
+            outcome = run_pytest(transform.__name__, kind, expected, args.corpus, args.workers, order,
+                                 frozenset(KNOWN_DEFECTS.get(transform, ())))
+            print_row(outcome)
+            outcomes.append(outcome)
     print_totals(outcomes)
 
 

@@ -55,6 +55,7 @@ def pytest_configure(config: pytest.Config) -> None:
     from fxverify.errors import FxVerifyError
     from fxverify.plugin.items import FxVerifyRun
     from fxverify.plugin.ledger import Ledger
+    from fxverify.plugin.order import CACHE_KEY, History, HistoryKeeper
     from fxverify.plugin.reports import ReportWriter
 
     try:
@@ -62,13 +63,19 @@ def pytest_configure(config: pytest.Config) -> None:
     except FxVerifyError as exc:
         raise pytest.UsageError(f"fxverify: {exc}") from None
     entries = selected_entries(options)
-    ledger = Ledger(transforms, options.checks, keep_records=bool(options.json or options.html))
+    ledger = Ledger(transforms, options.checks, keep_records=bool(options.json or options.html),
+                    models=tuple(e.name for e in entries))
     if options.random_graphs:
         graphs = add_random_graphs(config, options)
         entries += graphs.entries
         ledger.random_graphs = frozenset(e.name for e in graphs.entries)
         ledger.observers.append(graphs.reported)
-    config.pluginmanager.register(FxVerifyRun(transforms, [ModelCase(e) for e in entries], options), "fxverify-run")
+    cache = getattr(config, "cache", None)  # None under -p no:cacheprovider: no history
+    history = History.from_cache(cache.get(CACHE_KEY, None)) if cache is not None else History()
+    if options.order == "fast" and cache is not None:
+        config.pluginmanager.register(HistoryKeeper(ledger, cache, history), "fxverify-history")
+    run = FxVerifyRun(transforms, [ModelCase(e) for e in entries], options, history if options.order == "fast" else None)
+    config.pluginmanager.register(run, "fxverify-run")
     config.pluginmanager.register(ledger, "fxverify-ledger")
     if (options.json or options.html) and not hasattr(config, "workerinput"):  # the controller writes them
         config.pluginmanager.register(ReportWriter(ledger, options.json, options.html), "fxverify-reports")

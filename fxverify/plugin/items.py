@@ -24,6 +24,7 @@ from fxverify.errors import CheckFailed
 from fxverify.plugin.ledger import CHANGED, GOLDEN, OUTCOME
 from fxverify.plugin.nodeids import item_name
 from fxverify.plugin.options import RunOptions
+from fxverify.plugin.order import History
 from fxverify.plugin.reports import report_properties
 
 
@@ -35,6 +36,7 @@ class FxVerifyRun:
     transforms: list[Transform]
     cases: list[ModelCase]
     options: RunOptions
+    history: History | None = None  # None: the catalogue's order (see fxverify.plugin.order)
 
     def __post_init__(self) -> None:
         self._verification: tuple[tuple[str, str], Verification] | None = None
@@ -91,8 +93,12 @@ class TransformCollector(pytest.Collector):
 
     def collect(self) -> list[pytest.Item | pytest.Collector]:
         items: list[pytest.Item | pytest.Collector] = []
-        for case in self.run.cases:
-            for check in self.run.options.checks:
+        spec, history, checks = self.transform.spec, self.run.history, self.run.options.checks
+        cases = {case.name: case for case in self.run.cases}
+        if history is not None:
+            cases = {e.name: cases[e.name] for e in history.ordered(spec, [case.entry for case in cases.values()])}
+        for case in cases.values():
+            for check in history.ordered_checks(spec, case.name, checks) if history is not None else checks:
                 item = CheckItem.from_parent(self, name=item_name(case.name, check), case=case, check=check)
                 item.add_marker(pytest.mark.fxverify)
                 for tag in case.entry.tags:

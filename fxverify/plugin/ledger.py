@@ -53,14 +53,19 @@ class Ledger:
     changes: dict[str, dict[str, list[str] | None]] = dataclasses.field(default_factory=lambda: defaultdict(dict))
     golden_updates: dict[str, list[str]] = dataclasses.field(default_factory=lambda: defaultdict(list))
     records: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    seconds: dict[str, dict[str, float]] = dataclasses.field(default_factory=lambda: defaultdict(lambda: defaultdict(float)))
+    models: tuple[str, ...] = ()  # the selected models in catalogue order: the summary's row order
     observers: list[Observer] = dataclasses.field(default_factory=list)
     written: list[Path] = dataclasses.field(default_factory=list)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         parsed = parse_nodeid(report.nodeid)
-        if parsed is None or (report.when != "call" and not (report.failed or report.skipped)):
+        if parsed is None:
             return
         spec, model, check = parsed
+        self.seconds[spec][model] += report.duration  # setup, call and teardown: what the model costs
+        if report.when != "call" and not (report.failed or report.skipped):
+            return
         outcome = item_outcome(report)
         self.outcomes[spec][(model, check)] = outcome
         attached: dict[str, Any] = dict(report.user_properties)
@@ -104,7 +109,8 @@ class Ledger:
             if not outcomes:
                 continue
             changes = self.changes[transform.spec]
-            cells = {key: outcome.short for key, outcome in outcomes.items()}
+            row = {model: i for i, model in enumerate(self.models)}  # catalogue order, whatever order they ran in
+            cells = {key: outcomes[key].short for key in sorted(outcomes, key=lambda key: row.get(key[0], len(row)))}
             terminalreporter.write_line(format_table(transform.spec, transform.contract.describe(), cells,
                                                      list(self.checks), changes))
             warning = rewrite_warning(transform.spec, changes, self.random_graphs)

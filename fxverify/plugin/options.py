@@ -62,6 +62,9 @@ OPTIONS: tuple[Option, ...] = (
            "matrices)"),
     Option("fxverify_checks", "CHECKS", "", f"comma-separated subset of checks: {','.join(NAMES)}",
            shown_default="all"),
+    Option("fxverify_order", "ORDER", "fast", "the order the items run in: 'fast' (what failed last time first, "
+           "then the edge-case and layer-variant modules, then the other models, cheapest first, as the last run "
+           "timed them: pytest's cache) or 'catalogue' (the catalogue's order)"),
     Option("fxverify_timeout", "SECONDS", "300", "seconds a transform may run on one model before its items fail"),
     Option("fxverify_golden_dir", "DIR", "fxverify_golden", "golden files of the golden check: "
            "DIR/<transform>/<model>.golden", PATH),
@@ -126,6 +129,7 @@ class RunOptions:
     tags: str
     shard: str
     checks: tuple[str, ...]
+    order: str
     timeout: float
     golden_dir: Path | None
     update_golden: bool
@@ -154,6 +158,7 @@ class RunOptions:
             tags=raw(config, "fxverify_tags") or "",
             shard=raw(config, "fxverify_shard") or "",
             checks=chosen,
+            order=_choice("fxverify_order", raw(config, "fxverify_order") or "fast", ("fast", "catalogue")),
             timeout=_number("fxverify_timeout", raw(config, "fxverify_timeout"), float, "a number of seconds > 0",
                             lambda n: n > 0),
             golden_dir=_path(config, "fxverify_golden_dir"),
@@ -175,6 +180,12 @@ def _number(name: str, value: Any, kind: Callable[[Any], Any], expected: str, va
     if number is None or not valid(number):
         raise _usage(name, f"must be {expected}, got {value!r}")
     return number
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise _usage(name, f"must be one of {', '.join(allowed)}, got {value!r}")
+    return value
 
 
 def _graph_options(text: str) -> dict[str, Any]:
