@@ -100,11 +100,8 @@ class History:
         """Fold one run of transform ``spec`` in: ``outcomes`` are its (model, check, failed) items,
         ``seconds`` what each model's items took. Items this run did not reach keep their record."""
         kept = self.transforms.setdefault(spec, TransformHistory())
-        ran = {}
-        for model, check, failed in outcomes:
-            ran[(model, check)] = failed
-        still = [item for item in kept.failed if item not in ran]
-        kept.failed = still + [item for item, failed in ran.items() if failed]
+        ran = {(model, check): failed for model, check, failed in outcomes}
+        kept.failed = [item for item in kept.failed if item not in ran] + [item for item, failed in ran.items() if failed]
         kept.seconds.update(seconds)
 
 
