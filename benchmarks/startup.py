@@ -1,6 +1,9 @@
 """Start-up cost of the installed plugin: `pytest --collect-only` in a small
 unrelated project, with fxverify loaded against `-p no:fxverify`, measured
-side by side (alternating runs) in one go. Prints the median difference.
+side by side in pairs (A B A B ..., whole processes) in one go. Prints the median
+wall-time difference and the ratios of wall time and of CPU time (user + system of
+the process and what it waited for): on a noisy machine the CPU ratio is the steadier
+of the two, since another process's load stretches wall time but not CPU time.
 
     python benchmarks/startup.py [--runs 15]
 """
@@ -8,6 +11,7 @@ side by side (alternating runs) in one go. Prints the median difference.
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import subprocess
 import sys
@@ -27,16 +31,30 @@ def main() -> None:
                 "\n".join(f"def test_{j}():\n    assert {j} == {j}\n" for j in range(20))
             )
         base = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
-        timings: dict[str, list[float]] = {"with fxverify": [], "-p no:fxverify": []}
+        wall: dict[str, list[float]] = {"with fxverify": [], "-p no:fxverify": []}
+        cpu: dict[str, list[float]] = {"with fxverify": [], "-p no:fxverify": []}
         for _ in range(args.runs):
             for label, extra in (("with fxverify", []), ("-p no:fxverify", ["-p", "no:fxverify"])):
-                start = time.perf_counter()
+                before, start = _children_cpu(), time.perf_counter()
                 subprocess.run(base + extra, cwd=project, check=True, capture_output=True)
-                timings[label].append(time.perf_counter() - start)
-    with_plugin = statistics.median(timings["with fxverify"])
-    without = statistics.median(timings["-p no:fxverify"])
-    print(f"median collect-only: with fxverify {with_plugin * 1000:.0f} ms, -p no:fxverify {without * 1000:.0f} ms")
-    print(f"difference: {(with_plugin - without) * 1000:+.0f} ms (goal: at most 50 ms); ratio {with_plugin / without:.3f}")
+                wall[label].append(time.perf_counter() - start)
+                cpu[label].append(_children_cpu() - before)
+    with_plugin, without = statistics.median(wall["with fxverify"]), statistics.median(wall["-p no:fxverify"])
+    print(f"median collect-only over {args.runs} pairs: with fxverify {with_plugin * 1000:.0f} ms, "
+          f"-p no:fxverify {without * 1000:.0f} ms")
+    print(f"difference: {(with_plugin - without) * 1000:+.0f} ms (goal: at most 50 ms)")
+    print(f"median of paired ratios: wall {_paired_ratio(wall):.3f}, CPU {_paired_ratio(cpu):.3f}")
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # the finished subprocesses, waited for
+    return usage.ru_utime + usage.ru_stime
+
+
+def _paired_ratio(measured: dict[str, list[float]]) -> float:
+    """The median over the pairs of (with fxverify / without): each pair ran back to back, under
+    the same load."""
+    return statistics.median(a / b for a, b in zip(measured["with fxverify"], measured["-p no:fxverify"]))
 
 
 if __name__ == "__main__":
