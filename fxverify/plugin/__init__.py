@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from fxverify.plugin.options import RunOptions, add_options, raw
+from fxverify.plugin.options import FAST_ORDER, RunOptions, add_options, raw
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -70,12 +70,14 @@ def pytest_configure(config: pytest.Config) -> None:
         entries += graphs.entries
         ledger.random_graphs = frozenset(e.name for e in graphs.entries)
         ledger.observers.append(graphs.reported)
-    cache = getattr(config, "cache", None)  # None under -p no:cacheprovider: no history
-    history = History.from_cache(cache.get(CACHE_KEY, None)) if cache is not None else History()
-    if options.order == "fast" and cache is not None:
-        config.pluginmanager.register(HistoryKeeper(ledger, cache, history), "fxverify-history")
-    run = FxVerifyRun(transforms, [ModelCase(e) for e in entries], options, history if options.order == "fast" else None)
-    config.pluginmanager.register(run, "fxverify-run")
+    history = None  # the catalogue's order
+    if options.order == FAST_ORDER:
+        cache = getattr(config, "cache", None)  # None under -p no:cacheprovider: an order without history
+        history = History.from_cache(cache.get(CACHE_KEY, None)) if cache is not None else History()
+        if cache is not None:
+            config.pluginmanager.register(HistoryKeeper(ledger, cache, history), "fxverify-history")
+    config.pluginmanager.register(FxVerifyRun(transforms, [ModelCase(e) for e in entries], options, history),
+                                  "fxverify-run")
     config.pluginmanager.register(ledger, "fxverify-ledger")
     if (options.json or options.html) and not hasattr(config, "workerinput"):  # the controller writes them
         config.pluginmanager.register(ReportWriter(ledger, options.json, options.html), "fxverify-reports")

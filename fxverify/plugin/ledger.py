@@ -104,12 +104,12 @@ class Ledger:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.outcomes:
             terminalreporter.write_sep("=", "fxverify summary")
+        row = {model: i for i, model in enumerate(self.models)}  # catalogue order, whatever order they ran in
         for transform in self.transforms:
             outcomes = self.outcomes.get(transform.spec)
             if not outcomes:
                 continue
             changes = self.changes[transform.spec]
-            row = {model: i for i, model in enumerate(self.models)}  # catalogue order, whatever order they ran in
             cells = {key: outcomes[key].short for key in sorted(outcomes, key=lambda key: row.get(key[0], len(row)))}
             terminalreporter.write_line(format_table(transform.spec, transform.contract.describe(), cells,
                                                      list(self.checks), changes))

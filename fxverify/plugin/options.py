@@ -22,6 +22,7 @@ import pytest
 from fxverify.checks import NAMES
 
 TEXT, LINES, PATH, FLAG = "text", "lines", "path", "flag"
+FAST_ORDER, CATALOGUE_ORDER = "fast", "catalogue"  # the values of --fxverify-order
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +63,7 @@ OPTIONS: tuple[Option, ...] = (
            "matrices)"),
     Option("fxverify_checks", "CHECKS", "", f"comma-separated subset of checks: {','.join(NAMES)}",
            shown_default="all"),
-    Option("fxverify_order", "ORDER", "fast", "the order the items run in: 'fast' (what failed last time first, "
+    Option("fxverify_order", "ORDER", FAST_ORDER, "the order the items run in: 'fast' (what failed last time first, "
            "then the edge-case and layer-variant modules, then the other models, cheapest first, as the last run "
            "timed them: pytest's cache) or 'catalogue' (the catalogue's order)"),
     Option("fxverify_timeout", "SECONDS", "300", "seconds a transform may run on one model before its items fail"),
@@ -158,7 +159,7 @@ class RunOptions:
             tags=raw(config, "fxverify_tags") or "",
             shard=raw(config, "fxverify_shard") or "",
             checks=chosen,
-            order=_choice("fxverify_order", raw(config, "fxverify_order") or "fast", ("fast", "catalogue")),
+            order=_choice("fxverify_order", raw(config, "fxverify_order") or FAST_ORDER, (FAST_ORDER, CATALOGUE_ORDER)),
             timeout=_number("fxverify_timeout", raw(config, "fxverify_timeout"), float, "a number of seconds > 0",
                             lambda n: n > 0),
             golden_dir=_path(config, "fxverify_golden_dir"),
