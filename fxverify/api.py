@@ -25,6 +25,7 @@ from fxverify.cases.case import ModelCase, load_case
 from fxverify.checks._digest_server import CrossProcessDigests
 from fxverify.diagnose.minimise import DEFAULT_BUDGET, Minimised, minimise_failure
 from fxverify.diagnose.repro import ReproOnFailure
+from fxverify.engine.references import ReferenceStore
 from fxverify.engine.results import CheckResult
 from fxverify.engine.runner import Runner
 from fxverify.engine.subject import DEFAULT_TIMEOUT, Settings, Subject
@@ -44,7 +45,8 @@ class Verification(Runner):
     ``golden_dir`` and ``update_golden`` are the golden check's folder and mode; with ``repro_dir``,
     a failing numerics check is minimised and written there as a standalone repro
     (:class:`fxverify.diagnose.repro.ReproOnFailure`); ``capture`` says how the model becomes a
-    graph (default: the case's own, see :mod:`fxverify.capture`).
+    graph (default: the case's own, see :mod:`fxverify.capture`); ``references`` keeps the
+    original's outputs for other transforms and later runs (:class:`ReferenceStore`).
 
     >>> import fxverify
     >>> v = Verification(fxverify.examples.identity, "edge_conv_bn_head")
@@ -55,9 +57,9 @@ class Verification(Runner):
     def __init__(self, transform: TransformLike, case: CaseLike, *, timeout: float | None = DEFAULT_TIMEOUT,
                  cross_process: Callable[[str], str] | None = None, golden_dir: str | os.PathLike[str] | None = None,
                  update_golden: bool = False, repro_dir: str | os.PathLike[str] | None = None,
-                 capture: Capture | None = None) -> None:
+                 capture: Capture | None = None, references: ReferenceStore | None = None) -> None:
         super().__init__(transform, case, timeout=timeout, capture=capture,
-                         settings=Settings(cross_process, golden_dir, update_golden),
+                         settings=Settings(cross_process, golden_dir, update_golden, references),
                          after_failure=[ReproOnFailure(repro_dir)] if repro_dir else [])
 
 

@@ -15,11 +15,11 @@ PACKAGE = Path(__file__).resolve().parent.parent / "fxverify"
 LAYERS: list[tuple[str, ...]] = [
     ("fxverify.errors",),
     ("fxverify.analysis", "fxverify.golden"),
-    ("fxverify.engine.contracts", "fxverify.engine.transform", "fxverify.engine.results"),
+    ("fxverify.engine.contracts", "fxverify.engine.transform", "fxverify.engine.results", "fxverify.engine.memory"),
     ("fxverify.capture",),
     ("fxverify.cases",),
     ("fxverify.strategies",),
-    ("fxverify.engine.subject",),
+    ("fxverify.engine.references", "fxverify.engine.subject"),
     ("fxverify.checks",),
     ("fxverify.engine.runner",),
     ("fxverify.diagnose",),

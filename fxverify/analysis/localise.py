@@ -25,6 +25,7 @@ the original's nodes the transform removed before it: %_0 (call_module 0)
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import operator
 import re
@@ -41,6 +42,7 @@ from fxverify.analysis.node_map import Match, correspondence, kept_nodes
 from fxverify.analysis.recording import RecordingInterpreter
 
 MAX_CHANGED_SHOWN = 5
+AHEAD_BYTES = 128 * 2**20  # how far the original's recorded values may run ahead of the result's comparisons
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,25 +129,131 @@ def localise(
     strict = kept_nodes(original, result, matches)
     pairs = kept_nodes(original, result, matches, strict=False)
     with torch.no_grad():
-        expected_recorder = RecordingInterpreter(original, {old.name for old, _ in pairs})
-        expected = expected_recorder.run(*inputs)
-        recorder = RecordingInterpreter(result, {new.name for _, new in pairs})
-        actual = guard(lambda: recorder.run(*inputs))
-    outputs = compare_trees(actual, expected, tolerance=tolerance)
+        expected_run = _SteppedRun(original, inputs, {old.name for old, _ in pairs})
+        differing = _FirstDifferences(pairs, {new for _, new in strict}, expected_run, tolerance)
+        actual_run = _SteppedRun(result, inputs, {new.name for _, new in pairs}, observe=differing)
+        needs = {new: old.name for old, new in pairs}
+
+        def waits(node: fx.Node) -> bool:  # the result is to compare a node the original has not run yet
+            return node in needs and needs[node] not in expected_run.ran
+
+        while guard(lambda: actual_run.advance(waits)):  # the result's own exceptions are findings
+            assert actual_run.waiting is not None  # it stopped before this node
+            expected_run.run_past(needs[actual_run.waiting])
+        expected_run.advance(lambda _: False)
+    outputs = compare_trees(actual_run.returned, expected_run.returned, tolerance=tolerance)
     if outputs is None:  # outputs agree: only a node known to compute the same value may fail the check
         pairs = strict
     kept = {new for _, new in pairs} | set(result.graph.find_nodes(op="placeholder"))
-    for old, new in pairs:
-        found = compare_trees(recorder.values.get(new.name), expected_recorder.values.get(old.name),
-                              tolerance=tolerance, root=f"%{new.name}")
-        if found is not None:
-            kept_originals = {o for o, _ in pairs} | set(original.graph.find_nodes(op="placeholder"))
-            divergence = Divergence(new, matches[new], found, code_line(result, new),
-                                    recorder.values.get(new.name), changed_upstream(new, kept),
-                                    removed=removed_upstream(old, {m.original for m in matches.values()}, kept_originals))
-            return Localisation(outputs, divergence, len(pairs))
+    first = differing.first[outputs is None]
+    if first is not None:
+        _, old, new, found, value = first
+        kept_originals = {o for o, _ in pairs} | set(original.graph.find_nodes(op="placeholder"))
+        divergence = Divergence(new, matches[new], found, code_line(result, new), value, changed_upstream(new, kept),
+                                removed=removed_upstream(old, {m.original for m in matches.values()}, kept_originals))
+        return Localisation(outputs, divergence, len(pairs))
     changed = changed_upstream(next(iter(result.graph.find_nodes(op="output"))), kept)
     return Localisation(outputs, None, len(pairs), describe_nodes(result.graph, changed))
+
+
+def _bytes(value: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor))
+
+
+class _Paused(Exception):
+    """Stops a :class:`_SteppedRun` before a node; never leaves it."""
+
+
+class _SteppedRun(RecordingInterpreter):
+    """A run of a GraphModule on ``inputs`` in stretches, each node run once: :meth:`advance` runs on
+    until ``stops(node)`` holds for the next node, keeping the live values for the next stretch. The
+    original and the result advance in turn, so that the original's recorded values are compared
+    and dropped as the result reaches them: the original runs up to :data:`AHEAD_BYTES` of recorded
+    values ahead (fewer, longer stretches), beyond that only as far as the result waits for."""
+
+    def __init__(self, module: fx.GraphModule, inputs: tuple[Any, ...], record: set[str], *,
+                 observe: Callable[[fx.Node, Any], None] | None = None) -> None:
+        super().__init__(module, record, observe=observe)
+        self.inputs = inputs
+        self._inputs_left = iter(self.graph.process_inputs(*inputs))  # placeholders take them across stretches
+        self.ran: set[str] = set()
+        self.held = 0  # bytes of the recorded values still kept
+        self.waiting: fx.Node | None = None  # the node it stopped before
+        self.returned: Any = None  # (not `output`: that is the Interpreter's method for output nodes)
+        self.finished = False
+        self._live: dict[fx.Node, Any] | None = None
+        self._stops: Callable[[fx.Node], bool] = lambda _: False
+
+    def run_node(self, n: fx.Node) -> Any:
+        if self._stops(n):
+            self.waiting = n
+            raise _Paused
+        value = super().run_node(n)
+        self.ran.add(n.name)
+        if n.name in self.values:
+            self.held += _bytes(self.values[n.name])
+        return value
+
+    def run_past(self, name: str) -> None:
+        """Advance until node ``name`` has run, and on while its recorded values are within :data:`AHEAD_BYTES`."""
+        self.advance(lambda _: name in self.ran and self.held > AHEAD_BYTES)
+
+    def placeholder(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        self.args_iter = self._inputs_left  # run() starts each stretch at the first input
+        return super().placeholder(target, args, kwargs)
+
+    def take(self, name: str) -> Any:
+        """The value recorded for ``name``, no longer kept."""
+        value = self.values.pop(name)
+        self.held -= _bytes(value)
+        return value
+
+    def advance(self, stops: Callable[[fx.Node], bool]) -> bool:
+        """Run on until ``stops`` holds for the next node (True; ``waiting`` is that node) or to the
+        end (False; ``returned`` is what the module returned)."""
+        if self.finished:
+            return False
+        self._stops = stops
+        try:
+            self.returned = self.run(*self.inputs, initial_env=self._live)
+        except _Paused:
+            # every node before the one waiting has run: the live ones keep their values, the others
+            # stand in the environment as done (None), so the next stretch starts at the waiting node
+            self._live = {node: self.env.get(node) for node in self.graph.nodes if node.name in self.ran}
+            return True
+        self._live, self.finished = None, True
+        return False
+
+
+class _FirstDifferences:
+    """Compares each kept node of the result with the original's recorded value as the result runs,
+    dropping each recorded value once its last pair is compared, and keeps the first difference in
+    the pairs' order: ``first[False]`` among all ``pairs``, ``first[True]`` among the ``strict`` ones
+    (nodes known to compute the same value). Only the first differences' values are copied, so a
+    model's every activation is held once (the original's), not twice."""
+
+    def __init__(self, pairs: list[tuple[fx.Node, fx.Node]], strict: set[fx.Node], recorded: _SteppedRun,
+                 tolerance: Tolerance) -> None:
+        self.order = {new: (index, old) for index, (old, new) in enumerate(pairs)}
+        self.uses = collections.Counter(old.name for old, _ in pairs)
+        self.strict, self.recorded, self.tolerance = strict, recorded, tolerance
+        self.first: dict[bool, tuple[int, fx.Node, fx.Node, Mismatch, Any] | None] = {False: None, True: None}
+
+    def __call__(self, new: fx.Node, value: Any) -> None:
+        index, old = self.order[new]
+        self.uses[old.name] -= 1
+        expected = self.recorded.values[old.name] if self.uses[old.name] else self.recorded.take(old.name)
+        value = pytree.tree_map_only(torch.Tensor, lambda t: t, value)  # containers as recorded (a Size: a tuple)
+        found = compare_trees(value, expected, tolerance=self.tolerance, root=f"%{new.name}")
+        if found is None:
+            return
+        copied = None
+        for among in (False, True) if new in self.strict else (False,):
+            earlier = self.first[among]
+            if earlier is None or index < earlier[0]:
+                if copied is None:  # later in-place ops must not change it
+                    copied = pytree.tree_map_only(torch.Tensor, lambda t: t.detach().clone(), value)
+                self.first[among] = (index, old, new, found, copied)
 
 
 def localise_gradients(

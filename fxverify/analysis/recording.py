@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Set
+from collections.abc import Callable, Set
 from typing import Any
 
 import torch
@@ -15,7 +15,9 @@ class RecordingInterpreter(fx.Interpreter):
     """Runs a GraphModule and keeps a copy of each recorded node's value;
     ``current`` is the node being run (the culprit when a run raises). With
     ``retain_grad``, the live values are kept instead, with their ``.grad`` retained,
-    so a backward pass fills in each recorded node's gradient.
+    so a backward pass fills in each recorded node's gradient. With ``observe``, nothing
+    is kept: it is called with each recorded node and its value as the node runs (a
+    comparison that needs no copy of every value at once).
 
     >>> gm = fx.symbolic_trace(torch.nn.Sequential(torch.nn.ReLU()))
     >>> rec = RecordingInterpreter(gm, {"_0"})
@@ -28,10 +30,12 @@ class RecordingInterpreter(fx.Interpreter):
     tensor([1., 1.])
     """
 
-    def __init__(self, module: fx.GraphModule, record: Set[str] = frozenset(), *, retain_grad: bool = False) -> None:
+    def __init__(self, module: fx.GraphModule, record: Set[str] = frozenset(), *, retain_grad: bool = False,
+                 observe: Callable[[fx.Node, Any], None] | None = None) -> None:
         super().__init__(module)
         self.record = record
         self.retain_grad = retain_grad
+        self.observe = observe
         self.values: dict[str, Any] = {}
         self.current: fx.Node | None = None
 
@@ -44,7 +48,9 @@ class RecordingInterpreter(fx.Interpreter):
     def run_node(self, n: fx.Node) -> Any:
         self.current = n
         value = super().run_node(n)
-        if n.name in self.record and self.retain_grad:
+        if n.name in self.record and self.observe is not None:
+            self.observe(n, value)
+        elif n.name in self.record and self.retain_grad:
             for t in pytree.tree_leaves(value):
                 if isinstance(t, torch.Tensor) and t.requires_grad:
                     t.retain_grad()

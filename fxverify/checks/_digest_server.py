@@ -34,6 +34,7 @@ from typing import IO
 from fxverify.capture import Capture
 from fxverify.cases.case import ModelCase
 from fxverify.checks.determinism import digest
+from fxverify.engine.memory import release_memory
 from fxverify.engine.results import CaptureFailed, Skip, exception_summary
 from fxverify.engine.subject import Subject
 from fxverify.engine.transform import Transform
@@ -200,6 +201,8 @@ def _serve(spec: str, timeout: float) -> None:
             answer = f"error: {exc if isinstance(exc, CaptureFailed) else exception_summary(exc)}"
         protocol.write(json.dumps([entry.name, answer]) + "\n")
         protocol.flush()
+        del subject
+        release_memory()
 
 
 if __name__ == "__main__":

@@ -30,19 +30,22 @@ def check(v: Subject) -> dict[str, Any]:
     compared = _surviving_parameters(v, [f for f in applied.fates if f.is_parameter])
     if v.float64_skip is not None:
         raise Skip(f"gradients are compared in float64, and {v.float64_skip}")
-    original, result = v.module("original", torch.float64), v.module("result", torch.float64)
     config = v.primary
     where = f"{config.describe()}, float64, {applied.mode} mode, loss = sum(outputs * fixed random weights)"
     try:
-        expected = _gradients(original, config.make(v.case.seed, dtype=torch.float64), v.case.seed,
-                              {name: name for name in compared})
+        expected = _gradients(v.module("original", torch.float64), config.make(v.case.seed, dtype=torch.float64),
+                              v.case.seed, {name: name for name in compared}, applied.mode == "train")
     except Exception as exc:  # e.g. an op without a derivative (floor_divide), or an in-place op on a saved value
         raise Skip(f"backward through the original raised {exception_summary(exc)}: there are no gradients to "
                    "compare the result's with") from None
+    finally:
+        v.release_original_copy(torch.float64)  # its gradients are kept; the result's need the room
     if expected is None:
         raise Skip("the original's outputs do not depend differentiably on its inputs or parameters")
+    result = v.module("result", torch.float64)
     try:
-        actual = _gradients(result, config.make(v.case.seed, dtype=torch.float64), v.case.seed, compared)
+        actual = _gradients(result, config.make(v.case.seed, dtype=torch.float64), v.case.seed, compared,
+                            applied.mode == "train")
     except Exception as exc:
         raise Finding(f"backward through the result raised {exception_summary(exc)}", input=where) from None
     if actual is None:
@@ -53,7 +56,8 @@ def check(v: Subject) -> dict[str, Any]:
         found = compare_values(actual.get(name), grad, path=f"grad of {name}", tolerance=v.float64_tolerance)
         if found is not None:
             finding = Finding(f"gradients differ: {found.describe()}", input=where, where=found.path)
-            _localise_into(v, finding, original, result, config.make(v.case.seed, dtype=torch.float64))
+            _localise_into(v, finding, v.module("original", torch.float64), result,
+                           config.make(v.case.seed, dtype=torch.float64))
             raise finding
     moved = [f.describe() for f in applied.fates if f.kind == MOVED]
     return {"inputs_and_parameters_compared": len(expected), "moved": moved}
@@ -106,11 +110,13 @@ def _loss(outputs: Any, seed: int) -> torch.Tensor:
     return sum(weighted)  # type: ignore[return-value]
 
 
-def _gradients(module: nn.Module, inputs: tuple[torch.Tensor, ...], seed: int,
-               params: dict[str, str]) -> dict[str, torch.Tensor] | None:
+def _gradients(module: nn.Module, inputs: tuple[torch.Tensor, ...], seed: int, params: dict[str, str],
+               training: bool) -> dict[str, torch.Tensor] | None:
     """Gradients of the loss w.r.t. the floating inputs and ``params`` (label -> name in ``module``),
-    labelled ``input 0`` and ``parameter '<label>'``; None when no output requires grad."""
+    labelled ``input 0`` and ``parameter '<label>'``, with ``module`` in train mode or not; None when
+    no output requires grad."""
     inputs = tuple(t.requires_grad_(True) if t.is_floating_point() else t for t in inputs)
+    module.train(training)  # also a fresh start for caches made by earlier runs under no_grad (timm's attention biases)
     module.zero_grad(set_to_none=True)
     outputs = module(*inputs)
     if not differentiable(outputs):

@@ -49,7 +49,7 @@ def check(v: Subject) -> dict[str, Any]:
             tolerance=v.tolerance,
             fp64_expected=None if v.float64_problem else functools.partial(v.outputs, "original", config, torch.float64),
             fp64_allowance=_rounding_allowance(v, config),
-            other_expected=functools.partial(_on_other_threads, v, config),
+            other_expected=functools.partial(v.outputs, "original", config, threads=_other_threads()),
         )
         if found is not None:
             finding = _finding(found, f"{config.describe()}, float32, {v.contract.primary_mode} mode")
@@ -76,10 +76,12 @@ def check(v: Subject) -> dict[str, Any]:
                           max_abs=found.max_abs if found else None, max_rel=found.max_rel if found else None)
         _localise_into(finding, located)
         raise finding
+    v.release_original_copy(torch.float64)  # the train stage makes its own references; gradients remakes it
     modes = [m for m in v.contract.modes if m != v.contract.primary_mode]
     try:
-        trained = [_compare_other_mode(v, mode) for mode in modes]
-        switched = _compare_switched_modes(v, trained[0]) if modes else []
+        switched = []
+        for mode in modes:
+            switched += _compare_switched_modes(v, mode, _compare_other_mode(v, mode))
     except Finding as finding:
         finding.mode = modes[0]
         raise
@@ -114,17 +116,11 @@ def _float32_localisation(v: Subject) -> Localisation:
     return localise(v.module("original"), v.module("result"), inputs, v.tolerance, guard=lambda run: _run(run, where))
 
 
-def _on_other_threads(v: Subject, config: InputConfig) -> Any:
-    """The original's float32 outputs on ``config`` with torch on another number of threads (1, or 2
-    when it runs on 1, as under pytest-xdist): torch then picks other kernels (oneDNN another
-    convolution algorithm), whose float32 error is as legitimate and can be several times larger."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2 if threads == 1 else 1)
-    try:
-        with torch.no_grad():
-            return v.module("original")(*config.make(v.case.seed))
-    finally:
-        torch.set_num_threads(threads)
+def _other_threads() -> int:
+    """Another number of torch threads than now (1, or 2 when it runs on 1, as under pytest-xdist):
+    torch then picks other kernels (oneDNN another convolution algorithm), whose float32 error on
+    the original is as legitimate and can be several times larger."""
+    return 2 if torch.get_num_threads() == 1 else 1
 
 
 def _rounding_allowance(v: Subject, config: InputConfig) -> Callable[[], list[float]] | None:
@@ -186,10 +182,10 @@ def _localise_into(finding: Finding, located: Localisation, note: str = " [float
         finding.node = NO_KEPT_NODE_DIVERGED
 
 
-def _compare_other_mode(v: Subject, mode: str) -> tuple[fx.GraphModule, nn.Module] | None:
-    """Trace, transform and run in ``mode`` (train): outputs and buffers after one step. Returns
-    copies of the trace and the result made before they ran, for the switched-mode comparison
-    (None when the result cannot be copied: lint reports that)."""
+def _compare_other_mode(v: Subject, mode: str) -> tuple[fx.GraphModule, nn.Module]:
+    """Trace, transform and run in ``mode`` (train): outputs and buffers after one step. Returns the
+    trace and the result after that step (their buffers agree, or this raised), for the switched-mode
+    comparison."""
     original = v.capture_fresh(mode)
     try:
         result = v.transformed_fresh(mode)
@@ -198,33 +194,37 @@ def _compare_other_mode(v: Subject, mode: str) -> tuple[fx.GraphModule, nn.Modul
                       f"(modes={'+'.join(v.contract.modes)}); if it is meant for {v.contract.primary_mode} mode only, "
                       f"declare @fxverify.contract(modes=({v.contract.primary_mode!r},)):\n{exc}",
                       input=f"the model traced in {mode} mode") from None
-    try:
-        unrun = (copy.deepcopy(original), copy.deepcopy(result))
-    except Exception:
-        unrun = None
     _compare_runs(v, original, result, f"{mode} mode (RNG reseeded per run)")
-    return unrun
+    v.collect_garbage()  # the float64 reference of that run
+    return original, result
 
 
-def _compare_switched_modes(v: Subject, trained: tuple[fx.GraphModule, nn.Module] | None) -> list[str]:
+def _compare_switched_modes(v: Subject, other: str, trained: tuple[fx.GraphModule, nn.Module]) -> list[str]:
     """The result transformed in one mode and switched to the other must behave like the original
     trace switched the same way: a transform that reads ``module.training`` when it runs and writes
     it into the graph (``F.dropout(x, p, training=False)``) breaks the ``.train()`` / ``.eval()``
     switch every training loop makes. Comparing with the switched trace leaves out what tracing
-    itself bakes in (``if self.training:`` in a module traced through)."""
+    itself bakes in (``if self.training:`` in a module traced through).
+
+    ``trained`` is the pair :func:`_compare_other_mode` ran a step in ``other`` mode; the pair
+    transformed in the primary mode is copied from the subject's, whose modules must not run in
+    another mode. One pair is alive at a time (each is a whole model, twice)."""
     applied = v.applied()
-    pairs = [("eval", "train", applied.original, applied.result)]
-    if trained is not None:
-        pairs.append(("train", "eval", *trained))
     done = []
-    for source, target, original, result in pairs:
-        try:
-            result = copy.deepcopy(result)
-        except Exception:  # lint reports a result that cannot be copied
-            continue
-        switched = (copy.deepcopy(original).train(target == "train"), result.train(target == "train"))
-        _compare_runs(v, *switched, f"transformed in {source} mode, then switched to {target} mode with "
-                                    f".{target}() (RNG reseeded per run)", switched_from=source)
+    for source, target in ((other, applied.mode), (applied.mode, other)):
+        if source == other:
+            pair, trained = trained, None  # type: ignore[assignment]  # let the trained pair go once switched
+        else:
+            try:
+                pair = (copy.deepcopy(applied.original), copy.deepcopy(applied.result))
+            except Exception:  # lint reports a result that cannot be copied
+                continue
+        original, result = (m.train(target == "train") for m in pair)
+        del pair
+        _compare_runs(v, original, result, f"transformed in {source} mode, then switched to {target} mode with "
+                                           f".{target}() (RNG reseeded per run)", switched_from=source)
+        del original, result
+        v.collect_garbage()
         done.append(f"{source}->{target}")
     return done
 

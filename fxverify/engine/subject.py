@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import gc
 import os
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar, overload
@@ -28,11 +29,13 @@ from fxverify.capture import Capture
 from fxverify.cases.case import ModelCase, load_case
 from fxverify.cases.inputs import InputConfig
 from fxverify.engine.contracts import Contract
+from fxverify.engine.references import ReferenceStore
 from fxverify.engine.results import CaptureFailed, ModuleRaised
 from fxverify.engine.transform import Transform, as_transform
 from fxverify.errors import CopyFailed, TransformFailed
 
 DEFAULT_TIMEOUT = 300.0
+LARGE_MODEL_BYTES = 64 * 2**20  # a model whose dropped copies are worth a collection
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
@@ -66,11 +69,13 @@ class Applied:
 class Settings:
     """What single checks need beyond the subject: ``cross_process`` supplies digests of the
     result computed in another process (the determinism check, :mod:`fxverify.checks._digest_server`);
-    ``golden_dir`` and ``update_golden`` are the golden check's folder and mode."""
+    ``golden_dir`` and ``update_golden`` are the golden check's folder and mode; ``references`` keeps
+    the original's outputs between transforms and runs (:mod:`fxverify.engine.references`)."""
 
     cross_process: Callable[[str], str] | None = None
     golden_dir: str | os.PathLike[str] | None = None
     update_golden: bool = False
+    references: ReferenceStore | None = None
 
 
 class Subject:
@@ -86,7 +91,7 @@ class Subject:
         self.timeout = timeout
         self.settings = settings
         self._applied: dict[str, Applied | TransformFailed] = {}
-        self._outputs: dict[tuple[str, str, str], Any] = {}
+        self._outputs: dict[tuple[str, str, str, str], Any] = {}
         self._float64: dict[str, nn.Module] = {}
         self._float64_exact = True
         self.float64_fallback: str | None = None  # why the transform could not be applied to a float64 copy
@@ -214,24 +219,43 @@ class Subject:
         return None
 
     # -- running modules -----------------------------------------------------
-    def outputs(self, which: str, config: InputConfig | None = None, dtype: torch.dtype | None = None) -> Any:
+    def outputs(self, which: str, config: InputConfig | None = None, dtype: torch.dtype | None = None, *,
+                threads: int | None = None) -> Any:
         """Eval-time outputs of the ``original`` or ``result`` module on ``config`` (cached), as built
-        (inputs in their own dtypes, float32 for the corpus), or with every float in ``dtype``."""
+        (inputs in their own dtypes, float32 for the corpus), or with every float in ``dtype``; with
+        torch on ``threads`` threads (default: as it is). The original's come from the settings'
+        reference store when it has them (see :mod:`fxverify.engine.references`)."""
         config = config or self.primary
-        key = (which, config.name, str(dtype))
+        key = (which, config.name, str(dtype), str(threads))
         if key not in self._outputs:
-            self.applied()  # a transform that fails is its own finding, not a module that raised
-            try:
-                module = self.module(which, dtype)
-                with torch.no_grad():
-                    self._outputs[key] = module(*config.make(self.case.seed, dtype=dtype))
-            except Exception as exc:
-                where = f"{config.describe()}, {str(dtype or 'float32').removeprefix('torch.')}, {self.applied().mode} mode"
-                self._outputs[key] = ModuleRaised(which, exc, where)
+            mode = self.applied().mode  # a transform that fails is its own finding, not a module that raised
+            store = self.settings.references
+            stored = None if store is None or which != "original" or mode != "eval" else \
+                store.key(self.case, self.capture, config, dtype, mode, threads=threads)
+            found = store.load(stored) if store is not None else None
+            if found is None:
+                found = self._run(which, config, dtype, threads)
+                if store is not None and not isinstance(found, ModuleRaised):
+                    store.save(stored, found)
+            self._outputs[key] = found
         found = self._outputs[key]
         if isinstance(found, ModuleRaised):
             raise found
         return found
+
+    def _run(self, which: str, config: InputConfig, dtype: torch.dtype | None, threads: int | None) -> Any:
+        """What :meth:`outputs` computes: the outputs, or the :class:`ModuleRaised` of the module."""
+        now = torch.get_num_threads()
+        try:
+            module = self.module(which, dtype)
+            torch.set_num_threads(threads or now)
+            with torch.no_grad():
+                return module(*config.make(self.case.seed, dtype=dtype))
+        except Exception as exc:
+            where = f"{config.describe()}, {str(dtype or 'float32').removeprefix('torch.')}, {self.applied().mode} mode"
+            return ModuleRaised(which, exc, where)
+        finally:
+            torch.set_num_threads(now)
 
     @overload
     def module(self, which: Literal["original"], dtype: torch.dtype | None = None) -> fx.GraphModule: ...
@@ -255,6 +279,30 @@ class Subject:
             else:
                 self._float64[key] = self.convert(which, module, dtype=dtype)
         return self._float64[key]
+
+    def release_original_copy(self, dtype: torch.dtype) -> None:
+        """Forget the ``dtype`` copy of the original (:meth:`module` makes it again when asked), so that
+        a stage done with it leaves its memory to the next one. The result's copy stays: for a fusion it
+        is the transform applied again, which need not give the same result twice."""
+        if self._float64.pop(f"original-{dtype}", None) is not None:
+            self.collect_garbage()
+
+    @property
+    def model_bytes(self) -> int:
+        """The bytes of the original's parameters and buffers (what each whole copy of it costs); 0
+        before anything was captured, or when nothing could be."""
+        for applied in self._applied.values():
+            if isinstance(applied, Applied):
+                tensors = (*applied.original.parameters(), *applied.original.buffers())
+                return sum(t.numel() * t.element_size() for t in tensors)
+        return 0
+
+    def collect_garbage(self) -> None:
+        """Collect reference cycles now when the model is large (:data:`LARGE_MODEL_BYTES`): the
+        fresh traces, copies and results a check dropped hold whole copies of its tensors until
+        Python's cycle collector runs (see :mod:`fxverify.engine.memory`)."""
+        if self.model_bytes >= LARGE_MODEL_BYTES:
+            gc.collect()
 
     def convert(self, which: str, module: ModuleT, *, dtype: torch.dtype | None = None,
                 device: str | None = None) -> ModuleT:

@@ -51,6 +51,7 @@ def pytest_configure(config: pytest.Config) -> None:
     options = RunOptions.from_config(config)
     # the work is done by modules that import torch: only now that fxverify is in use
     from fxverify.cases.case import ModelCase
+    from fxverify.engine.references import REFERENCES_DIR, ReferenceStore
     from fxverify.engine.transform import Transform
     from fxverify.errors import FxVerifyError
     from fxverify.plugin.items import FxVerifyRun
@@ -71,13 +72,14 @@ def pytest_configure(config: pytest.Config) -> None:
         ledger.random_graphs = frozenset(e.name for e in graphs.entries)
         ledger.observers.append(graphs.reported)
     history = None  # the catalogue's order
+    cache = getattr(config, "cache", None)  # None under -p no:cacheprovider: no history, no kept references
     if options.order == FAST_ORDER:
-        cache = getattr(config, "cache", None)  # None under -p no:cacheprovider: an order without history
         history = History.from_cache(cache.get(CACHE_KEY, None)) if cache is not None else History()
         if cache is not None:
             config.pluginmanager.register(HistoryKeeper(ledger, cache, history), "fxverify-history")
-    config.pluginmanager.register(FxVerifyRun(transforms, [ModelCase(e) for e in entries], options, history),
-                                  "fxverify-run")
+    references = ReferenceStore(cache.mkdir(REFERENCES_DIR)) if cache is not None and options.reference_cache else None
+    config.pluginmanager.register(FxVerifyRun(transforms, [ModelCase(e) for e in entries], options, history,
+                                              references), "fxverify-run")
     config.pluginmanager.register(ledger, "fxverify-ledger")
     if (options.json or options.html) and not hasattr(config, "workerinput"):  # the controller writes them
         config.pluginmanager.register(ReportWriter(ledger, options.json, options.html), "fxverify-reports")

@@ -10,7 +10,6 @@ scheduled together on one worker (:mod:`fxverify.plugin.xdist`).
 from __future__ import annotations
 
 import dataclasses
-import gc
 from typing import Any
 
 import pytest
@@ -18,6 +17,8 @@ import pytest
 from fxverify.api import Verification
 from fxverify.cases.case import ModelCase
 from fxverify.checks._digest_server import CrossProcessDigests
+from fxverify.engine.memory import release_memory
+from fxverify.engine.references import ReferenceStore
 from fxverify.engine.results import ERROR, FAILED, SKIPPED, XFAILED
 from fxverify.engine.transform import Transform
 from fxverify.errors import CheckFailed
@@ -37,6 +38,7 @@ class FxVerifyRun:
     cases: list[ModelCase]
     options: RunOptions
     history: History | None = None  # None: the catalogue's order (see fxverify.plugin.order)
+    references: ReferenceStore | None = None  # None: the original's outputs are computed for each transform
 
     def __post_init__(self) -> None:
         self._verification: tuple[tuple[str, str], Verification] | None = None
@@ -49,14 +51,14 @@ class FxVerifyRun:
         """The shared Verification of (transform, case); only the latest is kept in memory."""
         key = (transform.spec, case.name)
         if self._verification is None or self._verification[0] != key:
-            self._verification = None  # release the previous model before building the next;
-            gc.collect()  # GraphModules hold reference cycles: without this, big models pile up
+            self._verification = None  # release the previous model before building the next
+            release_memory()
             digests = self._digests[transform.spec]
             if (transform.spec, case.name) in self._digest_wanted:
                 digests.request(case.name)  # the server works on it while the other checks run
             o = self.options
             v = Verification(transform, case, timeout=o.timeout, cross_process=digests, golden_dir=o.golden_dir,
-                             update_golden=o.update_golden, repro_dir=o.repro_dir)
+                             update_golden=o.update_golden, repro_dir=o.repro_dir, references=self.references)
             self._verification = (key, v)
         return self._verification[1]
 
@@ -124,6 +126,7 @@ class CheckItem(pytest.Item):
         run = self.parent.run
         v = run.verification(self.transform, self.case)
         result = v.run(self.check)
+        v.subject.collect_garbage()  # what the check made and dropped, before the next check makes more
         try:
             changes = None if self.case.entry.xfail else v.subject.changes
             if run.options.json or run.options.html:

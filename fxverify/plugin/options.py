@@ -66,6 +66,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("fxverify_order", "ORDER", FAST_ORDER, "the order the items run in: 'fast' (what failed last time first, "
            "then the edge-case and layer-variant modules, then the other models, cheapest first, as the last run "
            "timed them: pytest's cache) or 'catalogue' (the catalogue's order)"),
+    Option("fxverify_reference_cache", "on/off", "on", "keep the untransformed models' reference outputs in "
+           "pytest's cache directory, for the other transforms of the run and for later runs ('off': compute them "
+           "for each transform; --cache-clear drops them)"),
     Option("fxverify_timeout", "SECONDS", "300", "seconds a transform may run on one model before its items fail"),
     Option("fxverify_golden_dir", "DIR", "fxverify_golden", "golden files of the golden check: "
            "DIR/<transform>/<model>.golden", PATH),
@@ -131,6 +134,7 @@ class RunOptions:
     shard: str
     checks: tuple[str, ...]
     order: str
+    reference_cache: bool
     timeout: float
     golden_dir: Path | None
     update_golden: bool
@@ -160,6 +164,8 @@ class RunOptions:
             shard=raw(config, "fxverify_shard") or "",
             checks=chosen,
             order=_choice("fxverify_order", raw(config, "fxverify_order") or FAST_ORDER, (FAST_ORDER, CATALOGUE_ORDER)),
+            reference_cache=_choice("fxverify_reference_cache", (raw(config, "fxverify_reference_cache") or "on").lower(),
+                                    ("on", "off")) == "on",
             timeout=_number("fxverify_timeout", raw(config, "fxverify_timeout"), float, "a number of seconds > 0",
                             lambda n: n > 0),
             golden_dir=_path(config, "fxverify_golden_dir"),
