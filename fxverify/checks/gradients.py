@@ -13,12 +13,14 @@ differs, or else the kept node nearest the outputs whose gradient differs
 
 from __future__ import annotations
 
-from typing import Any, cast
+import collections
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import fx, nn
 
-from fxverify.analysis.compare import compare_values
+from fxverify.analysis.compare import Mismatch, compare_values
 from fxverify.analysis.localise import differentiable, localise, localise_gradients
 from fxverify.analysis.parameters import FROZEN, MOVED, Fate
 from fxverify.engine.results import Finding, Skip, exception_summary
@@ -39,26 +41,35 @@ def check(v: Subject) -> dict[str, Any]:
         raise Skip(f"backward through the original raised {exception_summary(exc)}: there are no gradients to "
                    "compare the result's with") from None
     finally:
-        v.release_original_copy(torch.float64)  # its gradients are kept; the result's need the room
+        v.release_copy("original", torch.float64)  # its gradients are kept; the result's need the room
     if expected is None:
         raise Skip("the original's outputs do not depend differentiably on its inputs or parameters")
     result = v.module("result", torch.float64)
-    try:
+
+    def compared_with_expected(label: str, grad: torch.Tensor | None) -> Mismatch | None:
+        return compare_values(grad, expected[label], path=f"grad of {label}", tolerance=v.float64_tolerance)
+
+    try:  # each parameter's gradient is compared as it is accumulated, then let go
         actual = _gradients(result, config.make(v.case.seed, dtype=torch.float64), v.case.seed, compared,
-                            applied.mode == "train")
+                            applied.mode == "train", keep=compared_with_expected)
     except Exception as exc:
         raise Finding(f"backward through the result raised {exception_summary(exc)}", input=where) from None
     if actual is None:
         raise Finding("the result's outputs no longer require grad: gradients do not flow", input=where)
-    for name, grad in expected.items():
-        if actual.get(name) is None and v.contract.changes_parameters and name.startswith("parameter"):
+    for name in expected:
+        if name not in actual and v.contract.changes_parameters and name.startswith("parameter"):
             continue  # a kept parameter the rewritten graph no longer reads (a folded BN)
-        found = compare_values(actual.get(name), grad, path=f"grad of {name}", tolerance=v.float64_tolerance)
+        if name in actual and name.startswith("parameter"):
+            found = actual[name]
+        else:
+            found = compared_with_expected(name, actual.get(name))
         if found is not None:
             finding = Finding(f"gradients differ: {found.describe()}", input=where, where=found.path)
             _localise_into(v, finding, v.module("original", torch.float64), result,
                            config.make(v.case.seed, dtype=torch.float64))
             raise finding
+    del result
+    v.release_copy("result", torch.float64)  # no check after this one runs it
     moved = [f.describe() for f in applied.fates if f.kind == MOVED]
     return {"inputs_and_parameters_compared": len(expected), "moved": moved}
 
@@ -111,20 +122,41 @@ def _loss(outputs: Any, seed: int) -> torch.Tensor:
 
 
 def _gradients(module: nn.Module, inputs: tuple[torch.Tensor, ...], seed: int, params: dict[str, str],
-               training: bool) -> dict[str, torch.Tensor] | None:
+               training: bool, keep: Callable[[str, torch.Tensor | None], Any] | None = None) -> dict[str, Any] | None:
     """Gradients of the loss w.r.t. the floating inputs and ``params`` (label -> name in ``module``),
     labelled ``input 0`` and ``parameter '<label>'``, with ``module`` in train mode or not; None when
-    no output requires grad."""
+    no output requires grad. A parameter that gets no gradient has no entry. With ``keep``, what
+    ``keep(label, gradient)`` returns is kept of each parameter's gradient instead, as soon as it is
+    accumulated, and the gradient is let go: a large model's gradients are never all alive at once."""
     inputs = tuple(t.requires_grad_(True) if t.is_floating_point() else t for t in inputs)
     module.train(training)  # also a fresh start for caches made by earlier runs under no_grad (timm's attention biases)
     module.zero_grad(set_to_none=True)
-    outputs = module(*inputs)
-    if not differentiable(outputs):
-        return None
-    _loss(outputs, seed).backward()
-    grads = {f"input {i}": t.grad for i, t in enumerate(inputs) if t.is_floating_point() and t.grad is not None}
     named = dict(module.named_parameters(remove_duplicate=False))
-    grads.update({f"parameter {label!r}": cast(torch.Tensor, named[name].grad) for label, name in params.items()
-                  if name in named and named[name].grad is not None})
-    module.zero_grad(set_to_none=True)
+    labels: dict[int, list[str]] = collections.defaultdict(list)  # one tensor, several names when tied
+    tensors = {}
+    for label, name in params.items():
+        if name in named and named[name].requires_grad:
+            labels[id(named[name])].append(f"parameter {label!r}")
+            tensors[id(named[name])] = named[name]
+    kept: dict[str, Any] = {}
+
+    def accumulated(parameter: torch.Tensor) -> None:
+        for label in labels[id(parameter)]:
+            kept[label] = parameter.grad if keep is None else keep(label, parameter.grad)
+        if keep is not None:
+            parameter.grad = None
+
+    hooks = [t.register_post_accumulate_grad_hook(accumulated) for t in tensors.values()]
+    try:
+        outputs = module(*inputs)
+        if not differentiable(outputs):
+            return None
+        _loss(outputs, seed).backward()
+    finally:
+        for hook in hooks:
+            hook.remove()
+        module.zero_grad(set_to_none=True)
+    grads = {f"input {i}": t.grad for i, t in enumerate(inputs) if t.is_floating_point() and t.grad is not None}
+    grads.update({f"parameter {label!r}": kept[f"parameter {label!r}"] for label in params
+                  if f"parameter {label!r}" in kept})
     return grads

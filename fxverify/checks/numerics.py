@@ -76,7 +76,8 @@ def check(v: Subject) -> dict[str, Any]:
                           max_abs=found.max_abs if found else None, max_rel=found.max_rel if found else None)
         _localise_into(finding, located)
         raise finding
-    v.release_original_copy(torch.float64)  # the train stage makes its own references; gradients remakes it
+    for which in ("original", "result"):  # the train stage makes its own copies; gradients makes these again
+        v.release_copy(which, torch.float64)
     modes = [m for m in v.contract.modes if m != v.contract.primary_mode]
     try:
         switched = []

@@ -280,11 +280,12 @@ class Subject:
                 self._float64[key] = self.convert(which, module, dtype=dtype)
         return self._float64[key]
 
-    def release_original_copy(self, dtype: torch.dtype) -> None:
-        """Forget the ``dtype`` copy of the original (:meth:`module` makes it again when asked), so that
-        a stage done with it leaves its memory to the next one. The result's copy stays: for a fusion it
-        is the transform applied again, which need not give the same result twice."""
-        if self._float64.pop(f"original-{dtype}", None) is not None:
+    def release_copy(self, which: str, dtype: torch.dtype) -> None:
+        """Forget the ``dtype`` copy of the ``original`` or the ``result`` (:meth:`module` makes it again
+        when asked), so that a stage done with it leaves its memory to the next one. Made again, the
+        result's copy of a fusion is the transform applied again: for a transform that does not give
+        the same result twice, another valid result (the determinism check judges that)."""
+        if self._float64.pop(f"{which}-{dtype}", None) is not None:
             self.collect_garbage()
 
     @property
