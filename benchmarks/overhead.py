@@ -82,6 +82,8 @@ import time
 import warnings
 from pathlib import Path
 
+from process_tree import pss_kib, tree
+
 TRANSFORM = "fxverify.examples:identity"
 GOAL = 1.3
 SAMPLE_INTERVAL = 0.2
@@ -90,49 +92,13 @@ SAMPLE_INTERVAL = 0.2
 # -- measuring one command ----------------------------------------------------------
 
 
-def _children(pid: int) -> list[int]:
-    kids: list[int] = []
-    try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
-                kids.extend(int(k) for k in f.read().split())
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        pass
-    return kids
-
-
-def _tree(pid: int) -> list[int]:
-    pids, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        pids.append(p)
-        todo.extend(_children(p))
-    return pids
-
-
-def _pss_kib(pid: int) -> int:
-    """PSS of one process in KiB (RSS if smaps_rollup is unavailable), 0 if it is gone."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1])
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        pass
-    try:
-        with open(f"/proc/{pid}/statm") as f:
-            return int(f.read().split()[1]) * (os.sysconf("SC_PAGE_SIZE") // 1024)
-    except (FileNotFoundError, ProcessLookupError):
-        return 0
-
-
 def measure_main(out: str, command: list[str]) -> int:
     """Run ``command`` as this (fresh) process's only child; write its figures to ``out``."""
     start = time.perf_counter()
     proc = subprocess.Popen(command)
     peak_tree = 0
     while proc.poll() is None:
-        peak_tree = max(peak_tree, sum(_pss_kib(p) for p in _tree(proc.pid)))
+        peak_tree = max(peak_tree, sum(pss_kib(p) for p in tree(proc.pid)))
         time.sleep(SAMPLE_INTERVAL)
     wall = time.perf_counter() - start
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # only child: the command (and what it waited for)

@@ -80,13 +80,16 @@ class SymbolicTrace:
 
     def convert(self, module: ModuleT, *, dtype: torch.dtype | None = None, device: str | None = None) -> ModuleT:
         """A copy of ``module`` in ``dtype`` and / or on ``device``; :class:`~fxverify.errors.CopyFailed`
-        when it cannot be copied. To the meta device, parameters and buffers are not copied first
-        (``copy.deepcopy(module).to("meta")`` would copy their data)."""
+        when it cannot be copied. Parameters and buffers are converted as they are copied, not copied
+        first (``copy.deepcopy(module).to(torch.float64)`` holds a third copy of a large model's
+        tensors while it converts; ``.to("meta")`` would copy their data for nothing); the module's
+        ``.to()`` still runs, for modules that do more there (timm's clear their caches)."""
         memo: dict[int, Any] = {}
-        if device == "meta":
-            for tensor in [*module.parameters(), *module.buffers()]:
-                meta = tensor.to("meta")
-                memo[id(tensor)] = nn.Parameter(meta, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else meta
+        for tensor in [*module.parameters(), *module.buffers()]:
+            if id(tensor) in memo or (dtype is not None and not tensor.is_floating_point() and device is None):
+                continue
+            moved = tensor.detach().to(dtype=dtype if tensor.is_floating_point() else None, device=device, copy=True)
+            memo[id(tensor)] = nn.Parameter(moved, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else moved
         try:
             copied = copy.deepcopy(module, memo)
         except Exception as exc:

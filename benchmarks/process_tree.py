@@ -1,0 +1,68 @@
+"""The process tree of a running command, read from /proc (Linux): its processes, their memory
+and their roles (the pytest controller, xdist workers, fxverify's digest servers). Shared by the
+benchmarks that measure memory."""
+
+from __future__ import annotations
+
+import os
+
+
+def children(pid: int) -> list[int]:
+    kids: list[int] = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                kids.extend(int(k) for k in f.read().split())
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        pass
+    return kids
+
+
+def tree(pid: int) -> list[int]:
+    """``pid`` and every descendant alive now."""
+    pids, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        pids.append(p)
+        todo.extend(children(p))
+    return pids
+
+
+def pss_kib(pid: int) -> int:
+    """PSS of one process in KiB (RSS if smaps_rollup is unavailable), 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        pass
+    return status_kib(pid).get("VmRSS", 0)
+
+
+def status_kib(pid: int) -> dict[str, int]:
+    """``VmRSS`` (resident now) and ``VmHWM`` (the most it was ever resident) of one process, in
+    KiB; empty if it is gone."""
+    found = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in ("VmRSS", "VmHWM"):
+                    found[key] = int(value.split()[0])
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        pass
+    return found
+
+
+def role(pid: int, root: int) -> str:
+    """``controller`` (the command itself), ``digest server`` (fxverify's cross-process determinism
+    runner) or ``worker`` (any other descendant: pytest-xdist's workers)."""
+    if pid == root:
+        return "controller"
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            command = f.read().replace(b"\0", b" ").decode(errors="replace")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return "gone"
+    return "digest server" if "_digest_server" in command else "worker"
