@@ -48,7 +48,7 @@ def measure(corpus: str, workers: int, pythonpath: str | None) -> dict[str, obje
             rss = 0
             for pid in pids:
                 status = status_kib(pid)
-                if status:
+                if status.get("VmHWM"):  # gone, or a zombie
                     rss += status["VmRSS"]
                     peaks[pid] = (peaks.get(pid, (role(pid, proc.pid), 0))[0], status["VmHWM"])
             tree_rss = max(tree_rss, rss)

@@ -3,6 +3,7 @@ failures that stay honest, and users' own models (Python API and pytest hook).""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from fnmatch import fnmatch
 from pathlib import Path
@@ -204,3 +205,16 @@ def test_a_concrete_arg_other_than_the_default_is_a_clear_corpus_error():
     typo = fxverify.case_from_module("typo_ca", OptionalMask, [(2, 3, 8, 8)], concrete_args={"masks": None})
     with pytest.raises(CorpusError, match="concrete_args names 'masks', but forward.. takes .'x', 'mask'."):
         typo.trace()
+
+
+def test_full_zoo_entries_with_large_images_are_in_the_large_input_profile_as_the_generator_puts_them():
+    from fxverify.corpus import generate_full
+
+    full = [e for e in catalogue.select("full") if "full" in e.profiles and e.source in ("torchvision", "timm")]
+    large = set(names(catalogue.select("large_input")))
+    assert 100 < len(large) < len(full) / 4  # the few at their own size, not the zoo
+    for entry in full:
+        shape = entry.inputs[0].shape
+        assert (entry.name in large) == (len(shape) >= 4 and shape[-1] * shape[-2] > 224 * 224), entry.name
+        if "default" not in entry.profiles:  # generated entries: the generator's rule gives the file's profiles
+            assert generate_full.sized(dataclasses.replace(entry, profiles=("full",))).profiles == entry.profiles

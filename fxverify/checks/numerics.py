@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import fx, nn
+from torch import nn
 
 from fxverify.analysis.compare import Mismatch, compare_trees, compare_values, leaves_with_paths, rmse_per_leaf
 from fxverify.analysis.localise import Localisation, localise
@@ -82,7 +82,9 @@ def check(v: Subject) -> dict[str, Any]:
     try:
         switched = []
         for mode in modes:
-            switched += _compare_switched_modes(v, mode, _compare_other_mode(v, mode))
+            switched.append(_compare_other_mode(v, mode))
+            v.collect_garbage()  # that mode's trace and result
+            switched += _compare_primary_switched(v, mode)
     except Finding as finding:
         finding.mode = modes[0]
         raise
@@ -183,10 +185,10 @@ def _localise_into(finding: Finding, located: Localisation, note: str = " [float
         finding.node = NO_KEPT_NODE_DIVERGED
 
 
-def _compare_other_mode(v: Subject, mode: str) -> tuple[fx.GraphModule, nn.Module]:
-    """Trace, transform and run in ``mode`` (train): outputs and buffers after one step. Returns the
-    trace and the result after that step (their buffers agree, or this raised), for the switched-mode
-    comparison."""
+def _compare_other_mode(v: Subject, mode: str) -> str:
+    """Trace, transform and run in ``mode`` (train): outputs and buffers after one step; then switch
+    both to the primary mode and compare again (see :func:`_compare_switched`). Returns the switch
+    made, e.g. ``train->eval``."""
     original = v.capture_fresh(mode)
     try:
         result = v.transformed_fresh(mode)
@@ -197,37 +199,33 @@ def _compare_other_mode(v: Subject, mode: str) -> tuple[fx.GraphModule, nn.Modul
                       input=f"the model traced in {mode} mode") from None
     _compare_runs(v, original, result, f"{mode} mode (RNG reseeded per run)")
     v.collect_garbage()  # the float64 reference of that run
-    return original, result
+    # their buffers agree after that step (or it raised): switching them now is switching a model in training
+    return _compare_switched(v, original, result, mode, v.contract.primary_mode)
 
 
-def _compare_switched_modes(v: Subject, other: str, trained: tuple[fx.GraphModule, nn.Module]) -> list[str]:
-    """The result transformed in one mode and switched to the other must behave like the original
-    trace switched the same way: a transform that reads ``module.training`` when it runs and writes
-    it into the graph (``F.dropout(x, p, training=False)``) breaks the ``.train()`` / ``.eval()``
-    switch every training loop makes. Comparing with the switched trace leaves out what tracing
-    itself bakes in (``if self.training:`` in a module traced through).
-
-    ``trained`` is the pair :func:`_compare_other_mode` ran a step in ``other`` mode; the pair
-    transformed in the primary mode is copied from the subject's, whose modules must not run in
-    another mode. One pair is alive at a time (each is a whole model, twice)."""
+def _compare_primary_switched(v: Subject, other: str) -> list[str]:
+    """The subject's trace and result, transformed in the primary mode, switched to ``other``: on
+    copies, since the subject's modules must not run in another mode (lint reports a result that
+    cannot be copied)."""
     applied = v.applied()
-    done = []
-    for source, target in ((other, applied.mode), (applied.mode, other)):
-        if source == other:
-            pair, trained = trained, None  # type: ignore[assignment]  # let the trained pair go once switched
-        else:
-            try:
-                pair = (copy.deepcopy(applied.original), copy.deepcopy(applied.result))
-            except Exception:  # lint reports a result that cannot be copied
-                continue
-        original, result = (m.train(target == "train") for m in pair)
-        del pair
-        _compare_runs(v, original, result, f"transformed in {source} mode, then switched to {target} mode with "
-                                           f".{target}() (RNG reseeded per run)", switched_from=source)
-        del original, result
-        v.collect_garbage()
-        done.append(f"{source}->{target}")
-    return done
+    try:
+        original, result = copy.deepcopy(applied.original), copy.deepcopy(applied.result)
+    except Exception:
+        return []
+    return [_compare_switched(v, original, result, applied.mode, other)]
+
+
+def _compare_switched(v: Subject, original: nn.Module, result: nn.Module, source: str, target: str) -> str:
+    """The result transformed in ``source`` mode and switched to ``target`` mode must behave like the
+    original trace switched the same way: a transform that reads ``module.training`` when it runs and
+    writes it into the graph (``F.dropout(x, p, training=False)``) breaks the ``.train()`` / ``.eval()``
+    switch every training loop makes. Comparing with the switched trace leaves out what tracing
+    itself bakes in (``if self.training:`` in a module traced through)."""
+    original.train(target == "train")
+    result.train(target == "train")
+    _compare_runs(v, original, result, f"transformed in {source} mode, then switched to {target} mode with "
+                                       f".{target}() (RNG reseeded per run)", switched_from=source)
+    return f"{source}->{target}"
 
 
 def _compare_runs(v: Subject, original: nn.Module, result: nn.Module, how: str, *, switched_from: str | None = None) -> None:

@@ -35,14 +35,20 @@ def _libc() -> ctypes.CDLL | None:
     return libc if libc is not None and hasattr(libc, "malloc_trim") else None
 
 
+def trim_heap() -> bool:
+    """Return freed heap pages to the operating system where the C library can (glibc's
+    ``malloc_trim``); whether it could."""
+    libc = _libc()
+    if libc is None:  # not glibc (macOS, musl)
+        return False
+    libc.malloc_trim(0)
+    return True
+
+
 def release_memory() -> bool:
     """Between models: collect reference cycles, freeze what survives (it lives as long as the run:
     later collections skip it), and return freed heap pages to the operating system where the C
     library can (glibc's ``malloc_trim``). Returns whether the heap was trimmed."""
     gc.collect()
     gc.freeze()
-    libc = _libc()
-    if libc is None:  # not glibc (macOS, musl): collecting is all there is
-        return False
-    libc.malloc_trim(0)
-    return True
+    return trim_heap()

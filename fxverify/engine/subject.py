@@ -29,6 +29,7 @@ from fxverify.capture import Capture
 from fxverify.cases.case import ModelCase, load_case
 from fxverify.cases.inputs import InputConfig
 from fxverify.engine.contracts import Contract
+from fxverify.engine.memory import trim_heap
 from fxverify.engine.references import ReferenceStore
 from fxverify.engine.results import CaptureFailed, ModuleRaised
 from fxverify.engine.transform import Transform, as_transform
@@ -304,6 +305,7 @@ class Subject:
         Python's cycle collector runs (see :mod:`fxverify.engine.memory`)."""
         if self.model_bytes >= LARGE_MODEL_BYTES:
             gc.collect()
+            trim_heap()
 
     def convert(self, which: str, module: ModuleT, *, dtype: torch.dtype | None = None,
                 device: str | None = None) -> ModuleT:

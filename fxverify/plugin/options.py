@@ -54,8 +54,8 @@ class Option:
 OPTIONS: tuple[Option, ...] = (
     Option("fxverify", "MOD:FN", "", "transform(s) to verify: 'package.module:function' or "
            "'path/to/file.py:function'; repeatable (ini: one per line)", LINES),
-    Option("fxverify_corpus", "SELECTION", "default", "models to verify on: profiles (default, smoke, full, edge, "
-           "layers), model names or globs, comma-separated"),
+    Option("fxverify_corpus", "SELECTION", "default", "models to verify on: profiles (default, smoke, full, large_input, "
+           "edge, layers), model names or globs, comma-separated"),
     Option("fxverify_exclude", "SELECTION", "", "models to leave out: profiles, names or globs, comma-separated"),
     Option("fxverify_tags", "TAGS", "", "keep only models with at least one of these tags, comma-separated, "
            "e.g. attention,batchnorm"),
