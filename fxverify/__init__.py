@@ -29,6 +29,7 @@ _EXPORTS: dict[str, str] = {
     "load_case": "fxverify.cases.case",
     "case_from_module": "fxverify.cases.case",
     "Verification": "fxverify.api",
+    "ReferenceStore": "fxverify.engine.references",
     "check_rewrite": "fxverify.rewrite",
     "RewriteFailed": "fxverify.rewrite",
     "Minimised": "fxverify.diagnose.minimise",

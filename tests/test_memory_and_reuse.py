@@ -56,9 +56,9 @@ def test_a_second_transform_reads_the_originals_outputs_instead_of_running_it(tm
 
 
 def test_a_bug_is_still_caught_when_the_references_come_from_the_store(tmp_path):
-    store = ReferenceStore(tmp_path)
     for _ in range(2):  # the first run fills the store, the second reads it
-        result = fxverify.Verification(mutations.bn_fold_ignores_running_mean, EDGE, references=store).run("numerics")
+        result = fxverify.Verification(mutations.bn_fold_ignores_running_mean, EDGE,
+                                       references=fxverify.ReferenceStore(tmp_path)).run("numerics")
         assert result.outcome.value == "failed"
         assert result.divergence["result_node"] == "relu"
     assert list(tmp_path.glob("*.pt"))
