@@ -186,9 +186,9 @@ def _localise_into(finding: Finding, located: Localisation, note: str = " [float
 
 
 def _compare_other_mode(v: Subject, mode: str) -> str:
-    """Trace, transform and run in ``mode`` (train): outputs and buffers after one step; then switch
-    both to the primary mode and compare again (see :func:`_compare_switched`). Returns the switch
-    made, e.g. ``train->eval``."""
+    """Trace and transform in ``mode`` (train); switch both to the primary mode and compare (see
+    :func:`_compare_switched`); switch them back and compare outputs and buffers after one step in
+    ``mode``. Returns the switch made, e.g. ``train->eval``."""
     original = v.capture_fresh(mode)
     try:
         result = v.transformed_fresh(mode)
@@ -197,10 +197,14 @@ def _compare_other_mode(v: Subject, mode: str) -> str:
                       f"(modes={'+'.join(v.contract.modes)}); if it is meant for {v.contract.primary_mode} mode only, "
                       f"declare @fxverify.contract(modes=({v.contract.primary_mode!r},)):\n{exc}",
                       input=f"the model traced in {mode} mode") from None
-    _compare_runs(v, original, result, f"{mode} mode (RNG reseeded per run)")
+    # switched first, as the transform left them: after a step in train mode their running statistics
+    # differ by float32 rounding, which a fresh float64 copy of the stepped original cannot judge
+    switched = _compare_switched(v, original, result, mode, v.contract.primary_mode)
     v.collect_garbage()  # the float64 reference of that run
-    # their buffers agree after that step (or it raised): switching them now is switching a model in training
-    return _compare_switched(v, original, result, mode, v.contract.primary_mode)
+    original.train(mode == "train")
+    result.train(mode == "train")
+    _compare_runs(v, original, result, f"{mode} mode (RNG reseeded per run)")
+    return switched
 
 
 def _compare_primary_switched(v: Subject, other: str) -> list[str]:
