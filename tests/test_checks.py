@@ -304,6 +304,60 @@ def test_an_original_that_cannot_be_differentiated_skips_gradients_with_the_reas
     assert fxverify.check_numerics(scales_output, case).outcome == "failed"  # the other checks still judge it
 
 
+class DetachedScale(torch.nn.Module):
+    """``w`` scales the input without training (detached); ``z`` only lends its shape."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4))
+        self.z = torch.nn.Parameter(torch.randn(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.w.detach() + torch.zeros_like(self.z)
+
+
+def _rewrite_nodes(gm: torch.fx.GraphModule, matches, replace) -> torch.fx.GraphModule:
+    for node in [n for n in gm.graph.nodes if matches(n)]:
+        with gm.graph.inserting_before(node):
+            node.replace_all_uses_with(replace(gm.graph, node))
+        gm.graph.erase_node(node)
+    gm.recompile()
+    return gm
+
+
+def test_a_gradient_where_the_original_has_none_must_be_zero():
+    case = fxverify.case_from_module("detached_scale", DetachedScale, [(2, 4)])
+    zeros_as_product = fxverify.check_gradients(lambda gm: _rewrite_nodes(  # z * 0: a zero gradient, as good as none
+        gm, lambda n: n.target is torch.zeros_like, lambda g, n: g.call_function(operator.mul, (n.args[0], 0))), case)
+    assert zeros_as_product.ok, zeros_as_product.message
+    detach_dropped = fxverify.check_gradients(lambda gm: _rewrite_nodes(  # w trains now: another training run
+        gm, lambda n: n.target == "detach", lambda g, n: n.args[0]), case)
+    assert detach_dropped.outcome == "failed"
+    assert "grad of parameter 'w' (the original's gets no gradient)" in detach_dropped.message
+
+
+def test_a_gradient_accumulated_in_parts_is_compared_whole():
+    """Reentrant checkpointing accumulates a parameter used in two segments in two parts."""
+    from torch.utils.checkpoint import checkpoint
+
+    from fxverify.checks.gradients import _gradients
+
+    class TwoSegments(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4, dtype=torch.float64)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return checkpoint(self.lin, torch.tanh(checkpoint(self.lin, x, use_reentrant=True)), use_reentrant=True)
+
+    module, x, params = TwoSegments(), torch.randn(2, 4, dtype=torch.float64), {"lin.weight": "lin.weight"}
+    whole = _gradients(module, (x.clone(),), 0, params, False)
+    kept = _gradients(module, (x.clone(),), 0, params, False, keep=lambda label, grad: grad.clone())
+    assert whole is not None and kept is not None
+    assert torch.equal(kept["parameter 'lin.weight'"], whole["parameter 'lin.weight'"])
+    assert torch.equal(kept["input 0"], whole["input 0"])
+
+
 def test_a_model_built_in_another_dtype_runs_as_built():
     case = fxverify.case_from_module("bf16_linear", lambda: torch.nn.Linear(3, 3, dtype=torch.bfloat16),
                                      [fxverify.InputSpec((2, 3), "bfloat16")])

@@ -48,16 +48,22 @@ def check(v: Subject) -> dict[str, Any]:
     result = v.module("result", torch.float64)
 
     def compared_with_expected(label: str, grad: torch.Tensor | None) -> Mismatch | None:
-        return compare_values(grad, expected[label], path=f"grad of {label}", tolerance=v.float64_tolerance)
+        if label in expected:
+            return compare_values(grad, expected[label], path=f"grad of {label}", tolerance=v.float64_tolerance)
+        # the original's parameter gets no gradient: the result's may only be zero (a `w * 0` for a `zeros_like(w)`)
+        return compare_values(grad, torch.zeros_like(grad) if grad is not None else None,
+                              path=f"grad of {label} (the original's gets no gradient)", tolerance=v.float64_tolerance)
 
     try:  # each parameter's gradient is compared as it is accumulated, then let go
         actual = _gradients(result, config.make(v.case.seed, dtype=torch.float64), v.case.seed, compared,
                             applied.mode == "train", keep=compared_with_expected)
+    except _ComparingRaised as raised:  # fxverify's own comparison: an error of fxverify's, not a finding
+        raise raised.error from None
     except Exception as exc:
         raise Finding(f"backward through the result raised {exception_summary(exc)}", input=where) from None
     if actual is None:
         raise Finding("the result's outputs no longer require grad: gradients do not flow", input=where)
-    for name in expected:
+    for name in [*expected, *(label for label in actual if label not in expected)]:
         if name not in actual and v.contract.changes_parameters and name.startswith("parameter"):
             continue  # a kept parameter the rewritten graph no longer reads (a folded BN)
         if name in actual and name.startswith("parameter"):
@@ -140,11 +146,15 @@ def _gradients(module: nn.Module, inputs: tuple[torch.Tensor, ...], seed: int, p
             labels[id(named[name])].append(f"parameter {label!r}")
             tensors[id(named[name])] = named[name]
     kept: dict[str, Any] = {}
+    fired: set[int] = set()
+    partial = False  # a gradient accumulated in two parts (reentrant checkpointing): compare only the sum
 
     def accumulated(parameter: torch.Tensor) -> None:
-        for label in labels[id(parameter)]:
-            kept[label] = parameter.grad if keep is None else keep(label, parameter.grad)
-        if keep is not None:
+        nonlocal partial
+        partial = partial or id(parameter) in fired
+        fired.add(id(parameter))
+        if keep is not None and not partial:
+            kept.update(_kept(keep, labels[id(parameter)], parameter.grad))
             parameter.grad = None
 
     hooks = [t.register_post_accumulate_grad_hook(accumulated) for t in tensors.values()]
@@ -153,6 +163,15 @@ def _gradients(module: nn.Module, inputs: tuple[torch.Tensor, ...], seed: int, p
         if not differentiable(outputs):
             return None
         _loss(outputs, seed).backward()
+        if partial and keep is not None:  # parts were compared and let go: again, every gradient kept
+            for t in inputs:
+                t.grad = None
+            whole = _gradients(module, inputs, seed, params, training)
+            assert whole is not None  # differentiable a moment ago
+            return {label: _kept(keep, [label], grad)[label] if label.startswith("parameter") else grad
+                    for label, grad in whole.items()}
+        if keep is None:
+            kept = {label: t.grad for key, t in tensors.items() if t.grad is not None for label in labels[key]}
     finally:
         for hook in hooks:
             hook.remove()
@@ -161,3 +180,20 @@ def _gradients(module: nn.Module, inputs: tuple[torch.Tensor, ...], seed: int, p
     grads.update({f"parameter {label!r}": kept[f"parameter {label!r}"] for label in params
                   if f"parameter {label!r}" in kept})
     return grads
+
+
+def _kept(keep: Callable[[str, torch.Tensor | None], Any], labels: list[str], grad: torch.Tensor | None) -> dict[str, Any]:
+    """``keep(label, grad)`` for each label; what it raises is fxverify's own error (in a hook, inside
+    ``backward()``, it would pass for the module's)."""
+    try:
+        return {label: keep(label, grad) for label in labels}
+    except Exception as exc:
+        raise _ComparingRaised(exc) from exc
+
+
+class _ComparingRaised(Exception):
+    """fxverify's own comparison raised in a gradient hook (``error``): not the result's failure."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
