@@ -141,6 +141,8 @@ def localise(
             assert actual_run.waiting is not None  # it stopped before this node
             expected_run.run_past(needs[actual_run.waiting])
         expected_run.advance(lambda _: False)
+    if differing.error is not None:  # fxverify's own comparison raised: its error, not the result's
+        raise differing.error
     outputs = compare_trees(actual_run.returned, expected_run.returned, tolerance=tolerance)
     if outputs is None:  # outputs agree: only a node known to compute the same value may fail the check
         pairs = strict
@@ -238,8 +240,16 @@ class _FirstDifferences:
         self.uses = collections.Counter(old.name for old, _ in pairs)
         self.strict, self.recorded, self.tolerance = strict, recorded, tolerance
         self.first: dict[bool, tuple[int, fx.Node, fx.Node, Mismatch, Any] | None] = {False: None, True: None}
+        self.error: Exception | None = None  # what comparing raised (it runs inside the result's guarded run)
 
     def __call__(self, new: fx.Node, value: Any) -> None:
+        if self.error is None:
+            try:
+                self._compare(new, value)
+            except Exception as exc:
+                self.error = exc
+
+    def _compare(self, new: fx.Node, value: Any) -> None:
         index, old = self.order[new]
         self.uses[old.name] -= 1
         expected = self.recorded.values[old.name] if self.uses[old.name] else self.recorded.take(old.name)
