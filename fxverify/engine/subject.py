@@ -94,7 +94,7 @@ class Subject:
         self._applied: dict[str, Applied | TransformFailed] = {}
         self._outputs: dict[tuple[str, str, str, str], Any] = {}
         self._float64: dict[str, nn.Module] = {}
-        self._float64_exact = True
+        self._float64_exact: bool | None = None  # set by each float64 result made
         self.float64_fallback: str | None = None  # why the transform could not be applied to a float64 copy
         self.uncopyable: dict[str, str] = {}  # "original" / "result" -> why copy.deepcopy of it raised
 
@@ -108,10 +108,11 @@ class Subject:
         declared = Tolerance(self.contract.rtol, self.contract.atol, self.contract.range_tol)
         return declared.loosest(Tolerance(entry.rtol, entry.atol))
 
-    @functools.cached_property
+    @property
     def float64_tolerance(self) -> Tolerance:
         """Tolerance for float64 runs: tight, unless the transform rewrites parameters and
-        could only be applied in float32, so its new parameters carry float32 rounding."""
+        could only be applied in float32, so its new parameters carry float32 rounding (as of the
+        float64 result last made: a released copy is made again, and a transform may fail only once)."""
         if self.float64_exact:
             return self.tolerance
         rtol, atol = self.tolerance.for_dtype(torch.float32)
@@ -279,6 +280,8 @@ class Subject:
                 self._float64[key] = self._transformed_in(dtype)
             else:
                 self._float64[key] = self.convert(which, module, dtype=dtype)
+                if which == "result":
+                    self._float64_exact = True
         return self._float64[key]
 
     def release_copy(self, which: str, dtype: torch.dtype) -> None:
@@ -330,12 +333,15 @@ class Subject:
             self._float64_exact = False
             self.float64_fallback = exc.cause
             return self.convert("result", applied.result, dtype=dtype)
+        self._float64_exact = True
         return result.to(dtype).train(applied.mode == "train")
 
     @property
     def float64_exact(self) -> bool:
         """Whether the float64 result was made without float32 rounding of new parameters: converted
-        from a result that keeps the original's parameters, or the transform applied in float64."""
-        self.module("result", torch.float64)
-        return self._float64_exact
+        from a result that keeps the original's parameters, or the transform applied in float64 (as
+        of the float64 result last made)."""
+        if self._float64_exact is None:  # none made yet
+            self.module("result", torch.float64)
+        return bool(self._float64_exact)
 
