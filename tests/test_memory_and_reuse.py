@@ -77,13 +77,18 @@ def test_the_key_changes_with_everything_the_outputs_depend_on(tmp_path, monkeyp
         store.key(case, capture, config, torch.float64, "eval"),
         store.key(case, capture, config, None, "train"),
         store.key(case, capture, config, None, "eval", threads=torch.get_num_threads() + 1),
-        store.key(ModelCase(dataclasses.replace(case.entry, batch_sizes=(3,))), capture, config, None, "eval"),
         store.key(case, symbolic("timm"), config, None, "eval"),
         store.key(case, symbolic("plain", {"x": None}), config, None, "eval"),
     ]
     assert key not in changed and len(set(changed)) == len(changed)
     import fxverify.engine.references as references
 
+    previous = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("medium")  # a global setting changed during the run
+        assert store.key(case, capture, config, None, "eval") != key
+    finally:
+        torch.set_float32_matmul_precision(previous)
     monkeypatch.setattr(references, "_environment", lambda: "torch 9.9.9")  # another torch, say
     assert store.key(case, capture, config, None, "eval") != key
 
@@ -101,9 +106,26 @@ def test_only_what_loads_back_as_it_was_is_kept_and_a_damaged_file_is_recomputed
     assert store.load(key) is None and not path.exists()
 
 
-def test_a_users_own_models_are_never_kept(tmp_path):
+def test_a_users_own_models_tracers_and_changed_entries_are_never_kept(tmp_path):
+    """Their outputs may depend on code the key does not cover."""
+    store = ReferenceStore(tmp_path)
     case = fxverify.case_from_module("mine", lambda: nn.Sequential(nn.Linear(3, 3)), [(2, 3)])
-    assert ReferenceStore(tmp_path).key(case, case.capture, case.configs[0], None, "eval") is None
+    assert store.key(case, case.capture, case.configs[0], None, "eval") is None
+    shipped = load_case(EDGE)
+    posing = ModelCase(dataclasses.replace(shipped.entry, factory="my_package.models:Net"))  # same name and source
+    changed = ModelCase(dataclasses.replace(shipped.entry, batch_sizes=(3,)))
+    for other in (posing, changed):
+        assert store.key(other, SymbolicTrace(), other.configs[0], None, "eval") is None
+    users_tracer = symbolic("torch.fx:Tracer")  # plain tracing, but any class could be named
+    assert store.key(shipped, users_tracer, shipped.configs[0], None, "eval") is None
+    assert store.key(shipped, SymbolicTrace(), shipped.configs[0], None, "eval") is not None
+
+
+def test_a_store_that_cannot_be_written_keeps_nothing_and_the_run_goes_on(tmp_path):
+    case = load_case(EDGE)
+    store = ReferenceStore("/proc/no-such-store")
+    key = store.key(case, SymbolicTrace(), case.configs[0], None, "eval")
+    assert not store.save(key, (torch.ones(2),)) and store.load(key) is None
 
 
 def test_the_plugin_keeps_references_in_pytests_cache_and_cache_clear_drops_them(pytester):
@@ -174,6 +196,25 @@ def test_localisation_in_stretches_still_names_the_first_divergent_node(monkeypa
         assert located.divergence is not None
         found.append((located.divergence.result_node.name, located.divergence.mismatch, located.compared))
     assert found[0] == found[1] and found[0][0] == "_5"
+
+
+def test_localisation_reports_its_own_comparison_errors_as_its_own(monkeypatch):
+    """Nodes are compared as the result runs, inside the guard that makes the result's exceptions
+    findings: an error of fxverify's comparison must still come out as itself."""
+    original = chain(3)
+
+    def broken_comparison(*args, **kwargs):
+        raise ValueError("fxverify's own bug")
+
+    def guard(run):
+        try:
+            return run()
+        except Exception as exc:
+            raise AssertionError(f"blamed on the result: {exc}") from exc
+
+    monkeypatch.setattr(localise_module, "compare_trees", broken_comparison)
+    with pytest.raises(ValueError, match="fxverify's own bug"):
+        localise_module.localise(original, copy.deepcopy(original), (torch.randn(2, 64),), Tolerance(), guard=guard)
 
 
 def test_gradients_are_compared_after_numerics_ran_a_model_that_caches_under_no_grad():

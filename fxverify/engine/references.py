@@ -7,15 +7,18 @@ verifying several transforms, and the next run, need not compute it again. A
 
 - the corpus entry (every field), the seed, the input configuration, the dtype, the mode and the
   capture;
-- the versions of Python, torch, torchvision and timm, the CPU's instruction set and torch's
-  thread count (float32 kernels, and so their rounding, change with both);
+- the versions of Python, torch, torchvision and timm, the CPU's model and instruction-set flags
+  and torch's thread count (float32 kernels, and so their rounding, change with each), and torch's
+  global numerics settings (default dtype, float32 matmul precision, oneDNN, deterministic
+  algorithms, timm's and torch's fused-attention switches);
 - the source of fxverify and of its shipped corpus modules (state randomisation, input making, the
   edge-case modules).
 
-Anything else changes the name, so a stale file is never read; only shipped entries (torchvision,
-timm and fxverify's edge and layer modules) are kept, since a user's factory may depend on code no
-hash here covers. The plugin keeps the store in pytest's cache directory (``--cache-clear``
-empties it; ``--fxverify-reference-cache off`` leaves it unused).
+Only shipped catalogue entries, unchanged and captured by fxverify's own symbolic tracing with a
+plain or timm tracer, are kept: a user's factory, tracer or capture may depend on code no hash here
+covers. What the key leaves out is what no one is expected to change between two runs on one
+machine (a library patched in place, say); ``--cache-clear`` empties the store, and the plugin keeps
+it in pytest's cache directory (``--fxverify-reference-cache off`` leaves it unused).
 
 >>> import tempfile, torch
 >>> from fxverify.cases.case import load_case
@@ -47,11 +50,12 @@ from typing import Any
 import torch
 
 from fxverify.capture import Capture
+from fxverify.capture.symbolic import SymbolicTrace
 from fxverify.cases.case import ModelCase
+from fxverify.cases.catalogue import TRACERS, CorpusEntry, catalogue
 from fxverify.cases.inputs import InputConfig
 
 REFERENCES_DIR = "fxverify-references"  # the store's folder in pytest's cache directory
-STORED_SOURCES = ("torchvision", "timm", "edge")  # entries whose every dependency the key covers
 MAX_BYTES = 64 * 2**20  # larger outputs are computed each time
 
 
@@ -65,11 +69,13 @@ class ReferenceStore:
             *, threads: int | None = None) -> str | None:
         """The name of the outputs of ``case`` captured by ``capture``, on ``config`` in ``dtype`` and
         ``mode``, with torch on ``threads`` threads (default: as now); None when they are not to be
-        kept (an entry of another source than :data:`STORED_SOURCES`)."""
-        if case.entry.source not in STORED_SOURCES:
+        kept: anything but a shipped catalogue entry, as shipped, captured by fxverify's own
+        symbolic tracing with a plain or timm tracer (a user's model, tracer or capture may depend on
+        code the key does not cover)."""
+        if not _shipped(case, capture):
             return None
-        parts = (_environment(), repr(case.entry), str(case.seed), repr(config), str(dtype), mode,
-                 repr(capture), str(threads or torch.get_num_threads()))  # a capture's fields, as its repr shows them
+        parts = (_environment(), _settings(), repr(case.entry), str(case.seed), repr(config), str(dtype), mode,
+                 repr(capture), str(threads or torch.get_num_threads()))
         return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
     def load(self, key: str | None) -> Any:
@@ -90,19 +96,39 @@ class ReferenceStore:
         path = self._path(key)
         if path is None or not _plain(outputs) or _bytes(outputs) > MAX_BYTES:
             return False
-        self.directory.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
+        temporary = None
         try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            handle, temporary = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
             with os.fdopen(handle, "wb") as file:
                 torch.save(outputs, file)
             os.replace(temporary, path)
-        except OSError:  # a full or read-only disk: the run goes on without keeping them
-            Path(temporary).unlink(missing_ok=True)
+        except Exception:  # a full or read-only disk (torch reports some as RuntimeError): the run goes on
+            if temporary is not None:
+                Path(temporary).unlink(missing_ok=True)
             return False
         return True
 
     def _path(self, key: str | None) -> Path | None:
         return None if key is None else self.directory / f"{key}.pt"
+
+
+def _shipped(case: ModelCase, capture: Capture) -> bool:
+    """Whether ``case`` is a shipped catalogue entry, unchanged, captured by fxverify's symbolic tracing."""
+    return (type(case) is ModelCase and _catalogue().get(case.entry.name) == case.entry
+            and type(capture) is SymbolicTrace and capture.tracer in TRACERS)
+
+
+@functools.cache
+def _catalogue() -> dict[str, CorpusEntry]:
+    return {entry.name: entry for entry in catalogue()}
+
+
+def _settings() -> str:
+    """torch's global numerics settings now (they may change during a run)."""
+    return "\n".join([str(torch.get_default_dtype()), torch.get_float32_matmul_precision(),
+                      str(torch.backends.mkldnn.enabled), str(torch.are_deterministic_algorithms_enabled()),
+                      os.environ.get("TIMM_FUSED_ATTN", ""), os.environ.get("TORCH_FUSED_ATTN", "")])
 
 
 @functools.cache
@@ -119,8 +145,18 @@ def _environment() -> str:
     for root in (Path(__file__).resolve().parents[1], corpus):
         for source in sorted(root.rglob("*.py")):
             digest.update(str(source.relative_to(root)).encode() + b"\0" + source.read_bytes())
-    return "\n".join([sys.version, platform.machine(), torch.backends.cpu.get_cpu_capability(), *versions,
-                      digest.hexdigest()])
+    return "\n".join([sys.version, platform.machine(), _processor(), torch.backends.cpu.get_cpu_capability(),
+                      *versions, digest.hexdigest()])
+
+
+def _processor() -> str:
+    """The CPU's model and instruction-set flags (another CPU may pick other float32 kernels)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor()
+    wanted = ("model name", "flags", "Features", "CPU implementer", "CPU part")
+    return "\n".join(sorted({line for line in lines if line.split(":")[0].strip() in wanted}))
 
 
 def _plain(value: Any) -> bool:
@@ -136,8 +172,8 @@ def _plain(value: Any) -> bool:
 
 
 def _bytes(value: Any) -> int:
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
+    if isinstance(value, torch.Tensor):  # torch.save writes a view's whole storage
+        return value.untyped_storage().nbytes()
     if isinstance(value, (tuple, list)):
         return sum(_bytes(v) for v in value)
     if isinstance(value, dict):

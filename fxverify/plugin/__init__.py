@@ -11,6 +11,7 @@ pytest's start-up free of torch; none of them imports this module.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import pytest
@@ -51,7 +52,6 @@ def pytest_configure(config: pytest.Config) -> None:
     options = RunOptions.from_config(config)
     # the work is done by modules that import torch: only now that fxverify is in use
     from fxverify.cases.case import ModelCase
-    from fxverify.engine.references import REFERENCES_DIR, ReferenceStore
     from fxverify.engine.transform import Transform
     from fxverify.errors import FxVerifyError
     from fxverify.plugin.items import FxVerifyRun
@@ -77,7 +77,7 @@ def pytest_configure(config: pytest.Config) -> None:
         history = History.from_cache(cache.get(CACHE_KEY, None)) if cache is not None else History()
         if cache is not None:
             config.pluginmanager.register(HistoryKeeper(ledger, cache, history), "fxverify-history")
-    references = ReferenceStore(cache.mkdir(REFERENCES_DIR)) if cache is not None and options.reference_cache else None
+    references = _reference_store(cache) if cache is not None and options.reference_cache else None
     config.pluginmanager.register(FxVerifyRun(transforms, [ModelCase(e) for e in entries], options, history,
                                               references), "fxverify-run")
     config.pluginmanager.register(ledger, "fxverify-ledger")
@@ -88,6 +88,19 @@ def pytest_configure(config: pytest.Config) -> None:
         from fxverify.plugin.xdist import XdistGrouping
 
         config.pluginmanager.register(XdistGrouping(), "fxverify-xdist")
+
+
+def _reference_store(cache: Any) -> Any:
+    """The store of reference outputs in pytest's cache directory, or None (with a warning, as pytest
+    warns of its own cache) when that directory cannot be made: the run goes on computing them."""
+    from fxverify.engine.references import REFERENCES_DIR, ReferenceStore
+
+    try:
+        return ReferenceStore(cache.mkdir(REFERENCES_DIR))
+    except OSError as exc:
+        warnings.warn(pytest.PytestCacheWarning(f"fxverify keeps no reference outputs between runs: {exc}"),
+                      stacklevel=2)
+        return None
 
 
 def add_random_graphs(config: pytest.Config, options: RunOptions) -> Any:
