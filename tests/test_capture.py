@@ -62,3 +62,16 @@ def test_the_symbolic_capture_gives_the_tracer_class_to_transforms_that_take_it(
     fxverify.Verification(takes_tracer, "edge_custom_leaf").run("lint")
     fxverify.Verification(takes_tracer, "edge_nested_sequential", capture=AllLeaves()).run("lint")
     assert [cls.__name__ for cls in seen] == ["EdgeLeafTracer", "EveryModuleALeaf"]
+
+
+class TrainOnlyDoubling(nn.Module):
+    def forward(self, x):
+        return x * 2 if self.training else x
+
+
+def test_the_symbolic_capture_traces_in_the_mode_it_is_asked_for_whatever_the_modules_mode():
+    import torch
+
+    for training, factor in ((True, 2.0), (False, 1.0)):
+        gm = SymbolicTrace().capture(TrainOnlyDoubling().train(not training), training=training)
+        assert gm.training is training and gm(torch.ones(1)).item() == factor

@@ -48,7 +48,10 @@ class SymbolicTrace:
         return tracer_class(self.tracer)
 
     def capture(self, module: nn.Module, *, training: bool) -> fx.GraphModule:
-        """``module`` traced into a fresh ``GraphModule`` in the given mode."""
+        """``module`` put in the given mode and traced into a fresh ``GraphModule`` (what tracing runs
+        through, ``if self.training:``, follows the mode)."""
+        if isinstance(module, nn.Module):
+            module.train(training)
         forget_unpatchable_wraps()
         graph = self.tracer_class().trace(module, concrete_args=dict(self.concrete_args) or None)
         name = module.__class__.__name__ if isinstance(module, nn.Module) else module.__name__
