@@ -79,9 +79,12 @@ def describe(run: dict[str, object]) -> str:
 
 
 def worktree(revision: str, folder: str) -> str:
-    """A checkout of ``revision`` in ``folder`` (the code measured as "before")."""
+    """A checkout of ``revision`` in ``folder`` (the code measured as "before"), its ``corpus`` folder
+    also at ``fxverify/corpus``: put first on PYTHONPATH, ``fxverify.corpus`` would otherwise still
+    come from the editable install's mapping, the current revision's corpus."""
     subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", folder, revision], check=True,
                    capture_output=True)
+    (Path(folder) / "fxverify" / "corpus").symlink_to(Path(folder) / "corpus", target_is_directory=True)
     return folder
 
 
