@@ -253,3 +253,24 @@ def test_gradients_run_first_backpropagates_the_original_without_the_results_flo
     monkeypatch.setattr(gradients_module, "_gradients", watched)
     assert v.run("gradients").ok
     assert alive == [["original-torch.float64"], ["result-torch.float64"]]
+
+
+def test_a_released_fusion_result_made_again_sets_the_float64_tolerance_anew():
+    """A fusion's float64 result is the transform applied to a float64 copy; released and made again,
+    the transform may fail where it did not (then the float32 result is converted, and its rounded
+    parameters need float32 tolerances): the tolerance follows the copy last made."""
+    calls = []
+
+    def flaky_fold(gm):
+        calls.append(next(p.dtype for p in gm.parameters()))
+        if len(calls) == 3:  # the float32 result, the first float64 copy, then this failure
+            raise RuntimeError("no float64 this time")
+        return mutations.bn_fold_correct(gm)
+
+    v = fxverify.Verification(fxverify.contract(modes=("eval",), changes_parameters=True)(flaky_fold), EDGE)
+    v.subject.module("result", torch.float64)
+    tight = v.subject.float64_tolerance
+    v.subject.release_copy("result", torch.float64)
+    v.subject.module("result", torch.float64)
+    assert calls == [torch.float32, torch.float64, torch.float64]
+    assert not v.subject.float64_exact and v.subject.float64_tolerance != tight
