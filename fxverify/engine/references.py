@@ -52,7 +52,7 @@ import torch
 from fxverify.capture import Capture
 from fxverify.capture.symbolic import SymbolicTrace
 from fxverify.cases.case import ModelCase
-from fxverify.cases.catalogue import TRACERS, CorpusEntry, catalogue
+from fxverify.cases.catalogue import TRACERS, catalogue
 from fxverify.cases.inputs import InputConfig
 
 REFERENCES_DIR = "fxverify-references"  # the store's folder in pytest's cache directory
@@ -115,13 +115,8 @@ class ReferenceStore:
 
 def _shipped(case: ModelCase, capture: Capture) -> bool:
     """Whether ``case`` is a shipped catalogue entry, unchanged, captured by fxverify's symbolic tracing."""
-    return (type(case) is ModelCase and _catalogue().get(case.entry.name) == case.entry
+    return (type(case) is ModelCase and case.entry in catalogue()
             and type(capture) is SymbolicTrace and capture.tracer in TRACERS)
-
-
-@functools.cache
-def _catalogue() -> dict[str, CorpusEntry]:
-    return {entry.name: entry for entry in catalogue()}
 
 
 def _settings() -> str:
