@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -24,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from process_tree import pss_kib, role, status_kib, tree
+from process_tree import children_cpu, pss_kib, role, status_kib, tree
 
 TRANSFORM = "fxverify.examples:identity"
 SAMPLE_INTERVAL = 0.2
@@ -41,7 +40,7 @@ def measure(corpus: str, workers: int, pythonpath: str | None) -> dict[str, obje
     peaks: dict[int, tuple[str, int]] = {}  # pid -> (role, VmHWM KiB)
     tree_rss = tree_pss = 0
     with tempfile.TemporaryDirectory() as cwd, tempfile.TemporaryFile("w+") as output:
-        start, cpu = time.perf_counter(), _children_cpu()
+        start, cpu = time.perf_counter(), children_cpu()
         proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT)
         while proc.poll() is None:
             pids = tree(proc.pid)
@@ -54,7 +53,7 @@ def measure(corpus: str, workers: int, pythonpath: str | None) -> dict[str, obje
             tree_rss = max(tree_rss, rss)
             tree_pss = max(tree_pss, sum(pss_kib(p) for p in pids))
             time.sleep(SAMPLE_INTERVAL)
-        wall, cpu = time.perf_counter() - start, _children_cpu() - cpu  # poll() reaped it: its CPU is counted
+        wall, cpu = time.perf_counter() - start, children_cpu() - cpu  # poll() reaped it: its CPU is counted
         output.seek(0)
         lines = output.read().strip().splitlines()
     by_role = collections.defaultdict(list)
@@ -63,11 +62,6 @@ def measure(corpus: str, workers: int, pythonpath: str | None) -> dict[str, obje
     return {"wall": wall, "cpu": cpu, "workers": sorted(by_role["worker"], reverse=True),
             "controller": max(by_role["controller"], default=0.0), "servers": sorted(by_role["digest server"]),
             "tree_rss": tree_rss / 1024, "tree_pss": tree_pss / 1024, "last": lines[-1] if lines else ""}
-
-
-def _children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def describe(run: dict[str, object]) -> str:

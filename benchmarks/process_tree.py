@@ -1,10 +1,18 @@
 """The process tree of a running command, read from /proc (Linux): its processes, their memory
-and their roles (the pytest controller, xdist workers, fxverify's digest servers). Shared by the
-benchmarks that measure memory."""
+and their roles (the pytest controller, xdist workers, fxverify's digest servers), and the CPU time
+of finished commands. Shared by the benchmarks."""
 
 from __future__ import annotations
 
 import os
+import resource
+
+
+def children_cpu() -> float:
+    """User + system seconds of this process's finished, waited-for children so far (a command's
+    CPU time is the difference across it)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def children(pid: int) -> list[int]:

@@ -11,13 +11,14 @@ of the two, since another process's load stretches wall time but not CPU time.
 from __future__ import annotations
 
 import argparse
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from process_tree import children_cpu
 
 
 def main() -> None:
@@ -35,20 +36,15 @@ def main() -> None:
         cpu: dict[str, list[float]] = {"with fxverify": [], "-p no:fxverify": []}
         for _ in range(args.runs):
             for label, extra in (("with fxverify", []), ("-p no:fxverify", ["-p", "no:fxverify"])):
-                before, start = _children_cpu(), time.perf_counter()
+                before, start = children_cpu(), time.perf_counter()
                 subprocess.run(base + extra, cwd=project, check=True, capture_output=True)
                 wall[label].append(time.perf_counter() - start)
-                cpu[label].append(_children_cpu() - before)
+                cpu[label].append(children_cpu() - before)
     with_plugin, without = statistics.median(wall["with fxverify"]), statistics.median(wall["-p no:fxverify"])
     print(f"median collect-only over {args.runs} pairs: with fxverify {with_plugin * 1000:.0f} ms, "
           f"-p no:fxverify {without * 1000:.0f} ms")
     print(f"difference: {(with_plugin - without) * 1000:+.0f} ms (goal: at most 50 ms)")
     print(f"median of paired ratios: wall {_paired_ratio(wall):.3f}, CPU {_paired_ratio(cpu):.3f}")
-
-
-def _children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # the finished subprocesses, waited for
-    return usage.ru_utime + usage.ru_stime
 
 
 def _paired_ratio(measured: dict[str, list[float]]) -> float:
