@@ -375,6 +375,25 @@ class BuffersAndConstants(nn.Module):
         return h / (h.abs().mean(dim=-1, keepdim=True) + self.eps)
 
 
+class RunningStatistics(nn.Module):
+    """Buffers that change in every forward pass, in eval mode too, as an observer or a calibration
+    hook keeps them: a running mean of the features (``mul_`` then ``add_`` on the buffer) and a call
+    counter (int64 ``add_``). The output does not read them, so only the buffers show a pass that
+    drops the updates (an exported program writes them back with ``copy_``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.register_buffer("running_mean", torch.zeros(8))
+        self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(x)
+        self.running_mean.mul_(0.9).add_(y.detach().mean(dim=0), alpha=0.1)
+        self.calls.add_(1)
+        return torch.relu(y)
+
+
 class IntegerInputs(nn.Module):
     """An int64 index input first, a float input second: ``nn.Embedding`` lookup,
     ``gather`` and ``index_select`` by the indices, and the indices floor-divided

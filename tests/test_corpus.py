@@ -96,7 +96,7 @@ def test_expected_failure_that_now_works_is_reported_as_a_failure():
     case = fxverify.case_from_module("fine", lambda: nn.Linear(3, 3), [(2, 3)], xfail="used to fail")
     result = fxverify.check_lint(fxverify.examples.identity, case)
     assert result.outcome == FAILED
-    assert "now traces and runs with torch" in result.message and "remove `xfail`" in result.message
+    assert "now captures and runs with torch" in result.message and "remove `xfail`" in result.message
 
 
 def test_register_model_adds_a_user_entry_to_selections(monkeypatch):
@@ -148,7 +148,7 @@ def test_user_models_from_the_conftest_hook_are_verified(pytester, monkeypatch):
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--fxverify", IDENTITY,
                                            "--fxverify-corpus=prod_*", "--fxverify-checks=lint,determinism,numerics")
     result.stdout.fnmatch_lines([
-        "*corpus entry 'prod_fixed' is listed as an expected failure (stale: used to fail), but it now traces*",
+        "*corpus entry 'prod_fixed' is listed as an expected failure under symbolic_trace (stale: used to fail), but it now captures*",
         "prod_mlp * pass * pass * pass *",
         "prod_branchy * xfail * xfail * xfail *",
         "prod_fixed * FAIL * FAIL * FAIL *",

@@ -150,11 +150,11 @@ def spec(name: str) -> str:
 
 def test_the_previous_models_modules_are_freed_when_the_next_starts(pytestconfig):
     run = FxVerifyRun([fxverify.Transform.load("fxverify.examples:identity")], [], RunOptions.from_config(pytestconfig))
-    first = run.verification(run.transforms[0], load_case(EDGE))
+    first = run.verification(run.transforms[0], load_case(EDGE), "symbolic_trace")
     first.run("lint")
     original = weakref.ref(first.subject.applied().original)
     del first
-    run.verification(run.transforms[0], load_case("edge_same_op_three_ways"))
+    run.verification(run.transforms[0], load_case("edge_same_op_three_ways"), "symbolic_trace")
     assert original() is None  # reference cycles collected: a large model's memory does not pile up
 
 

@@ -5,6 +5,7 @@ comparing tensors, and snapshots that show what a transform changed.
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -83,6 +84,22 @@ def tensor_state(module: nn.Module) -> dict[str, torch.Tensor]:
     for name, value in tensor_attributes(module):
         state.setdefault(name, value)
     return state
+
+
+def buffers_digest(module: nn.Module) -> int:
+    """A checksum of every buffer's values: whether running the module changed its state since.
+
+    >>> m = nn.BatchNorm1d(2); before = buffers_digest(m)
+    >>> _ = m(torch.randn(4, 2)); buffers_digest(m) == before
+    False
+    """
+    digest = 0
+    for name, buffer in module.named_buffers(remove_duplicate=False):
+        digest = zlib.crc32(name.encode(), digest)
+        if buffer.device.type != "meta":  # no values
+            data = strided(buffer.detach().cpu()).contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+            digest = zlib.crc32(data, digest)
+    return digest
 
 
 @dataclasses.dataclass(frozen=True)

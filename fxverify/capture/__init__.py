@@ -1,12 +1,13 @@
 """Captures: how a model becomes the graph a transform takes.
 
 Everything fxverify does with graphs goes through one small protocol, :class:`Capture`:
-capture a model in a mode, capture a result's code again (the ``retrace`` check),
-apply a transform to a capture the way its users do, convert a module for the float64
-and device runs, and say which checks do not apply to its graphs. Nothing else in
-fxverify knows how a graph was made. :class:`~fxverify.capture.symbolic.SymbolicTrace`
-(``torch.fx`` symbolic tracing with a plain, timm's or a custom tracer) is the first
-implementation; ``docs/architecture.md`` shows how to add another.
+capture a model in a mode from example inputs, capture a result's code again (the ``retrace``
+check), apply a transform to a capture the way its users do, put a module in a mode, convert a
+module for the float64 and device runs, and say which checks do not apply to its graphs. Nothing
+else in fxverify knows how a graph was made. :class:`~fxverify.capture.symbolic.SymbolicTrace`
+(``torch.fx`` symbolic tracing with a plain, timm's or a custom tracer) is the default;
+:class:`~fxverify.capture.export.Export` gives ``torch.export`` graphs (``export``,
+``export_core``); ``docs/architecture.md`` shows how to add another.
 
 >>> capture = for_entry("plain")
 >>> capture.name, capture.skips("retrace")
@@ -15,16 +16,17 @@ implementation; ``docs/architecture.md`` shows how to add another.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 import torch
 from torch import fx, nn
 
+from fxverify.capture.export import Export
 from fxverify.capture.symbolic import SymbolicTrace, symbolic
 from fxverify.engine.transform import Transform
 
-__all__ = ["Capture", "SymbolicTrace", "for_entry"]
+__all__ = ["Capture", "Export", "SymbolicTrace", "for_entry"]
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
@@ -32,10 +34,22 @@ ModuleT = TypeVar("ModuleT", bound=nn.Module)
 class Capture(Protocol):
     """How a model becomes a graph a transform takes (``name`` shows in messages and reports)."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
-    def capture(self, module: nn.Module, *, training: bool) -> fx.GraphModule:
-        """A fresh graph of ``module`` in the given mode."""
+    @property
+    def recaptures_dtype(self) -> bool:
+        """Whether a float64 copy is the float64 model captured again (graphs that bake dtypes), not a
+        converted copy."""
+        ...
+
+    @property
+    def switches_mode(self) -> bool:
+        """Whether ``.train()`` / ``.eval()`` of a captured module is checked (numerics' switched runs)."""
+        ...
+
+    def capture(self, module: nn.Module, *, training: bool, inputs: tuple[Any, ...] = ()) -> fx.GraphModule:
+        """A fresh graph of ``module`` in the given mode (``inputs``: example inputs, for captures that run it)."""
         ...
 
     def recapture(self, gm: fx.GraphModule) -> fx.Graph:
@@ -46,9 +60,18 @@ class Capture(Protocol):
         """``transform`` called on ``gm`` as its users call it; ``(result, in_place)``."""
         ...
 
+    def set_mode(self, module: ModuleT, training: bool) -> ModuleT:
+        """``module`` put in train or eval mode where its capture allows it; ``module`` returned."""
+        ...
+
     def convert(self, module: ModuleT, *, dtype: torch.dtype | None = None, device: str | None = None) -> ModuleT:
         """A copy of ``module`` in ``dtype`` and / or on ``device`` (the float64, meta and CUDA runs);
         :class:`~fxverify.errors.CopyFailed` when the module cannot be copied."""
+        ...
+
+    def accepts(self, shapes: Sequence[tuple[int, ...]], captured: Sequence[tuple[int, ...]]) -> bool:
+        """Whether a graph captured from inputs of ``captured`` shapes runs on inputs of ``shapes``
+        (the input configurations it is checked at)."""
         ...
 
     def skips(self, check: str) -> str | None:
@@ -64,3 +87,4 @@ def for_entry(tracer: str, concrete_args: Mapping[str, Any] | None = None) -> Ca
     """The capture of a corpus entry: its ``tracer`` (``plain``, ``timm``, ``module:TracerClass``) and
     ``concrete_args``."""
     return symbolic(tracer, concrete_args)
+

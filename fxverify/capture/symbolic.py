@@ -18,7 +18,7 @@ import copy
 import dataclasses
 import functools
 import importlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 import torch
@@ -31,6 +31,11 @@ from fxverify.errors import CopyFailed
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
+_SKIPS = {
+    "meta": "symbolic_trace graphs carry no meta['val'] (run with --fxverify-capture export to check it)",
+    "dynamic": "symbolic_trace graphs have no dynamic dimensions (run with --fxverify-capture export to check them)",
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class SymbolicTrace:
@@ -42,14 +47,16 @@ class SymbolicTrace:
     tracer: str = "plain"
     concrete_args: tuple[tuple[str, Any], ...] = ()
     name = "symbolic_trace"
+    recaptures_dtype = False
+    switches_mode = True
 
     @property
     def tracer_class(self) -> type[fx.Tracer]:
         return tracer_class(self.tracer)
 
-    def capture(self, module: nn.Module, *, training: bool) -> fx.GraphModule:
+    def capture(self, module: nn.Module, *, training: bool, inputs: tuple[Any, ...] = ()) -> fx.GraphModule:
         """``module`` put in the given mode and traced into a fresh ``GraphModule`` (what tracing runs
-        through, ``if self.training:``, follows the mode)."""
+        through, ``if self.training:``, follows the mode); symbolic tracing needs no ``inputs``."""
         if isinstance(module, nn.Module):
             module.train(training)
         forget_unpatchable_wraps()
@@ -81,6 +88,10 @@ class SymbolicTrace:
         finally:
             forget_unpatchable_wraps()  # a transform that re-traces may have left a registration behind
 
+    def set_mode(self, module: ModuleT, training: bool) -> ModuleT:
+        """``module.train(training)``."""
+        return module.train(training)
+
     def convert(self, module: ModuleT, *, dtype: torch.dtype | None = None, device: str | None = None) -> ModuleT:
         """A copy of ``module`` in ``dtype`` and / or on ``device``; :class:`~fxverify.errors.CopyFailed`
         when it cannot be copied. Parameters and buffers are converted as they are copied, not copied
@@ -100,9 +111,13 @@ class SymbolicTrace:
         options: dict[str, Any] = {k: v for k, v in (("dtype", dtype), ("device", device)) if v is not None}
         return copied.to(**options)
 
+    def accepts(self, shapes: Sequence[tuple[int, ...]], captured: Sequence[tuple[int, ...]]) -> bool:
+        """Always: a symbolic trace is shape-agnostic as far as its capture goes."""
+        return True
+
     def skips(self, check: str) -> str | None:
-        """Why ``check`` does not apply to this capture's graphs: every check does."""
-        return None
+        """Why ``check`` does not apply to this capture's graphs: ``meta`` and ``dynamic`` are for ATen graphs."""
+        return _SKIPS.get(check)
 
     def describe(self) -> str:
         """e.g. ``symbolic_trace (tracer timm)``."""

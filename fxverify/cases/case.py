@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from fxverify.capture import Capture, for_entry
+from fxverify.capture import Capture, Export, for_entry
 from fxverify.cases import catalogue
-from fxverify.cases.catalogue import CorpusEntry, InputSpec
+from fxverify.cases.catalogue import CAPTURES, CorpusEntry, InputSpec
 from fxverify.cases.inputs import InputConfig, input_configs
 from fxverify.cases.state import randomize_state
 from fxverify.errors import CorpusError
@@ -57,6 +57,20 @@ class ModelCase:
         """How this model becomes a graph (see :mod:`fxverify.capture`)."""
         return for_entry(self.entry.tracer, self.entry.concrete_args)
 
+    def capture_named(self, name: str) -> Capture:
+        """The capture called ``name`` (``symbolic_trace``: the entry's own; ``export``, ``export_core``:
+        with a dynamic batch where the entry is checked at several batch sizes).
+
+        >>> load_case("resnet18").capture_named("export").describe()
+        'export (torch.export, training IR, dynamic batch 1..8)'
+        """
+        if name == CAPTURES[0]:
+            return self.capture
+        if name in ("export", "export_core"):
+            sizes = [config.specs[0].shape[0] for config in self.configs]
+            return Export(core=name == "export_core", dynamic_batch=len(set(sizes)) > 1 and sizes[0] >= 2)
+        raise CorpusError(f"unknown capture {name!r}; known captures: {', '.join(CAPTURES)}")
+
     def build(self, *, training: bool = False) -> nn.Module:
         """A fresh instance with random init and randomised state, in the given mode."""
         with torch.random.fork_rng(devices=[]):
@@ -65,12 +79,17 @@ class ModelCase:
         randomize_state(module, self.seed)
         return module.train(training)
 
-    def trace(self, *, training: bool = False, capture: Capture | None = None) -> fx.GraphModule:
+    def trace(self, *, training: bool = False, capture: Capture | None = None,
+              dtype: torch.dtype | None = None) -> fx.GraphModule:
         """A fresh ``GraphModule`` of a fresh instance, captured in the given mode (by the entry's
-        own capture unless another is given)."""
+        own capture unless another is given) from the primary inputs; with ``dtype``, of the instance
+        with its floating tensors and inputs in ``dtype``."""
         module = self.build(training=training)
         _check_concrete_args(self.entry, module)
-        return (capture or self.capture).capture(module, training=training)
+        if dtype is not None:
+            module = module.to(dtype)
+        inputs = self.configs[0].make(self.seed, dtype=dtype)
+        return (capture or self.capture).capture(module, training=training, inputs=inputs)
 
     def example_inputs(self) -> tuple[torch.Tensor, ...]:
         """The primary configuration's inputs."""

@@ -25,6 +25,17 @@ from fxverify.errors import CorpusError
 
 SOURCES = ("torchvision", "timm", "edge", "user")
 TRACERS = ("plain", "timm")  # or "module:TracerClass", a torch.fx.Tracer subclass
+CAPTURES = ("symbolic_trace", "export", "export_core")  # see fxverify.capture; the first is the default
+
+
+def model_label(model: str, capture: str) -> str:
+    """``model`` under ``capture`` in item ids, the summary and reports: the name alone under the
+    default capture, else ``model@capture``.
+
+    >>> model_label("resnet18", "symbolic_trace"), model_label("resnet18", "export")
+    ('resnet18', 'resnet18@export')
+    """
+    return model if capture == CAPTURES[0] else f"{model}@{capture}"
 CATALOGUE_FILES = ("models.toml", "edge.toml", "layers.toml", "full.toml")
 NONE = "None"  # TOML has no null: this string stands for None in concrete_args
 RANDOM_GRAPH_TAG = "random_graph"  # the tag of drawn graphs (fxverify.strategies): no stable golden file
@@ -81,6 +92,7 @@ class CorpusEntry:
     atol: float | None = None
     tolerance_reason: str | None = None
     xfail: str | None = None
+    capture_xfail: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         where = f"corpus entry {self.name!r}"
@@ -96,6 +108,20 @@ class CorpusEntry:
             raise CorpusError(f"{where}: a {self.source} entry needs a factory ('module:attr' or a callable)")
         if (self.rtol is not None or self.atol is not None) and not self.tolerance_reason:
             raise CorpusError(f"{where}: a tolerance override needs tolerance_reason saying why")
+        unknown = sorted(set(self.capture_xfail) - set(CAPTURES[1:]))
+        if unknown:
+            raise CorpusError(f"{where}: capture_xfail names {unknown}; it takes {list(CAPTURES[1:])} "
+                              f"(xfail is {CAPTURES[0]}'s)")
+
+    def expected_failure(self, capture: str) -> str | None:
+        """Why the entry is known not to capture or run under ``capture`` (``xfail`` for the default
+        capture, ``capture_xfail[capture]`` for the others), or None.
+
+        >>> CorpusEntry(name="t", source="user", factory="torch.nn:Identity", inputs=(InputSpec((2,)),),
+        ...             xfail="why").expected_failure("export") is None
+        True
+        """
+        return self.xfail if capture == CAPTURES[0] else self.capture_xfail.get(capture)
 
     @property
     def primary_batch(self) -> int:

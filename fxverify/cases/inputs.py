@@ -86,6 +86,16 @@ def input_configs(
     return configs
 
 
+def with_batch(config: InputConfig, batch: int) -> InputConfig:
+    """``config`` with every input's batch (dimension 0) set to ``batch``, named as its batch configuration
+    would be.
+
+    >>> with_batch(InputConfig("b2-3x8", (InputSpec((2, 3, 8)),)), 5).name
+    'b5-3x8'
+    """
+    return _config(tuple(_with_batch(s, batch) for s in config.specs))
+
+
 def _with_batch(spec: InputSpec, batch: int) -> InputSpec:
     return dataclasses.replace(spec, shape=(batch,) + spec.shape[1:])
 

@@ -41,6 +41,12 @@ REGISTRY: tuple[CheckSpec, ...] = (
     CheckSpec("cuda", "cuda", "check", "on a GPU, the result on CUDA computes what the original computes on CPU"),
     CheckSpec("purity", "purity", "check", "the transform leaves its input alone and its outputs behave like the "
                                            "original's"),
+    CheckSpec("stateful", "stateful", "check", "a model whose buffers change in forward leaves the same buffers "
+                                               "after each call"),
+    CheckSpec("meta", "meta", "check", "on ATen graphs, every node's meta['val'] exists and says what a real run "
+                                       "computes"),
+    CheckSpec("dynamic", "dynamic", "check", "on a dynamic-batch capture, the result takes and computes right "
+                                             "every batch size the capture takes"),
     CheckSpec("recompile", "roundtrips", "check_recompile", "a copy recompiled gives the same code and outputs"),
     CheckSpec("retrace", "roundtrips", "check_retrace", "re-capturing the generated code gives an isomorphic graph"),
     CheckSpec("to_folder", "roundtrips", "check_to_folder", "gm.to_folder() exported and imported again computes "

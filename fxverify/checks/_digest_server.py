@@ -33,6 +33,7 @@ from typing import IO
 
 from fxverify.capture import Capture
 from fxverify.cases.case import ModelCase
+from fxverify.cases.catalogue import CAPTURES
 from fxverify.checks.determinism import digest
 from fxverify.engine.memory import release_memory
 from fxverify.engine.results import CaptureFailed, Skip, exception_summary
@@ -45,7 +46,8 @@ SERVER_START_SECONDS = 120.0  # imports, on a loaded machine
 
 class CrossProcessDigests:
     """Callable: ``digests(model_name) -> digest | 'skip: why' | 'error: why'``. The server captures
-    each model with ``capture`` (default: the entry's own), as the :class:`Subject` it serves must.
+    each model with ``capture`` (default: the entry's own; a name: the model's capture of that name,
+    :meth:`~fxverify.cases.case.ModelCase.capture_named`), as the :class:`Subject` it serves must.
 
     >>> from fxverify.engine.transform import as_transform
     >>> digests = CrossProcessDigests(as_transform(lambda gm: gm), [], timeout=10)
@@ -54,10 +56,11 @@ class CrossProcessDigests:
     """
 
     def __init__(self, transform: Transform, cases: Sequence[ModelCase], *, timeout: float,
-                 capture: Capture | None = None) -> None:
+                 capture: Capture | str | None = None) -> None:
         self.transform = transform
         self.capture = capture
-        self.cases = {c.name: c for c in cases if not c.entry.xfail}  # known failures get no check
+        name = capture if isinstance(capture, str) else capture.name if capture is not None else CAPTURES[0]
+        self.cases = {c.name: c for c in cases if not c.entry.expected_failure(name)}  # known failures get no check
         self.timeout = timeout
         self._digests: dict[str, str] = {}
         self._pending: list[str] = []
@@ -190,7 +193,9 @@ def _serve(spec: str, timeout: float) -> None:
     transform = Transform.load(spec)
     for line in sys.stdin:
         entry, seed, capture = pickle.loads(base64.b64decode(line))
-        subject = Subject(transform, ModelCase(entry, seed), timeout=timeout, capture=capture)
+        case = ModelCase(entry, seed)
+        subject = Subject(transform, case, timeout=timeout,
+                          capture=case.capture_named(capture) if isinstance(capture, str) else capture)
         try:
             answer = digest(subject.transformed_fresh(transform.contract.primary_mode))
         except TransformFailed as exc:

@@ -3,9 +3,10 @@
 A pass that iterates a ``set`` of nodes orders its output by the nodes' hashes
 (their object addresses) or, for a set of names, by string hash (which changes
 with ``PYTHONHASHSEED``). The transform is applied to two more fresh traces in
-this process while every node made (by the trace, a copy, the transform) hashes
+this process while every node made (by a copy of the trace, the transform) hashes
 in the order nodes are made, then in the reverse order (see :func:`hash_ordered`),
-so a set of nodes iterates one way, then the other:
+so a set of nodes iterates one way, then the other (the trace is made before, and copied under
+the order: how a capture orders its own graph, ``torch.export``'s included, is not the transform's doing):
 an order-dependent pass gives two graphs, every time, where address-dependent
 reruns would agree by chance. Their canonical graph and code are compared; then
 with a digest computed in another process under a different hash seed (one
@@ -93,8 +94,9 @@ def check(v: Subject) -> dict[str, Any]:
     first = fingerprint(v.applied().result)
     runs = {}
     for order in ORDERS:
+        original = v.capture_fresh(mode)  # outside: the capture's own order is not the transform's doing
         with hash_ordered(order):
-            result = v.transformed_fresh(mode)
+            result = v.transformed_copy(original, mode)
         runs[order] = fingerprint(result)
     for order, again in runs.items():
         if again != first:

@@ -14,6 +14,7 @@ differs, or else the kept node nearest the outputs whose gradient differs
 from __future__ import annotations
 
 import collections
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -35,9 +36,10 @@ def check(v: Subject) -> dict[str, Any]:
     v.release_copy("result", torch.float64)  # made to learn float64_skip when numerics has not run: the room is needed
     config = v.primary
     where = f"{config.describe()}, float64, {applied.mode} mode, loss = sum(outputs * fixed random weights)"
+    mode = functools.partial(v.capture.set_mode, training=applied.mode == "train")
     try:
         expected = _gradients(v.module("original", torch.float64), config.make(v.case.seed, dtype=torch.float64),
-                              v.case.seed, {name: name for name in compared}, applied.mode == "train")
+                              v.case.seed, {name: name for name in compared}, mode)
     except Exception as exc:  # e.g. an op without a derivative (floor_divide), or an in-place op on a saved value
         raise Skip(f"backward through the original raised {exception_summary(exc)}: there are no gradients to "
                    "compare the result's with") from None
@@ -56,7 +58,7 @@ def check(v: Subject) -> dict[str, Any]:
 
     try:  # each parameter's gradient is compared as it is accumulated, then let go
         actual = _gradients(result, config.make(v.case.seed, dtype=torch.float64), v.case.seed, compared,
-                            applied.mode == "train", keep=compared_with_expected)
+                            mode, keep=compared_with_expected)
     except _ComparingRaised as raised:  # fxverify's own comparison: an error of fxverify's, not a finding
         raise raised.error from None
     except Exception as exc:
@@ -129,14 +131,15 @@ def _loss(outputs: Any, seed: int) -> torch.Tensor:
 
 
 def _gradients(module: nn.Module, inputs: tuple[torch.Tensor, ...], seed: int, params: dict[str, str],
-               training: bool, keep: Callable[[str, torch.Tensor | None], Any] | None = None) -> dict[str, Any] | None:
+               set_mode: Callable[[nn.Module], Any],
+               keep: Callable[[str, torch.Tensor | None], Any] | None = None) -> dict[str, Any] | None:
     """Gradients of the loss w.r.t. the floating inputs and ``params`` (label -> name in ``module``),
-    labelled ``input 0`` and ``parameter '<label>'``, with ``module`` in train mode or not; None when
+    labelled ``input 0`` and ``parameter '<label>'``, with ``module`` put in its mode by ``set_mode``; None when
     no output requires grad. A parameter that gets no gradient has no entry. With ``keep``, what
     ``keep(label, gradient)`` returns is kept of each parameter's gradient instead, as soon as it is
     accumulated, and the gradient is let go: a large model's gradients are never all alive at once."""
     inputs = tuple(t.requires_grad_(True) if t.is_floating_point() else t for t in inputs)
-    module.train(training)  # also a fresh start for caches made by earlier runs under no_grad (timm's attention biases)
+    set_mode(module)  # also a fresh start for caches made by earlier runs under no_grad (timm's attention biases)
     module.zero_grad(set_to_none=True)
     named = dict(module.named_parameters(remove_duplicate=False))
     labels: dict[int, list[str]] = collections.defaultdict(list)  # one tensor, several names when tied
@@ -166,7 +169,7 @@ def _gradients(module: nn.Module, inputs: tuple[torch.Tensor, ...], seed: int, p
         if partial and keep is not None:  # parts were compared and let go: again, every gradient kept
             for t in inputs:
                 t.grad = None
-            whole = _gradients(module, inputs, seed, params, training)
+            whole = _gradients(module, inputs, seed, params, set_mode)
             assert whole is not None  # differentiable a moment ago
             return {label: _kept(keep, [label], grad)[label] if label.startswith("parameter") else grad
                     for label, grad in whole.items()}

@@ -40,19 +40,10 @@ from fxverify.errors import TransformFailed
 
 def check(v: Subject) -> dict[str, Any]:
     compared = []
-    for config in v.case.configs:
-        expected = v.outputs("original", config)
-        actual = v.outputs("result", config)
-        found = compare_trees(
-            actual,
-            expected,
-            tolerance=v.tolerance,
-            fp64_expected=None if v.float64_problem else functools.partial(v.outputs, "original", config, torch.float64),
-            fp64_allowance=_rounding_allowance(v, config),
-            other_expected=functools.partial(v.outputs, "original", config, threads=_other_threads()),
-        )
+    for config in v.configs:
+        found = compare_config(v, config)
         if found is not None:
-            finding = _finding(found, f"{config.describe()}, float32, {v.contract.primary_mode} mode")
+            finding = finding_of(found, f"{config.describe()}, float32, {v.contract.primary_mode} mode")
             try:
                 _localise_into(finding, _float64_localisation(v) if v.float64_skip is None else _float32_localisation(v),
                                " [float64]" if v.float64_skip is None else " [float32: no float64 run]")
@@ -78,7 +69,7 @@ def check(v: Subject) -> dict[str, Any]:
         raise finding
     for which in ("original", "result"):  # the train stage makes its own copies; gradients makes these again
         v.release_copy(which, torch.float64)
-    modes = [m for m in v.contract.modes if m != v.contract.primary_mode]
+    modes = [m for m in v.contract.modes if m != v.contract.primary_mode] if v.capture.switches_mode else []
     try:
         switched = []
         for mode in modes:
@@ -92,9 +83,29 @@ def check(v: Subject) -> dict[str, Any]:
         "configs": compared,
         "float64": "compared" if located else f"skipped: {v.float64_skip}",
         "kept_nodes_compared": located.compared if located else 0,
-        "other_modes": modes,
+        "other_modes": modes if v.capture.switches_mode else f"not compared: {v.capture.name} fixes the mode "
+                                                                  "when it captures (its module's .train() raises)",
         "switched_modes": switched,
     }
+
+
+def compare_config(v: Subject, config: InputConfig) -> Mismatch | None:
+    """The result's float32 outputs on ``config`` against the original's, judged against a float64
+    reference when not allclose (see the module's docstring); None when they agree."""
+    return compare_trees(
+        v.outputs("result", config),
+        v.outputs("original", config),
+        tolerance=v.tolerance,
+        fp64_expected=None if v.float64_problem else functools.partial(v.outputs, "original", config, torch.float64),
+        fp64_allowance=_rounding_allowance(v, config),
+        other_expected=functools.partial(v.outputs, "original", config, threads=_other_threads()),
+    )
+
+
+def finding_of(found: Mismatch, where: str) -> Finding:
+    """The finding of outputs that differ."""
+    return Finding(f"outputs differ: {found.describe()}", input=where, where=found.path, max_abs=found.max_abs,
+                   max_rel=found.max_rel)
 
 
 NO_KEPT_NODE_DIVERGED = "no kept node diverged: the difference arises in nodes the transform changed"
@@ -150,7 +161,7 @@ def _copy_problem(v: Subject) -> str | None:
     """When the float64 result is a converted copy of the result: whether ``copy.deepcopy`` of the
     result already computes something else in float32 (say, a copy that loses its eval mode)."""
     applied = v.applied()
-    if applied.rewrites_state:
+    if applied.rewrites_state or v.capture.recaptures_dtype:
         return None  # the float64 result is the transform applied again, not a copy
     result = applied.result
     try:
@@ -210,10 +221,16 @@ def _compare_other_mode(v: Subject, mode: str) -> str:
 def _compare_primary_switched(v: Subject, other: str) -> list[str]:
     """The subject's trace and result, transformed in the primary mode, switched to ``other``: on
     copies, since the subject's modules must not run in another mode (lint reports a result that
-    cannot be copied)."""
+    cannot be copied); on a fresh trace and result when running them has changed their buffers
+    (the other checks need not have run them equally often)."""
     applied = v.applied()
     try:
-        original, result = copy.deepcopy(applied.original), copy.deepcopy(applied.result)
+        if applied.state_advanced:
+            original, result = v.capture_fresh(applied.mode), v.transformed_fresh(applied.mode)
+        else:
+            original, result = copy.deepcopy(applied.original), copy.deepcopy(applied.result)
+    except TransformFailed:
+        raise
     except Exception:
         return []
     return [_compare_switched(v, original, result, applied.mode, other)]
@@ -257,7 +274,7 @@ def _compare_runs(v: Subject, original: nn.Module, result: nn.Module, how: str, 
 
     found = compare_trees(actual, expected, tolerance=v.tolerance, fp64_expected=fp64 if reference is not None else None)
     if found is not None:
-        finding = _finding(found, where)
+        finding = finding_of(found, where)
         if switched_from:
             finding.what += (f"\nthe result does not follow the switch as the original trace does: the transform "
                              f"baked {switched_from} mode into the graph (it read module.training when it ran, or "
@@ -286,11 +303,6 @@ def _run_reseeded(v: Subject, module: nn.Module, inputs: tuple[Any, ...], where:
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(v.case.seed + 1)
         return _run(lambda: module(*inputs), where, original=original)
-
-
-def _finding(found: Mismatch, where: str) -> Finding:
-    return Finding(f"outputs differ: {found.describe()}", input=where, where=found.path, max_abs=found.max_abs,
-                   max_rel=found.max_rel)
 
 
 def _run(fn: Any, where: str, *, original: bool = False) -> Any:

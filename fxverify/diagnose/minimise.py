@@ -156,9 +156,9 @@ def minimise_failure(v: Subject, *, budget_s: float = DEFAULT_BUDGET) -> Minimis
     """
     deadline = time.monotonic() + budget_s
     attempts: list[tuple[InputConfig, torch.dtype | None, Tolerance]] = [
-        (config, torch.float64, v.float64_tolerance) for config in v.case.configs
+        (config, torch.float64, v.float64_tolerance) for config in v.configs
     ]
-    attempts += [(config, None, v.tolerance) for config in v.case.configs]  # None: as built
+    attempts += [(config, None, v.tolerance) for config in v.configs]  # None: as built
     for config, dtype, tolerance in attempts:
         inputs = config.make(v.case.seed, dtype=dtype)
         try:

@@ -143,9 +143,9 @@ class Skip(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class CheckResult:
-    """The outcome of one check on one model: its ``message`` for people, and for reports the
-    finding's parts as fields (``finding``, ``input``, ``where``, ``node``, ``divergence``, the error
-    numbers, the ``repro`` file) and the check's ``details``.
+    """The outcome of one check on one model captured by ``capture``: its ``message`` for people, and
+    for reports the finding's parts as fields (``finding``, ``input``, ``where``, ``node``,
+    ``divergence``, the error numbers, the ``repro`` file) and the check's ``details``.
 
     >>> r = CheckResult("lint", "resnet18", "my.pass:fn", PASSED)
     >>> r.ok, r.outcome.short
@@ -166,6 +166,7 @@ class CheckResult:
     max_abs: float | None = None
     max_rel: float | None = None
     repro: str | None = None
+    capture: str | None = None  # None: the default capture (symbolic_trace)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "outcome", Outcome(self.outcome))

@@ -90,7 +90,7 @@ class Runner:
         """Run the named check and return its result (never raises for a finding)."""
         if check not in checks.NAMES:
             raise FxVerifyError(f"unknown check {check!r}; known checks: {', '.join(checks.NAMES)}")
-        if self.case.entry.xfail:
+        if self.subject.expected_failure:
             return self._expected_failure(check)
         skipped = self.subject.capture.skips(check)
         if skipped:
@@ -146,12 +146,13 @@ class Runner:
 
     def _expected_failure(self, check: str) -> CheckResult:
         """A catalogue entry marked ``xfail``: no check runs; the model must still fail to trace or run."""
-        entry = self.case.entry
+        entry, expected, capture = self.case.entry, self.subject.expected_failure, self.subject.capture.name
         if self.model_error is not None:
-            return self._result(check, XFAILED, message=f"expected failure: {entry.xfail} (now: {self.model_error})")
+            return self._result(check, XFAILED, message=f"expected failure: {expected} (now: {self.model_error})")
+        field = "xfail" if expected == entry.xfail else f"capture_xfail.{capture}"
         message = (
-            f"corpus entry {entry.name!r} is listed as an expected failure ({entry.xfail}), but it now "
-            f"traces and runs with {library_versions(entry.source)}: remove `xfail` from its catalogue "
+            f"corpus entry {entry.name!r} is listed as an expected failure under {capture} ({expected}), but it now "
+            f"captures and runs with {library_versions(entry.source)}: remove `{field}` from its catalogue "
             "entry so the checks run on it"
         )
         return self._result(check, FAILED, message=message, finding=message)
@@ -161,7 +162,8 @@ class Runner:
         return [self.run(name) for name in (checks.NAMES if names is None else names)]
 
     def _result(self, check: str, outcome: Outcome, **fields: Any) -> CheckResult:
-        return CheckResult(check, self.case.name, self.transform.spec, outcome, **fields)
+        return CheckResult(check, self.case.name, self.transform.spec, outcome, capture=self.subject.capture.name,
+                           **fields)
 
     def _failure_message(self, check: str, finding: Finding) -> str:
         entry = self.case.entry

@@ -23,7 +23,7 @@ import torch
 from torch import fx, nn
 
 from fxverify.analysis.compare import Tolerance
-from fxverify.analysis.module_state import Snapshot
+from fxverify.analysis.module_state import Snapshot, buffers_digest
 from fxverify.analysis.parameters import Fate, rewrites_state, tensor_fates
 from fxverify.capture import Capture
 from fxverify.cases.case import ModelCase, load_case
@@ -53,7 +53,9 @@ class Applied:
     ``fates`` says what became of each parameter and buffer of the original (seen as
     the transform returned, see :mod:`fxverify.analysis.parameters`); ``rewrites_state``
     whether the result holds other parameters or buffers than the original's;
-    ``changes`` which aspects of the module the transform changed (empty: none).
+    ``changes`` which aspects of the module the transform changed (empty: none); ``buffers`` the
+    checksums of the original's and the result's buffers as the transform left them (a model that
+    updates buffers in forward, run by one check more often than by another, no longer has them).
     """
 
     mode: str
@@ -64,6 +66,12 @@ class Applied:
     fates: list[Fate]
     rewrites_state: bool
     changes: list[str]
+    buffers: tuple[int, int]
+
+    @property
+    def state_advanced(self) -> bool:
+        """Whether running the original or the result has changed their buffers since the transform."""
+        return (buffers_digest(self.original), buffers_digest(self.result)) != self.buffers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +107,11 @@ class Subject:
         self.uncopyable: dict[str, str] = {}  # "original" / "result" -> why copy.deepcopy of it raised
 
     @property
+    def expected_failure(self) -> str | None:
+        """Why the catalogue expects the model not to capture or run under this capture, or None."""
+        return self.case.entry.expected_failure(self.capture.name)
+
+    @property
     def contract(self) -> Contract:
         return self.transform.contract
 
@@ -121,6 +134,13 @@ class Subject:
     @property
     def primary(self) -> InputConfig:
         return self.case.configs[0]
+
+    @functools.cached_property
+    def configs(self) -> list[InputConfig]:
+        """The case's input configurations the capture's graphs accept, the primary one first (a
+        static export runs at the exported shapes only, a dynamic batch at other batch sizes)."""
+        captured = [spec.shape for spec in self.primary.specs]
+        return [c for c in self.case.configs if self.capture.accepts([spec.shape for spec in c.specs], captured)]
 
     # -- the transform -------------------------------------------------------
     def applied(self, mode: str | None = None) -> Applied:
@@ -147,28 +167,36 @@ class Subject:
         before = Snapshot.take(given)
         result, in_place = self.capture.apply(self.transform, given, timeout=self.timeout)
         input_change = None if in_place else before.first_difference(given)
-        result.train(mode == "train")
+        self.capture.set_mode(result, mode == "train")
         changes = Snapshot.take(original).differences(result)
         fates = tensor_fates(original, result, copies)
         return Applied(mode, original, result, in_place, input_change, fates,
-                       rewrites_state(original, result, copies), changes)
+                       rewrites_state(original, result, copies), changes,
+                       (buffers_digest(original), buffers_digest(result)))
 
-    def capture_fresh(self, mode: str) -> fx.GraphModule:
-        """A fresh graph of a fresh instance of the model, in ``mode``.
+    def capture_fresh(self, mode: str, dtype: torch.dtype | None = None) -> fx.GraphModule:
+        """A fresh graph of a fresh instance of the model, in ``mode`` (with ``dtype``: of the instance
+        in ``dtype``, for captures that bake dtypes into their graphs).
 
         Raises :class:`CaptureFailed` (a finding against the model, not the transform) when
         building or capturing it raises.
         """
         try:
-            return self.case.trace(training=mode == "train", capture=self.capture)
+            return self.case.trace(training=mode == "train", capture=self.capture, dtype=dtype)
         except Exception as exc:
             raise CaptureFailed(self.case.name, self.capture.describe(), exc, mode) from exc
 
     def transformed_fresh(self, mode: str) -> nn.Module:
         """Only the result of the transform applied to a fresh capture in ``mode``, for work that
-        needs no reference or snapshot (determinism reruns, train mode, the cross-process digest)."""
+        needs no reference or snapshot (train mode, the cross-process digest)."""
         result, _ = self.capture.apply(self.transform, self.capture_fresh(mode), timeout=self.timeout)
-        return result.train(mode == "train")
+        return self.capture.set_mode(result, mode == "train")
+
+    def transformed_copy(self, original: fx.GraphModule, mode: str) -> nn.Module:
+        """The result of the transform applied to a ``copy.deepcopy`` of ``original``, a capture in
+        ``mode`` (the determinism reruns: the copy's nodes are made anew)."""
+        result, _ = self.capture.apply(self.transform, copy.deepcopy(original), timeout=self.timeout)
+        return self.capture.set_mode(result, mode == "train")
 
     @functools.cached_property
     def changes(self) -> list[str] | None:
@@ -269,14 +297,18 @@ class Subject:
 
         A result holding other parameters than the original's (a fusion) is the transform applied
         to a ``dtype`` copy of the original, so that its new parameters are computed in ``dtype``;
-        any other result is converted (``copy.deepcopy(result).to(dtype)``)."""
+        any other result is converted (``copy.deepcopy(result).to(dtype)``). Where the capture bakes
+        dtypes into its graphs (``torch.export``), the original is the ``dtype`` model captured
+        again and the result the transform applied to that."""
         applied = self.applied()
         module = applied.original if which == "original" else applied.result
         if dtype is None:
             return module
         key = f"{which}-{dtype}"
         if key not in self._float64:
-            if which == "result" and applied.rewrites_state:
+            if which == "original" and self.capture.recaptures_dtype:
+                self._float64[key] = self.capture_fresh(applied.mode, dtype)
+            elif which == "result" and (applied.rewrites_state or self.capture.recaptures_dtype):
                 self._float64[key] = self._transformed_in(dtype)
             else:
                 self._float64[key] = self.convert(which, module, dtype=dtype)
@@ -326,15 +358,16 @@ class Subject:
         parameters computes them in the module's dtype, so float64 comparisons stay tight.
         Falls back to converting the float32 result when the transform fails on it."""
         applied = self.applied()
+        given = self.capture_fresh(applied.mode, dtype) if self.capture.recaptures_dtype else \
+            self.capture.convert(applied.original, dtype=dtype)
         try:
-            result, _ = self.capture.apply(self.transform, self.capture.convert(applied.original, dtype=dtype),
-                                           timeout=self.timeout)
+            result, _ = self.capture.apply(self.transform, given, timeout=self.timeout)
         except TransformFailed as exc:
             self._float64_exact = False
             self.float64_fallback = exc.cause
             return self.convert("result", applied.result, dtype=dtype)
         self._float64_exact = True
-        return result.to(dtype).train(applied.mode == "train")
+        return self.capture.set_mode(result.to(dtype), applied.mode == "train")
 
     @property
     def float64_exact(self) -> bool:

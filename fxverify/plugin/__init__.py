@@ -64,8 +64,10 @@ def pytest_configure(config: pytest.Config) -> None:
     except FxVerifyError as exc:
         raise pytest.UsageError(f"fxverify: {exc}") from None
     entries = selected_entries(options)
+    from fxverify.plugin.nodeids import model_label
+
     ledger = Ledger(transforms, options.checks, keep_records=bool(options.json or options.html),
-                    models=tuple(e.name for e in entries))
+                    models=tuple(model_label(e.name, capture) for e in entries for capture in options.captures))
     if options.random_graphs:
         graphs = add_random_graphs(config, options)
         entries += graphs.entries

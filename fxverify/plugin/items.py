@@ -1,10 +1,12 @@
 """The pytest items fxverify generates, and the run that owns them.
 
 Imported by the plugin only when ``--fxverify`` is in use. One item per
-(transform, model, check), named ``fxverify[<model>-<check>]``; a model's
-items share one :class:`~fxverify.api.Verification` (capture, transform,
-reference outputs done once per worker), and under pytest-xdist they are
-scheduled together on one worker (:mod:`fxverify.plugin.xdist`).
+(transform, model, capture, check), named ``fxverify[<model>-<check>]``
+(``fxverify[<model>@<capture>-<check>]`` under another capture than the
+default); the items of a model under one capture share one
+:class:`~fxverify.api.Verification` (capture, transform, reference outputs done
+once per worker), and under pytest-xdist they are scheduled together on one
+worker (:mod:`fxverify.plugin.xdist`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from fxverify.engine.results import ERROR, FAILED, SKIPPED, XFAILED
 from fxverify.engine.transform import Transform
 from fxverify.errors import CheckFailed
 from fxverify.plugin.ledger import CHANGED, GOLDEN, OUTCOME
-from fxverify.plugin.nodeids import item_name
+from fxverify.plugin.nodeids import item_name, model_label
 from fxverify.plugin.options import RunOptions
 from fxverify.plugin.order import History
 from fxverify.plugin.reports import report_properties
@@ -41,24 +43,27 @@ class FxVerifyRun:
     references: ReferenceStore | None = None  # None: the original's outputs are computed for each transform
 
     def __post_init__(self) -> None:
-        self._verification: tuple[tuple[str, str], Verification] | None = None
+        self._verification: tuple[tuple[str, str, str], Verification] | None = None
         self._digests = {
-            t.spec: CrossProcessDigests(t, self.cases, timeout=self.options.timeout) for t in self.transforms
+            (t.spec, capture): CrossProcessDigests(t, self.cases, timeout=self.options.timeout, capture=capture)
+            for t in self.transforms for capture in self.options.captures
         }
-        self._digest_wanted: set[tuple[str, str]] = set()  # (transform, model) with a selected determinism item
+        # (transform, model, capture) with a selected determinism item
+        self._digest_wanted: set[tuple[str, str, str]] = set()
 
-    def verification(self, transform: Transform, case: ModelCase) -> Verification:
-        """The shared Verification of (transform, case); only the latest is kept in memory."""
-        key = (transform.spec, case.name)
+    def verification(self, transform: Transform, case: ModelCase, capture: str) -> Verification:
+        """The shared Verification of (transform, case, capture); only the latest is kept in memory."""
+        key = (transform.spec, case.name, capture)
         if self._verification is None or self._verification[0] != key:
             self._verification = None  # release the previous model before building the next
             release_memory()
-            digests = self._digests[transform.spec]
-            if (transform.spec, case.name) in self._digest_wanted:
+            digests = self._digests[transform.spec, capture]
+            if key in self._digest_wanted:
                 digests.request(case.name)  # the server works on it while the other checks run
             o = self.options
             v = Verification(transform, case, timeout=o.timeout, cross_process=digests, golden_dir=o.golden_dir,
-                             update_golden=o.update_golden, repro_dir=o.repro_dir, references=self.references)
+                             update_golden=o.update_golden, repro_dir=o.repro_dir, references=self.references,
+                             capture=case.capture_named(capture))
             self._verification = (key, v)
         return self._verification[1]
 
@@ -66,7 +71,7 @@ class FxVerifyRun:
     @pytest.hookimpl(trylast=True)  # after -k, --deselect and --lf have had their say
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         self._digest_wanted = {
-            (item.transform.spec, item.case.name)
+            (item.transform.spec, item.case.name, item.capture)
             for item in items if isinstance(item, CheckItem) and item.check == "determinism"
         }
 
@@ -100,21 +105,23 @@ class TransformCollector(pytest.Collector):
         if history is not None:
             cases = {e.name: cases[e.name] for e in history.ordered(spec, [case.entry for case in cases.values()])}
         for case in cases.values():
-            for check in history.ordered_checks(spec, case.name, checks) if history is not None else checks:
-                item = CheckItem.from_parent(self, name=item_name(case.name, check), case=case, check=check)
-                item.add_marker(pytest.mark.fxverify)
-                for tag in case.entry.tags:
-                    item.extra_keyword_matches.add(tag)
-                items.append(item)
+            for capture in self.run.options.captures:
+                label = model_label(case.name, capture)
+                for check in history.ordered_checks(spec, label, checks) if history is not None else checks:
+                    item = CheckItem.from_parent(self, name=item_name(label, check), case=case, check=check,
+                                                 capture=capture)
+                    item.add_marker(pytest.mark.fxverify)
+                    item.extra_keyword_matches.update((*case.entry.tags, capture))
+                    items.append(item)
         return items
 
 
 class CheckItem(pytest.Item):
     """One check of one transform on one model."""
 
-    def __init__(self, *, case: ModelCase, check: str, **kwargs: Any) -> None:
+    def __init__(self, *, case: ModelCase, check: str, capture: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.case, self.check = case, check
+        self.case, self.check, self.capture = case, check, capture
 
     @property
     def transform(self) -> Transform:
@@ -124,15 +131,15 @@ class CheckItem(pytest.Item):
     def runtest(self) -> None:
         assert isinstance(self.parent, TransformCollector)
         run = self.parent.run
-        v = run.verification(self.transform, self.case)
+        v = run.verification(self.transform, self.case, self.capture)
         result = v.run(self.check)
         v.subject.collect_garbage()  # what the check made and dropped, before the next check makes more
         try:
-            changes = None if self.case.entry.xfail else v.subject.changes
+            changes = None if v.subject.expected_failure else v.subject.changes
             if run.options.json or run.options.html:
                 self.user_properties.extend(report_properties(result, v.subject, html=bool(run.options.html),
                                                               changed=changes))
-            if not self.case.entry.xfail:
+            if not v.subject.expected_failure:
                 self.user_properties.append((CHANGED, changes))
             if run.options.update_golden and "golden_file" in result.details:
                 self.user_properties.append((GOLDEN, (result.details["golden"], result.details["golden_file"])))

@@ -85,7 +85,9 @@ class Ledger:
             self.records[report.nodeid] = {**given, "nodeid": report.nodeid, "duration": report.duration,
                                            "outcome": outcome.value}
         elif report.failed or report.nodeid not in self.records:  # outside the check: setup, a dead worker
-            self.records[report.nodeid] = record(CheckResult(check, model, spec, outcome, report.longreprtext),
+            name, _, capture = model.partition("@")  # the label of model_label
+            self.records[report.nodeid] = record(CheckResult(check, name, spec, outcome, report.longreprtext,
+                                                             capture=capture or None),
                                                  duration=report.duration, nodeid=report.nodeid)
 
     @pytest.hookimpl(tryfirst=True)

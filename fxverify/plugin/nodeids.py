@@ -1,14 +1,20 @@
 """What an fxverify item's node id holds: ``<transform spec>::fxverify[<model>-<check>]``, made
-and read here only.
+and read here only. Under a capture other than the default, the model is labelled with it,
+``resnet18@export``: the summary, the run history and xdist's scheduling keep one row, one timing
+and one worker per model and capture.
 
->>> nodeid = f"my.mod:fn::{item_name('resnet18', 'numerics')}"
+>>> nodeid = f"my.mod:fn::{item_name(model_label('resnet18', 'export'), 'numerics')}"
 >>> parse_nodeid(nodeid)
-('my.mod:fn', 'resnet18', 'numerics')
+('my.mod:fn', 'resnet18@export', 'numerics')
 >>> parse_nodeid("tests/test_x.py::test_y[resnet18]") is None
 True
 """
 
 from __future__ import annotations
+
+from fxverify.cases.catalogue import model_label
+
+__all__ = ["item_name", "model_label", "parse_nodeid"]
 
 ITEM_PREFIX = "fxverify["
 ITEM_SUFFIX = "]"

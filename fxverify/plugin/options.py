@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from fxverify.cases.catalogue import CAPTURES
 from fxverify.checks import NAMES
 
 TEXT, LINES, PATH, FLAG = "text", "lines", "path", "flag"
@@ -61,6 +62,10 @@ OPTIONS: tuple[Option, ...] = (
            "e.g. attention,batchnorm"),
     Option("fxverify_shard", "I/N", "", "run shard I of N of the selected models (a stable partition, for CI "
            "matrices)"),
+    Option("fxverify_capture", "CAPTURES", CAPTURES[0], f"how the models become the graphs the transform takes, "
+           f"comma-separated: {', '.join(CAPTURES)} (torch.export.export, training IR: the transform takes "
+           "ep.module(); export_core: after run_decompositions()); items of another capture than the first are "
+           "named model@capture, and the capture's name is a -k keyword"),
     Option("fxverify_checks", "CHECKS", "", f"comma-separated subset of checks: {','.join(NAMES)}",
            shown_default="all"),
     Option("fxverify_order", "ORDER", FAST_ORDER, "the order the items run in: 'fast' (what failed last time first, "
@@ -132,6 +137,7 @@ class RunOptions:
     exclude: str
     tags: str
     shard: str
+    captures: tuple[str, ...]
     checks: tuple[str, ...]
     order: str
     reference_cache: bool
@@ -152,6 +158,11 @@ class RunOptions:
         unknown = [c for c in chosen if c not in NAMES]
         if unknown:
             raise _usage("fxverify_checks", f"names unknown checks {unknown}; known: {', '.join(NAMES)}")
+        captures = tuple(dict.fromkeys(c.strip() for c in (raw(config, "fxverify_capture") or "").split(",")
+                                       if c.strip())) or CAPTURES[:1]
+        unknown = [c for c in captures if c not in CAPTURES]
+        if unknown:
+            raise _usage("fxverify_capture", f"names unknown captures {unknown}; known: {', '.join(CAPTURES)}")
         update_golden = bool(raw(config, "fxverify_update_golden"))
         if update_golden and "golden" not in chosen:
             raise pytest.UsageError("fxverify: --fxverify-update-golden writes golden files, but --fxverify-checks "
@@ -162,6 +173,7 @@ class RunOptions:
             exclude=raw(config, "fxverify_exclude") or "",
             tags=raw(config, "fxverify_tags") or "",
             shard=raw(config, "fxverify_shard") or "",
+            captures=captures,
             checks=chosen,
             order=_choice("fxverify_order", raw(config, "fxverify_order") or FAST_ORDER, (FAST_ORDER, CATALOGUE_ORDER)),
             reference_cache=_choice("fxverify_reference_cache", (raw(config, "fxverify_reference_cache") or "on").lower(),

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from fxverify.cases.catalogue import CAPTURES, model_label
 from fxverify.engine.results import CheckResult
 
 SCHEMA_VERSION = 1
@@ -29,7 +30,8 @@ def record(result: CheckResult, *, duration: float | None = None, nodeid: str | 
     feed the HTML only."""
     found: dict[str, Any] = {
         "transform": result.transform,
-        "model": result.model,
+        "model": model_label(result.model, result.capture or CAPTURES[0]),
+        "capture": result.capture or CAPTURES[0],
         "check": result.check,
         "outcome": result.outcome.value,
         "message": result.message,

@@ -1,0 +1,136 @@
+"""The ``export`` and ``export_core`` captures: ATen-level graphs from ``torch.export``.
+
+``export`` is ``torch.export.export(model, inputs)`` (the training IR, ``strict=False``);
+``export_core`` is that program's ``run_decompositions()`` (core ATen, functional). The graph a
+transform takes is the program's ``module()``: a ``GraphModule`` whose parameters and buffers are
+``get_attr`` nodes and whose every node carries ``meta['val']`` (a FakeTensor), the form PT2E
+quantization (``prepare_pt2e``) and most GraphModule-level ATen passes take.
+
+Where the model is checked at more than one batch size, dimension 0 of every input is exported as
+one dynamic ``Dim("batch", min=1, max=MAX_BATCH)`` (from an input with a batch of 2 or more, so that
+it is not specialised to 1); the ``dynamic`` check then checks the result at other sizes.
+
+What does not carry over from symbolic tracing, and skips saying why: ATen nodes bake ``dtype=``
+and ``device=`` into their arguments, so a float64 copy is the float64 model exported again (not a
+cast, :attr:`Export.recaptures_dtype`) and moving a program to another device is not checked; an
+exported module's mode is fixed when it is exported (``ep.module().train()`` raises); it does not
+pickle nor write itself to a folder even untouched; re-exporting is not built yet.
+
+>>> capture = Export(core=True, dynamic_batch=False)
+>>> capture.name, capture.skips("pickle") is not None, capture.skips("numerics")
+('export_core', True, None)
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+import torch
+from torch import fx, nn
+
+from fxverify.engine.results import exception_summary
+from fxverify.engine.transform import Transform
+from fxverify.errors import CopyFailed
+
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
+
+MAX_BATCH = 8  # the dynamic batch's upper bound: the ``dynamic`` check runs the result there
+
+_SKIPS = {
+    "retrace": "re-exporting the result (which replaces retrace on export captures) is not built yet",
+    "pickle": "a torch.export module does not pickle even untouched (its pytree hooks are local functions)",
+    "to_folder": "a torch.export module does not write itself to a folder even untouched",
+    "golden": "golden files are kept for symbolic_trace graphs only",
+    "devices": "ATen nodes bake device= into their arguments: a program is moved by exporting it on the device, "
+               "which fxverify does not do yet",
+    "cuda": "ATen nodes bake device= into their arguments: a program is moved by exporting it on the device, "
+            "which fxverify does not do yet",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Export:
+    """``torch.export.export`` of the model (``core``: then ``run_decompositions()``), with dimension 0
+    of every input dynamic in ``[1, MAX_BATCH]`` when ``dynamic_batch``; the transform takes
+    ``ep.module()``."""
+
+    core: bool = False
+    dynamic_batch: bool = True
+    recaptures_dtype = True  # a float64 copy is the float64 model captured again
+    switches_mode = False  # ep.module().train() raises: the mode is fixed when exporting
+
+    @property
+    def name(self) -> str:
+        return "export_core" if self.core else "export"
+
+    def program(self, module: nn.Module, *, training: bool, inputs: tuple[Any, ...]) -> torch.export.ExportedProgram:
+        """The exported program of ``module`` in the given mode on ``inputs`` (decomposed for ``export_core``)."""
+        module.train(training)
+        dynamic = None
+        if self.dynamic_batch and inputs:
+            batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
+            dynamic = tuple({0: batch} if isinstance(t, torch.Tensor) and t.dim() else None for t in inputs)
+        program = torch.export.export(module, tuple(inputs), dynamic_shapes=dynamic, strict=False)
+        return program.run_decompositions() if self.core else program
+
+    def capture(self, module: nn.Module, *, training: bool, inputs: tuple[Any, ...] = ()) -> fx.GraphModule:
+        """``ep.module()`` of ``module`` exported in the given mode on ``inputs`` (the example inputs:
+        their batch must be 2 or more when the batch is dynamic)."""
+        if not inputs:
+            raise ValueError(f"the {self.name} capture needs example inputs")
+        return self.program(module, training=training, inputs=inputs).module()
+
+    def recapture(self, gm: fx.GraphModule) -> fx.Graph:
+        raise NotImplementedError(_SKIPS["retrace"])  # skipped: see skips()
+
+    def apply(self, transform: Transform, gm: fx.GraphModule, *, timeout: float | None) -> tuple[nn.Module, bool]:
+        """``transform(gm)`` on the program's module, as PT2E-style passes are called."""
+        return transform.apply(gm, timeout=timeout)
+
+    def set_mode(self, module: ModuleT, training: bool) -> ModuleT:
+        """``module`` as it is: an exported module's mode is fixed when it is exported (its ``train()``
+        raises); a module a transform built anew is put in the mode."""
+        if not _is_exported(module):
+            module.train(training)
+        return module
+
+    def convert(self, module: ModuleT, *, dtype: torch.dtype | None = None, device: str | None = None) -> ModuleT:
+        """``copy.deepcopy(module).to(...)``: for what only needs the tensors converted (an exported
+        program's float64 copy is the model exported again, see :attr:`recaptures_dtype`)."""
+        try:
+            copied = copy.deepcopy(module)
+        except Exception as exc:
+            raise CopyFailed(f"copy.deepcopy raised {exception_summary(exc)}") from exc
+        options: dict[str, Any] = {k: v for k, v in (("dtype", dtype), ("device", device)) if v is not None}
+        return copied.to(**options)
+
+    def accepts(self, shapes: Sequence[tuple[int, ...]], captured: Sequence[tuple[int, ...]]) -> bool:
+        """Inputs of the exported shapes, but for a dynamic batch in ``[1, MAX_BATCH]``."""
+        if len(shapes) != len(captured):
+            return False
+        for shape, exported in zip(shapes, captured, strict=True):
+            if not self.dynamic_batch or not shape or len(shape) != len(exported):
+                if tuple(shape) != tuple(exported):
+                    return False
+            elif tuple(shape[1:]) != tuple(exported[1:]) or not 1 <= shape[0] <= MAX_BATCH:
+                return False
+        return True
+
+    def skips(self, check: str) -> str | None:
+        """Why ``check`` does not apply to exported graphs (see the module's docstring), or None."""
+        if check == "dynamic" and not self.dynamic_batch:
+            return "the model is checked at one batch size, so it is exported with a static batch"
+        return _SKIPS.get(check)
+
+    def describe(self) -> str:
+        """e.g. ``export_core (torch.export, run_decompositions, dynamic batch 1..8)``."""
+        how = "torch.export, run_decompositions" if self.core else "torch.export, training IR"
+        return f"{self.name} ({how}, {f'dynamic batch 1..{MAX_BATCH}' if self.dynamic_batch else 'static shapes'})"
+
+
+def _is_exported(module: nn.Module) -> bool:
+    """Whether ``module`` is an ``ep.module()`` (its ``train`` replaced by one that raises)."""
+    return getattr(getattr(module, "train", None), "__func__", None) is not type(module).train

@@ -1,0 +1,68 @@
+"""stateful: a model whose buffers change in forward (tagged ``stateful`` in the corpus) keeps doing so.
+
+A model that updates buffers as it runs (a running mean kept by an observer, a call counter, a
+cache) must, after the transform, leave the same buffers after each call: a pass that drops an
+in-place update whose result nothing reads (dead-code elimination that ignores mutation, a
+functionalization that loses the write-back ``copy_``) changes no output and leaves the state stale.
+A fresh original and a fresh result are called ``CALLS`` times on the primary inputs; after each
+call their outputs and every buffer the original has updated so far are compared (float32 tolerances: the state of the two is the
+float32 state they built themselves).
+
+Skipped for corpus entries not tagged ``stateful``: their buffers do not change in forward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from fxverify.analysis.compare import compare_trees, compare_values
+from fxverify.analysis.module_state import tensor_state
+from fxverify.engine.results import Finding, ModuleRaised, Skip
+from fxverify.engine.subject import Subject
+
+TAG = "stateful"
+CALLS = 3
+
+
+def check(v: Subject) -> dict[str, Any]:
+    if TAG not in v.case.entry.tags:
+        raise Skip(f"the corpus entry is not tagged {TAG!r}: its buffers do not change in forward")
+    mode = v.applied().mode
+    original, result = v.capture_fresh(mode), v.transformed_fresh(mode)
+    initial = {name: t.clone() for name, t in original.named_buffers()}
+    updated: set[str] = set()  # the buffers the original has changed so far
+    for call in range(1, CALLS + 1):
+        where = f"{v.primary.describe()}, float32, {mode} mode, call {call} of {CALLS} on fresh modules"
+        inputs = v.primary.make(v.case.seed)
+        with torch.no_grad():
+            expected = _run(original, inputs, "original", where)
+            actual = _run(result, inputs, "result", where)
+        found = compare_trees(actual, expected, tolerance=v.tolerance)
+        if found is not None:
+            raise Finding(f"outputs differ: {found.describe()}", input=where, where=found.path)
+        before, after = dict(original.named_buffers()), tensor_state(result)
+        updated.update(name for name, t in before.items() if not torch.equal(t, initial[name]))
+        for name in sorted(updated):
+            if name not in after:
+                raise Finding(f"the result no longer holds the buffer {name!r} that the original updates in "
+                              "forward", input=where)
+            found_buffer = compare_values(after[name], before[name], path=f"buffer {name!r} after call {call}",
+                                          tolerance=v.tolerance)
+            if found_buffer is not None:
+                raise Finding(f"buffers updated differently: {found_buffer.describe()}; the result does not "
+                              "update the state the original updates in forward (an in-place update whose result "
+                              "nothing reads was dropped, or its write-back copy_)", input=where,
+                              where=found_buffer.path)
+    if not updated:
+        raise Skip(f"the corpus entry is tagged {TAG!r}, but no buffer of the original changed in {CALLS} calls "
+                   f"in {mode} mode")
+    return {"calls": CALLS, "updated_buffers": sorted(updated)}
+
+
+def _run(module: torch.nn.Module, inputs: tuple[Any, ...], which: str, where: str) -> Any:
+    try:
+        return module(*inputs)
+    except Exception as exc:
+        raise ModuleRaised(which, exc, where) from None

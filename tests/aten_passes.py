@@ -1,0 +1,255 @@
+"""ATen-level passes, correct and buggy, for the ``export`` and ``export_core`` captures: each takes
+``ep.module()`` (a GraphModule of ``torch.ops.aten`` calls, parameters as ``get_attr`` nodes, a
+``meta['val']`` FakeTensor on every node), as PT2E-style passes do. Each buggy one carries a defect
+found in real ATen passes, and the check meant to catch it; every one is written the way its author
+would write it, not to trip fxverify.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+import fxverify
+
+aten = torch.ops.aten
+
+
+# -- helpers -------------------------------------------------------------------------------------
+def _attr(gm: fx.GraphModule, target: str) -> torch.Tensor:
+    owner, _, name = target.rpartition(".")
+    return getattr(gm.get_submodule(owner) if owner else gm, name)
+
+
+def _replace(gm: fx.GraphModule, node: fx.Node, target: Any, args: tuple[Any, ...], *, meta: bool = True,
+             kwargs: dict[str, Any] | None = None) -> fx.Node:
+    """A ``target(*args)`` node in place of ``node``, its meta copied unless ``meta=False``."""
+    with gm.graph.inserting_before(node):
+        new = gm.graph.call_function(target, args, kwargs or {})
+    if meta:
+        new.meta.update(node.meta)
+    node.replace_all_uses_with(new)
+    gm.graph.erase_node(node)
+    return new
+
+
+def _relu_to_clamp_min(gm: fx.GraphModule, *, meta: bool) -> None:
+    swaps = {aten.relu.default: aten.clamp_min.default, aten.relu_.default: aten.clamp_min_.default}
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target in swaps:
+            _replace(gm, node, swaps[node.target], (node.args[0], 0.0), meta=meta)
+
+
+def _batch_hint(size: Any) -> int:
+    """The example value of a (maybe symbolic) size, as a lowering reading meta would take it."""
+    return int(size.node.hint) if isinstance(size, torch.SymInt) else int(size)
+
+
+# -- correct ---------------------------------------------------------------------------------------
+def identity(gm: fx.GraphModule) -> fx.GraphModule:
+    """Nothing changed; the code regenerated."""
+    gm.recompile()
+    return gm
+
+
+def relu_to_clamp_min(gm: fx.GraphModule) -> fx.GraphModule:
+    """relu -> clamp_min(x, 0) and relu_ -> clamp_min_(x, 0) (the training IR keeps in-place relu_),
+    meta copied: the value is the same."""
+    _relu_to_clamp_min(gm, meta=True)
+    gm.recompile()
+    return gm
+
+
+def swap_add_operands(gm: fx.GraphModule) -> fx.GraphModule:
+    """add(a, b) -> add(b, a) for two tensors without alpha: commutative, same promotion and shape."""
+    for node in list(gm.graph.nodes):
+        if node.target == aten.add.Tensor and not node.kwargs and len(node.args) == 2 and \
+                all(isinstance(a, fx.Node) for a in node.args):
+            _replace(gm, node, aten.add.Tensor, (node.args[1], node.args[0]))
+    gm.recompile()
+    return gm
+
+
+def decompose_hardtanh(gm: fx.GraphModule) -> fx.GraphModule:
+    """hardtanh(x, lo, hi) -> clamp(x, lo, hi), meta copied."""
+    for node in list(gm.graph.nodes):
+        if node.target == aten.hardtanh.default:
+            x, low, high = (*node.args, *(None, -1.0, 1.0)[len(node.args):])
+            _replace(gm, node, aten.clamp.default, (x, low, high))
+    gm.recompile()
+    return gm
+
+
+def dead_code_elimination(gm: fx.GraphModule) -> fx.GraphModule:
+    """torch.fx's own DCE, which keeps nodes with side effects (in-place updates of buffers)."""
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return gm
+
+
+@fxverify.contract(modes=("eval",), changes_parameters=True)
+def conv_bn_fold(gm: fx.GraphModule) -> fx.GraphModule:
+    """Fold an eval-mode batch_norm into the convolution before it, new parameters with their meta."""
+    _fold_conv_bn(gm, mean_in_bias=True)
+    return gm
+
+
+# -- buggy ---------------------------------------------------------------------------------------
+def relu_to_clamp_min_without_meta(gm: fx.GraphModule) -> fx.GraphModule:
+    """meta: the new nodes get no meta['val'] (the export Verifier would reject them; make_fx and
+    ep.module() say nothing)."""
+    _relu_to_clamp_min(gm, meta=False)
+    gm.recompile()
+    return gm
+
+
+def rebuilt_with_transformer(gm: fx.GraphModule) -> fx.GraphModule:
+    """meta: an identity written with torch.fx.Transformer, which does not carry meta['val'] over."""
+    return fx.Transformer(gm).transform()
+
+
+def relu_in_float64_with_stale_meta(gm: fx.GraphModule) -> fx.GraphModule:
+    """meta: relu computed in float64 for accuracy, the casts and the relu given the float32 input's
+    meta (the values are right; every later pass reads float32 where there is float64)."""
+    for node in list(gm.graph.nodes):
+        if node.target == aten.relu.default:
+            x = node.args[0]
+            dtype = x.meta["val"].dtype
+            with gm.graph.inserting_before(node):
+                up = gm.graph.call_function(aten._to_copy.default, (x,), {"dtype": torch.float64})
+                relu = gm.graph.call_function(aten.relu.default, (up,))
+                down = gm.graph.call_function(aten._to_copy.default, (relu,), {"dtype": dtype})
+            for new in (up, relu, down):
+                new.meta.update(node.meta)
+            node.replace_all_uses_with(down)
+            gm.graph.erase_node(node)
+    gm.recompile()
+    return gm
+
+
+def linear_as_addmm_with_weight_meta(gm: fx.GraphModule) -> fx.GraphModule:
+    """meta: linear(x, w, b) -> addmm(b, x, t(w)), the transpose given the weight's meta (out x in,
+    where it gives in x out)."""
+    for node in list(gm.graph.nodes):
+        if node.target == aten.linear.default and len(node.args) == 3 and node.args[0].meta["val"].dim() == 2:
+            x, w, b = node.args
+            with gm.graph.inserting_before(node):
+                transposed = gm.graph.call_function(aten.t.default, (w,))
+            transposed.meta.update(w.meta)
+            _replace(gm, node, aten.addmm.default, (b, x, transposed))
+    gm.recompile()
+    return gm
+
+
+def flatten_as_view_of_example_batch(gm: fx.GraphModule) -> fx.GraphModule:
+    """dynamic: flatten(x, 1) -> view(x, [B, -1]) and sym_size(x, 0) -> B, with B the batch read from
+    meta['val'] (the example's): right at the example batch, wrong at every other."""
+    for node in list(gm.graph.nodes):
+        if node.target == aten.flatten.using_ints and node.args[1:2] == (1,) and len(node.args) <= 2:
+            batch = _batch_hint(node.args[0].meta["val"].shape[0])
+            _replace(gm, node, aten.view.default, (node.args[0], [batch, -1]))
+        elif node.target == aten.sym_size.int and node.args[1] == 0:
+            node.replace_all_uses_with(_batch_hint(node.meta["val"]))  # type: ignore[arg-type]
+            gm.graph.erase_node(node)
+    gm.recompile()
+    return gm
+
+
+def flatten_as_view_of_symbolic_batch(gm: fx.GraphModule) -> fx.GraphModule:
+    """dynamic: flatten(x, 1) -> view(x, [s, -1]) with s the SymInt of meta['val'] itself, written into
+    the arguments (bound while exporting only)."""
+    for node in list(gm.graph.nodes):
+        if node.target == aten.flatten.using_ints and node.args[1:2] == (1,) and len(node.args) <= 2:
+            size = node.args[0].meta["val"].shape[0]
+            _replace(gm, node, aten.view.default, (node.args[0], [size, -1]))
+    gm.recompile()
+    return gm
+
+
+def erase_unused_nodes(gm: fx.GraphModule) -> fx.GraphModule:
+    """stateful: a hand-written dead-code elimination that erases every call without users, in-place
+    updates of buffers (add_, the write-back copy_) included."""
+    for node in reversed(list(gm.graph.nodes)):
+        if node.op == "call_function" and not node.users:
+            gm.graph.erase_node(node)
+    gm.recompile()
+    return gm
+
+
+def gelu_without_approximate(gm: fx.GraphModule) -> fx.GraphModule:
+    """numerics: gelu rewritten as gelu(x), its approximate='tanh' lost."""
+    for node in list(gm.graph.nodes):
+        if node.target == aten.gelu.default:
+            _replace(gm, node, aten.gelu.default, (node.args[0],))
+    gm.recompile()
+    return gm
+
+
+@fxverify.contract(modes=("eval",), changes_parameters=True)
+def conv_bn_fold_forgets_mean(gm: fx.GraphModule) -> fx.GraphModule:
+    """numerics: the fold leaves the running mean out of the bias."""
+    _fold_conv_bn(gm, mean_in_bias=False)
+    return gm
+
+
+def hoist_parameters_in_set_order(gm: fx.GraphModule) -> fx.GraphModule:
+    """determinism: get_attr nodes moved to the top in the order of a set of nodes (hashed by id)."""
+    first = next(iter(gm.graph.nodes))
+    for node in {n for n in gm.graph.nodes if n.op == "get_attr"}:
+        first.prepend(node)
+    gm.recompile()
+    return gm
+
+
+def relu_to_clamp_min_without_recompile(gm: fx.GraphModule) -> fx.GraphModule:
+    """lint: the graph is rewritten and gm.recompile() forgotten."""
+    _relu_to_clamp_min(gm, meta=True)
+    return gm
+
+
+# -- the fold, right and wrong ------------------------------------------------------------------------
+def _fold_conv_bn(gm: fx.GraphModule, *, mean_in_bias: bool) -> None:
+    """Fold eval-mode batch_norm into the convolution feeding it: training IR (conv2d, batch_norm with
+    training=False) and core ATen (convolution, _native_batch_norm_legit_no_training + getitem 0)."""
+    graph = gm.graph
+    for index, bn in enumerate(list(graph.nodes)):
+        if bn.target == aten.batch_norm.default and not bn.args[5]:
+            conv, weight, bias, mean, var, eps, outputs = *bn.args[:5], bn.args[7], [bn]
+        elif bn.target == aten._native_batch_norm_legit_no_training.default:
+            conv, weight, bias, mean, var, eps = *bn.args[:5], bn.args[6]
+            outputs = [u for u in bn.users if u.target is operator.getitem and u.args[1] == 0]
+            if len(outputs) != len(bn.users):
+                continue
+        else:
+            continue
+        if not isinstance(conv, fx.Node) or conv.target not in (aten.conv2d.default, aten.convolution.default) \
+                or len(conv.users) != 1 or any(not isinstance(a, fx.Node) for a in (weight, bias, mean, var)):
+            continue
+        conv_weight = _attr(gm, conv.args[1].target)
+        conv_bias = conv.args[2] if len(conv.args) > 2 else None
+        scale = _attr(gm, weight.target) / torch.sqrt(_attr(gm, var.target) + eps)
+        folded_bias = _attr(gm, bias.target) + (_attr(gm, conv_bias.target) if conv_bias is not None else 0.0) * scale
+        if mean_in_bias:
+            folded_bias = folded_bias - _attr(gm, mean.target) * scale
+        gm.register_parameter(f"folded{index}_weight", nn.Parameter(
+            (conv_weight * scale.reshape(-1, *[1] * (conv_weight.dim() - 1))).detach()))
+        gm.register_parameter(f"folded{index}_bias", nn.Parameter(folded_bias.detach()))
+        with graph.inserting_before(conv):
+            new_weight = graph.get_attr(f"folded{index}_weight")
+            new_bias = graph.get_attr(f"folded{index}_bias")
+        new_weight.meta["val"] = conv.args[1].meta["val"]
+        new_bias.meta["val"] = weight.meta["val"]
+        args = list(conv.args) + [None] * (3 - len(conv.args))
+        args[1], args[2] = new_weight, new_bias
+        conv.args = tuple(args)
+        for output in outputs:
+            output.replace_all_uses_with(conv)
+        for output in outputs:
+            graph.erase_node(output)
+        if bn not in outputs:
+            graph.erase_node(bn)
+    graph.eliminate_dead_code()
+    gm.recompile()
