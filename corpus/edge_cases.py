@@ -377,9 +377,11 @@ class BuffersAndConstants(nn.Module):
 
 class RunningStatistics(nn.Module):
     """Buffers that change in every forward pass, in eval mode too, as an observer or a calibration
-    hook keeps them: a running mean of the features (``mul_`` then ``add_`` on the buffer) and a call
-    counter (int64 ``add_``). The output does not read them, so only the buffers show a pass that
-    drops the updates (an exported program writes them back with ``copy_``)."""
+    hook keeps them: a running mean of the features (``lerp_`` on the buffer) and a call counter
+    (int64 ``add_``). The output does not read them, so only the buffers show a pass that drops the
+    updates (an exported program writes them back with ``copy_``). Each update takes a traced value:
+    symbolic tracing runs an update by constants alone (``self.calls += 1``) once, while tracing, and
+    leaves it out of the graph."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -389,8 +391,8 @@ class RunningStatistics(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.fc(x)
-        self.running_mean.mul_(0.9).add_(y.detach().mean(dim=0), alpha=0.1)
-        self.calls.add_(1)
+        self.running_mean.lerp_(y.detach().mean(dim=0), 0.1)
+        self.calls.add_(x.new_ones((), dtype=torch.int64))
         return torch.relu(y)
 
 

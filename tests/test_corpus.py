@@ -148,7 +148,8 @@ def test_user_models_from_the_conftest_hook_are_verified(pytester, monkeypatch):
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--fxverify", IDENTITY,
                                            "--fxverify-corpus=prod_*", "--fxverify-checks=lint,determinism,numerics")
     result.stdout.fnmatch_lines([
-        "*corpus entry 'prod_fixed' is listed as an expected failure under symbolic_trace (stale: used to fail), but it now captures*",
+        "*corpus entry 'prod_fixed' is listed as an expected failure under symbolic_trace (stale: used to fail), "
+        "but it now captures*",
         "prod_mlp * pass * pass * pass *",
         "prod_branchy * xfail * xfail * xfail *",
         "prod_fixed * FAIL * FAIL * FAIL *",

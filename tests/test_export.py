@@ -1,0 +1,193 @@
+"""The ``export`` and ``export_core`` captures: the capture seam, the ``meta``, ``dynamic`` and
+``stateful`` checks, expected failures per capture, and the ATen-level mutation suite
+(``tests/aten_passes.py``) through the plugin."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import fx
+
+import fxverify
+from fxverify.capture import Export, SymbolicTrace
+from fxverify.engine.results import FAILED, PASSED, SKIPPED, XFAILED
+from tests import aten_passes
+
+ATEN = Path(__file__).with_name("aten_passes.py")
+MODELS = "edge_conv_bn_head,edge_running_statistics,layer_activations"
+
+# pass -> (the check meant to catch it, the model it is caught on, a phrase of the finding)
+BUGGY = {
+    "relu_to_clamp_min_without_meta": ("meta", "edge_conv_bn_head", "have no meta['val']"),
+    "rebuilt_with_transformer": ("meta", "edge_conv_bn_head", "torch.fx.Transformer"),
+    "relu_in_float64_with_stale_meta": ("meta", "edge_conv_bn_head", "says dtype torch.float32, the node gives "
+                                                                      "torch.float64"),
+    "linear_as_addmm_with_weight_meta": ("meta", "edge_conv_bn_head", "says shape 10x8, the node gives 8x10"),
+    "flatten_as_view_of_example_batch": ("dynamic", "edge_conv_bn_head", "a size of the example inputs was written"),
+    "flatten_as_view_of_symbolic_batch": ("dynamic", "edge_conv_bn_head", "holds the symbolic size s"),
+    "erase_unused_nodes": ("stateful", "edge_running_statistics", "buffer 'calls' after call 1"),
+    "gelu_without_approximate": ("numerics", "layer_activations", "outputs differ"),
+    "conv_bn_fold_forgets_mean": ("numerics", "edge_conv_bn_head", "outputs differ"),
+    "relu_to_clamp_min_without_recompile": ("lint", "edge_conv_bn_head", "did not call gm.recompile()"),
+}
+CORRECT = ("identity", "relu_to_clamp_min", "swap_add_operands", "decompose_hardtanh", "dead_code_elimination",
+           "conv_bn_fold")
+
+
+def verification(transform, model: str, capture: str = "export") -> fxverify.Verification:
+    case = fxverify.load_case(model)
+    return fxverify.Verification(transform, case, capture=case.capture_named(capture))
+
+
+# -- the capture ---------------------------------------------------------------------------------
+def test_a_model_checked_at_several_batch_sizes_is_exported_with_a_dynamic_batch():
+    case = fxverify.load_case("edge_conv_bn_head")
+    capture = case.capture_named("export")
+    assert capture == Export(core=False, dynamic_batch=True)
+    gm = case.trace(capture=capture)
+    (x,) = gm.graph.find_nodes(op="placeholder")
+    assert isinstance(x.meta["val"].shape[0], torch.SymInt)
+    assert all(node.meta.get("val") is not None for node in gm.graph.nodes if node.op == "call_function")
+    for batch in (1, 3, 8):  # the exported module runs at other batch sizes
+        assert gm(torch.randn(batch, 3, 16, 16)).shape == (batch, 10)
+    assert case.capture_named("symbolic_trace") is case.capture and isinstance(case.capture, SymbolicTrace)
+    with pytest.raises(fxverify.FxVerifyError, match="unknown capture 'dynamo'"):
+        case.capture_named("dynamo")
+
+
+def test_a_static_export_runs_at_the_exported_shapes_only():
+    static, dynamic = Export(dynamic_batch=False), Export()
+    assert static.accepts([(2, 3)], [(2, 3)]) and not static.accepts([(1, 3)], [(2, 3)])
+    assert dynamic.accepts([(1, 3)], [(2, 3)]) and dynamic.accepts([(8, 3)], [(2, 3)])
+    assert not dynamic.accepts([(9, 3)], [(2, 3)]) and not dynamic.accepts([(2, 4)], [(2, 3)])
+    assert "static batch" in static.skips("dynamic") and dynamic.skips("dynamic") is None
+    v = verification(fxverify.examples.identity, "edge_conv_bn_head")
+    assert [c.name for c in v.case.configs] == ["b2-3x16x16", "b1-3x16x16", "b2-3x24x24", "b2-3x16x16-large"]
+    assert [c.name for c in v.subject.configs] == ["b2-3x16x16", "b1-3x16x16", "b2-3x16x16-large"]  # not 24x24
+
+
+def test_checks_that_do_not_apply_to_exported_modules_skip_saying_why():
+    v = verification(aten_passes.identity, "edge_conv_bn_head")
+    results = {name: v.run(name) for name in ("pickle", "to_folder", "retrace", "golden", "devices")}
+    assert all(r.outcome == SKIPPED for r in results.values()), {n: r.message for n, r in results.items()}
+    assert "does not pickle even untouched" in results["pickle"].message
+    numerics = v.run("numerics")
+    assert numerics.outcome == PASSED and "fixes the mode" in numerics.details["other_modes"]
+    symbolic = fxverify.check_meta(aten_passes.identity, "edge_conv_bn_head")
+    assert symbolic.outcome == SKIPPED and "--fxverify-capture export" in symbolic.message
+
+
+def test_the_float64_reference_is_the_float64_model_exported_again():
+    v = verification(aten_passes.identity, "edge_conv_bn_head")
+    original = v.subject.module("original", torch.float64)
+    x = original.graph.find_nodes(op="placeholder")[0]
+    assert x.meta["val"].dtype == torch.float64  # captured from the float64 model, not a converted copy
+    assert v.subject.float64_exact
+
+
+def test_an_expected_failure_is_per_capture():
+    flow = verification(fxverify.examples.identity, "edge_data_dependent_flow").run("lint")
+    assert flow.outcome == XFAILED and "GuardOnDataDependentSymNode" in flow.message
+    # symbolic tracing cannot trace the slice assignment; torch.export can, and the checks run on it
+    sliced = verification(aten_passes.identity, "edge_slice_assignment").run("numerics")
+    assert sliced.outcome == PASSED, sliced.message
+    assert fxverify.check_lint(fxverify.examples.identity, "edge_slice_assignment").outcome == XFAILED
+
+
+def test_determinism_reruns_copy_the_capture_so_the_exporters_own_order_is_not_blamed():
+    assert verification(aten_passes.identity, "edge_conv_bn_head", "export_core").run("determinism").ok
+    found = verification(aten_passes.hoist_parameters_in_set_order, "edge_conv_bn_head").run("determinism")
+    assert found.outcome == FAILED and "order of a set or dict of nodes" in found.message
+
+
+# -- the checks, each catching what it is for ----------------------------------------------------
+def test_meta_names_the_node_without_meta_and_leaves_out_what_torch_itself_leaves_out():
+    found = verification(aten_passes.relu_to_clamp_min_without_meta, "edge_conv_bn_head", "export_core").run("meta")
+    assert found.outcome == FAILED and "%clamp_min_default" in found.node
+    assert "edge_conv_bn_head (edge, export_core" in found.message
+    # core ATen graphs hold _assert_tensor_metadata nodes without meta['val']: not the pass's doing
+    core = verification(aten_passes.identity, "layer_activations", "export_core")
+    assert core.run("meta").outcome == PASSED
+
+
+def test_meta_compares_each_node_with_a_real_run_with_the_dynamic_batch_bound():
+    stale = verification(aten_passes.relu_in_float64_with_stale_meta, "edge_conv_bn_head").run("meta")
+    assert stale.outcome == FAILED and "%_to_copy_default" in stale.node
+    assert "says dtype torch.float32, the node gives torch.float64" in stale.message
+    assert verification(aten_passes.relu_to_clamp_min, "edge_conv_bn_head").run("meta").ok
+
+
+def test_dynamic_runs_the_result_across_the_batch_range_and_skips_what_numerics_reports():
+    ok = verification(aten_passes.identity, "edge_conv_bn_head").run("dynamic")
+    # torch.export assumes a dynamic size is not 0 or 1: the range it records starts at 2
+    assert ok.outcome == PASSED and ok.details["batch_range"] == [2, 8] and 8 in ok.details["batch_sizes"]
+    wrong = verification(aten_passes.gelu_without_approximate, "layer_activations").run("dynamic")
+    assert wrong.outcome == SKIPPED and "already differs" in wrong.message
+    static = fxverify.case_from_module("one_batch", lambda: torch.nn.Linear(3, 3), [(2, 3)], batch_sizes=(2,))
+    assert fxverify.Verification(aten_passes.identity, static, capture=static.capture_named("export")).run(
+        "dynamic").outcome == SKIPPED
+
+
+def test_stateful_compares_the_buffers_a_model_updates_in_forward_on_every_capture():
+    for capture in ("symbolic_trace", "export", "export_core"):
+        assert verification(aten_passes.identity if capture != "symbolic_trace" else fxverify.examples.identity,
+                            "edge_running_statistics", capture).run("stateful").outcome == PASSED
+
+    def drops_the_counter(gm: fx.GraphModule) -> fx.GraphModule:  # symbolic trace: the call_method add_
+        for node in list(gm.graph.nodes):
+            if node.op == "call_method" and node.target == "add_" and node.args[0].target == "calls":
+                gm.graph.erase_node(node)
+        gm.recompile()
+        return gm
+
+    found = fxverify.check_stateful(drops_the_counter, "edge_running_statistics")
+    assert found.outcome == FAILED and "buffer 'calls'" in found.message
+    assert fxverify.check_stateful(fxverify.examples.identity, "edge_conv_bn_head").outcome == SKIPPED
+
+
+def test_numerics_on_a_stateful_model_compares_fresh_modules_once_the_shared_ones_ran_unequally():
+    v = fxverify.Verification(fxverify.examples.identity, "edge_running_statistics")
+    assert v.run("lint").ok  # runs the result, not the original: their buffers part
+    assert v.subject.applied().state_advanced
+    assert v.run("numerics").ok
+
+
+# -- the mutation suite through the plugin --------------------------------------------------------
+def _records(pytester, passes, *args) -> dict[tuple[str, str, str], dict]:
+    report = pytester.path / "report.json"
+    options = [arg for name in passes for arg in ("--fxverify", f"{ATEN}:{name}")]
+    result = pytester.runpytest("-p", "no:cacheprovider", *options, f"--fxverify-corpus={MODELS}",
+                                f"--fxverify-json={report}", *args)
+    records = json.loads(report.read_text())["records"]
+    return result, {(r["transform"].rpartition(":")[2], r["model"], r["check"]): r for r in records}
+
+
+@pytest.mark.slow
+def test_every_buggy_aten_pass_is_caught_by_its_check_naming_model_capture_and_node(pytester):
+    result, records = _records(pytester, BUGGY, "--fxverify-capture=export",
+                               "--fxverify-checks=lint,numerics,stateful,meta,dynamic")
+    assert result.ret == 1
+    for name, (check, model, phrase) in BUGGY.items():
+        found = records[name, f"{model}@export", check]
+        assert found["outcome"] == "failed", (name, found["message"])
+        assert f"fxverify {check} check failed" in found["message"] and phrase in found["message"], found["message"]
+        assert f"model:      {model} (edge, export (torch.export" in found["message"]
+        assert found["capture"] == "export" and found["nodeid"].endswith(f"[{model}@export-{check}]")
+    for (name, _, check), found in records.items():  # no finding where the pass changed nothing
+        if found["changed"] == []:
+            assert found["outcome"] != "failed", (name, check, found["message"])
+
+
+@pytest.mark.slow
+def test_correct_aten_passes_pass_every_check_on_both_captures(pytester):
+    result, records = _records(pytester, CORRECT, "--fxverify-capture=export,export_core", "-k", "not determinism")
+    failed = {key: r["message"] for key, r in records.items() if r["outcome"] not in ("passed", "skipped")}
+    assert result.ret == 0 and not failed, failed
+    assert {key[1] for key in records} == {f"{m}@{c}" for m in MODELS.split(",") for c in ("export", "export_core")}
+    changed = {(name, model) for (name, model, _), r in records.items() if r["changed"]}
+    assert ("conv_bn_fold", "edge_conv_bn_head@export_core") in changed  # the passes did rewrite something
+    assert ("relu_to_clamp_min", "edge_running_statistics@export") in changed
+    result.stdout.fnmatch_lines(["*aten_passes.py:conv_bn_fold*", "edge_conv_bn_head@export * pass *"])
