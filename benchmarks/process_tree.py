@@ -1,11 +1,13 @@
 """The process tree of a running command, read from /proc (Linux): its processes, their memory
 and their roles (the pytest controller, xdist workers, fxverify's digest servers), and the CPU time
-of finished commands. Shared by the benchmarks."""
+of finished commands (:func:`timed`). Shared by the benchmarks."""
 
 from __future__ import annotations
 
 import os
 import resource
+import subprocess
+import time
 
 
 def children_cpu() -> float:
@@ -13,6 +15,18 @@ def children_cpu() -> float:
     CPU time is the difference across it)."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
+
+
+def timed(command: list[str], cwd: str) -> tuple[float, float, str]:
+    """Wall and CPU seconds of ``command``, and pytest's last line (failed checks are figures too;
+    pytest's other errors stop the benchmark)."""
+    cpu, start = children_cpu(), time.perf_counter()
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+    wall, cpu = time.perf_counter() - start, children_cpu() - cpu
+    lines = done.stdout.strip().splitlines() or ["(no output)"]
+    if done.returncode not in (0, 1):
+        raise SystemExit(f"{' '.join(command)} failed ({done.returncode}):\n" + "\n".join(lines[-20:]) + done.stderr)
+    return wall, cpu, lines[-1]
 
 
 def children(pid: int) -> list[int]:

@@ -17,26 +17,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
-from process_tree import children_cpu
+from process_tree import timed
 
 TRANSFORMS = ("fxverify.examples:identity", "fxverify.examples:fuse_conv_bn")
-
-
-def timed(command: list[str], cwd: str) -> tuple[float, float, str]:
-    """Wall and CPU seconds of ``command``, and pytest's last line (failed checks are figures too;
-    pytest's other errors stop the benchmark)."""
-    cpu, start = children_cpu(), time.perf_counter()
-    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
-    wall, cpu = time.perf_counter() - start, children_cpu() - cpu
-    lines = done.stdout.strip().splitlines() or ["(no output)"]
-    if done.returncode not in (0, 1):
-        raise SystemExit(f"{' '.join(command)} failed ({done.returncode}):\n" + "\n".join(lines[-20:]) + done.stderr)
-    return wall, cpu, lines[-1]
 
 
 def compare(name: str, off: list[str], on: list[str], cwd: str, pairs: int) -> None:
