@@ -97,6 +97,16 @@ def test_an_expected_failure_is_per_capture():
     assert fxverify.check_lint(fxverify.examples.identity, "edge_slice_assignment").outcome == XFAILED
 
 
+def test_a_numerics_failure_on_an_export_capture_says_why_no_repro_is_written(tmp_path):
+    case = fxverify.load_case("edge_conv_bn_head")
+    v = fxverify.Verification(aten_passes.conv_bn_fold_forgets_mean, case, capture=case.capture_named("export"),
+                              repro_dir=tmp_path)
+    found = v.run("numerics")
+    assert found.outcome == FAILED and "no repro written: repros are written for symbolic_trace graphs only" in \
+        found.message
+    assert not list(tmp_path.iterdir())
+
+
 def test_determinism_reruns_copy_the_capture_so_the_exporters_own_order_is_not_blamed():
     assert verification(aten_passes.identity, "edge_conv_bn_head", "export_core").run("determinism").ok
     found = verification(aten_passes.hoist_parameters_in_set_order, "edge_conv_bn_head").run("determinism")

@@ -44,6 +44,12 @@ class Capture(Protocol):
         ...
 
     @property
+    def keeps_captures(self) -> bool:
+        """Whether capturing costs so much more than copying that a subject keeps one capture per mode
+        and dtype and copies it for each use."""
+        ...
+
+    @property
     def switches_mode(self) -> bool:
         """Whether ``.train()`` / ``.eval()`` of a captured module is checked (numerics' switched runs)."""
         ...

@@ -28,6 +28,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+import sympy
 import torch
 from torch import fx, nn
 
@@ -38,6 +39,7 @@ from fxverify.errors import CopyFailed
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 MAX_BATCH = 8  # the dynamic batch's upper bound: the ``dynamic`` check runs the result there
+BATCH_RANGE = "fxverify_batch_range"  # gm.meta key: the dynamic batch's range as exported, before any pass
 
 _SKIPS = {
     "retrace": "re-exporting the result (which replaces retrace on export captures) is not built yet",
@@ -61,6 +63,7 @@ class Export:
     dynamic_batch: bool = True
     recaptures_dtype = True  # a float64 copy is the float64 model captured again
     switches_mode = False  # ep.module().train() raises: the mode is fixed when exporting
+    keeps_captures = True  # an export costs 20-60 symbolic traces: one per mode and dtype, copied for each use
 
     @property
     def name(self) -> str:
@@ -81,7 +84,11 @@ class Export:
         their batch must be 2 or more when the batch is dynamic)."""
         if not inputs:
             raise ValueError(f"the {self.name} capture needs example inputs")
-        return self.program(module, training=training, inputs=inputs).module()
+        gm = self.program(module, training=training, inputs=inputs).module()
+        found = batch_range(gm)
+        if found is not None:  # read now: a pass may specialise the symbol in the ShapeEnv its copies share
+            gm.meta[BATCH_RANGE] = found
+        return gm
 
     def recapture(self, gm: fx.GraphModule) -> fx.Graph:
         raise NotImplementedError(_SKIPS["retrace"])  # skipped: see skips()
@@ -134,3 +141,16 @@ class Export:
 def _is_exported(module: nn.Module) -> bool:
     """Whether ``module`` is an ``ep.module()`` (its ``train`` replaced by one that raises)."""
     return getattr(getattr(module, "train", None), "__func__", None) is not type(module).train
+
+
+def batch_range(gm: fx.GraphModule) -> tuple[int, int] | None:
+    """The range of the first input's dynamic dimension 0 as ``gm``'s ShapeEnv records it (torch.export
+    assumes a dynamic size is neither 0 nor 1: a ``Dim(min=1)`` is recorded from 2), or None when
+    it is static."""
+    for node in gm.graph.find_nodes(op="placeholder"):
+        val = node.meta.get("val")
+        size = val.shape[0] if isinstance(val, torch.Tensor) and val.dim() else None
+        if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Symbol):
+            bounds = size.node.shape_env.var_to_range[size.node.expr]
+            return int(bounds.lower), int(bounds.upper)
+    return None

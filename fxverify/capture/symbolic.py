@@ -49,6 +49,7 @@ class SymbolicTrace:
     name = "symbolic_trace"
     recaptures_dtype = False
     switches_mode = True
+    keeps_captures = False  # a trace costs about what a copy does
 
     @property
     def tracer_class(self) -> type[fx.Tracer]:

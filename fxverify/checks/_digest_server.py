@@ -197,7 +197,8 @@ def _serve(spec: str, timeout: float) -> None:
         subject = Subject(transform, case, timeout=timeout,
                           capture=case.capture_named(capture) if isinstance(capture, str) else capture)
         try:
-            answer = digest(subject.transformed_fresh(transform.contract.primary_mode))
+            mode = transform.contract.primary_mode  # the transform given a copy, as the subject's result was made
+            answer = digest(subject.transformed_copy(subject.capture_fresh(mode), mode))
         except TransformFailed as exc:
             answer = f"error: {exc}"
         except Skip as exc:

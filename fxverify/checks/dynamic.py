@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import sympy
 import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
+from fxverify.capture.export import BATCH_RANGE
 from fxverify.cases.inputs import with_batch
 from fxverify.checks.numerics import compare_config, finding_of
 from fxverify.engine.results import Finding, ModuleRaised, Skip
@@ -78,11 +78,8 @@ def check(v: Subject) -> dict[str, Any]:
 
 
 def _batch_range(original: fx.GraphModule) -> tuple[int, int]:
-    """The range of the first input's dynamic dimension 0, as the capture's ShapeEnv records it."""
-    for node in original.graph.find_nodes(op="placeholder"):
-        val = node.meta.get("val")
-        size = val.shape[0] if isinstance(val, torch.Tensor) and val.dim() else None
-        if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Symbol):
-            bounds = size.node.shape_env.var_to_range[size.node.expr]
-            return int(bounds.lower), int(bounds.upper)
-    raise Skip("the capture has no dynamic batch dimension")
+    """The range of the dynamic batch as the capture recorded it, before any pass ran."""
+    found = original.meta.get(BATCH_RANGE)
+    if found is None:
+        raise Skip("the capture has no dynamic batch dimension")
+    return found

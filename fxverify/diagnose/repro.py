@@ -33,6 +33,7 @@ import torch
 from torch import fx, nn
 
 from fxverify.analysis.module_state import resolve
+from fxverify.cases.catalogue import CAPTURES
 from fxverify.diagnose.minimise import DIFFERS, Minimised, minimise_failure
 from fxverify.engine.results import Finding, exception_summary
 from fxverify.engine.subject import Subject
@@ -60,6 +61,10 @@ class ReproOnFailure:
 
     def __call__(self, subject: Subject, check: str, finding: Finding) -> None:
         if check != "numerics":
+            return
+        if subject.capture.name != CAPTURES[0]:
+            finding.what += (f"\nno repro written: repros are written for {CAPTURES[0]} graphs only (a repro of "
+                             f"{subject.capture.name}, a saved program and the pass call, is not built yet)")
             return
         if finding.mode is not None and finding.mode != subject.contract.primary_mode:
             finding.what += f"\nno repro written: only failures in {subject.contract.primary_mode} mode are minimised"

@@ -105,6 +105,8 @@ class Subject:
         self._float64_exact: bool | None = None  # set by each float64 result made
         self.float64_fallback: str | None = None  # why the transform could not be applied to a float64 copy
         self.uncopyable: dict[str, str] = {}  # "original" / "result" -> why copy.deepcopy of it raised
+        # (mode, dtype) -> the capture copied for each use, when the capture keeps captures; or why it failed
+        self._captured: dict[tuple[str, str], fx.GraphModule | CaptureFailed] = {}
 
     @property
     def expected_failure(self) -> str | None:
@@ -176,25 +178,39 @@ class Subject:
 
     def capture_fresh(self, mode: str, dtype: torch.dtype | None = None) -> fx.GraphModule:
         """A fresh graph of a fresh instance of the model, in ``mode`` (with ``dtype``: of the instance
-        in ``dtype``, for captures that bake dtypes into their graphs).
+        in ``dtype``, for captures that bake dtypes into their graphs); for a capture that
+        ``keeps_captures``, a copy of the one capture made in that mode and dtype.
 
         Raises :class:`CaptureFailed` (a finding against the model, not the transform) when
         building or capturing it raises.
         """
-        try:
-            return self.case.trace(training=mode == "train", capture=self.capture, dtype=dtype)
-        except Exception as exc:
-            raise CaptureFailed(self.case.name, self.capture.describe(), exc, mode) from exc
+        key = (mode, str(dtype))
+        if key not in self._captured:
+            try:
+                captured = self.case.trace(training=mode == "train", capture=self.capture, dtype=dtype)
+            except Exception as exc:
+                failed = CaptureFailed(self.case.name, self.capture.describe(), exc, mode)
+                self._captured[key] = failed
+                raise failed from exc
+            if not self.capture.keeps_captures:
+                return captured
+            self._captured[key] = captured
+        kept = self._captured[key]
+        if isinstance(kept, CaptureFailed):
+            raise kept
+        return copy.deepcopy(kept)
 
     def transformed_fresh(self, mode: str) -> nn.Module:
         """Only the result of the transform applied to a fresh capture in ``mode``, for work that
-        needs no reference or snapshot (train mode, the cross-process digest)."""
+        needs no reference or snapshot (train mode, the stateful check)."""
         result, _ = self.capture.apply(self.transform, self.capture_fresh(mode), timeout=self.timeout)
         return self.capture.set_mode(result, mode == "train")
 
     def transformed_copy(self, original: fx.GraphModule, mode: str) -> nn.Module:
         """The result of the transform applied to a ``copy.deepcopy`` of ``original``, a capture in
-        ``mode`` (the determinism reruns: the copy's nodes are made anew)."""
+        ``mode``, as :meth:`apply_fresh` makes the result the checks judge (the determinism reruns and
+        the cross-process digest: a copy orders each node's users as the graph orders the nodes, where
+        ``torch.export`` leaves them in the order it made them)."""
         result, _ = self.capture.apply(self.transform, copy.deepcopy(original), timeout=self.timeout)
         return self.capture.set_mode(result, mode == "train")
 
