@@ -97,6 +97,23 @@ def test_an_expected_failure_is_per_capture():
     assert fxverify.check_lint(fxverify.examples.identity, "edge_slice_assignment").outcome == XFAILED
 
 
+def test_a_contract_names_the_captures_a_pass_is_for():
+    @fxverify.contract(captures=("export_core",))
+    def core_only(gm: fx.GraphModule) -> fx.GraphModule:
+        assert not gm.graph.find_nodes(op="call_function", target=torch.ops.aten.conv2d.default), "core ATen only"
+        return gm
+
+    case = fxverify.load_case("edge_conv_bn_head")
+    assert fxverify.Verification(core_only, case, capture=case.capture_named("export_core")).run("lint").ok
+    for capture in ("symbolic_trace", "export"):  # it would raise there: not a failure, it is not written for them
+        skipped = fxverify.Verification(core_only, case, capture=case.capture_named(capture)).run("lint")
+        assert skipped.outcome == SKIPPED
+        assert f"the contract declares the transform for export_core graphs: not run on {capture}" in skipped.message
+    assert "captures=export_core" in fxverify.contract_of(core_only).describe()
+    with pytest.raises(fxverify.FxVerifyError, match="captures must be a non-empty subset"):
+        fxverify.contract(captures=("dynamo",))
+
+
 def test_a_numerics_failure_on_an_export_capture_says_why_no_repro_is_written(tmp_path):
     case = fxverify.load_case("edge_conv_bn_head")
     v = fxverify.Verification(aten_passes.conv_bn_fold_forgets_mean, case, capture=case.capture_named("export"),

@@ -21,11 +21,11 @@ from typing import Any
 
 import tomllib
 
+from fxverify.engine.contracts import CAPTURES
 from fxverify.errors import CorpusError
 
 SOURCES = ("torchvision", "timm", "edge", "user")
 TRACERS = ("plain", "timm")  # or "module:TracerClass", a torch.fx.Tracer subclass
-CAPTURES = ("symbolic_trace", "export", "export_core")  # see fxverify.capture; the first is the default
 
 
 def model_label(model: str, capture: str) -> str:

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from fxverify.errors import FxVerifyError
 
 MODES = ("eval", "train")
+CAPTURES = ("symbolic_trace", "export", "export_core")  # see fxverify.capture; the first is the default
 DTYPES = ("float32", "float64")  # the floating dtypes the checks run a result in
 DEVICES = ("cpu", "cuda", "meta")  # the device types the checks run a result on
 _ATTRIBUTE = "__fxverify_contract__"
@@ -45,6 +46,9 @@ class Contract:
     ``range_tol``: an absolute tolerance relative to each output's scale:
     differences up to ``range_tol * max(max - min, max(|x|))`` of the expected
     output ``x`` are accepted (a quantizing pass: "within 1e-3 of the output range").
+    ``captures``: the graphs the transform is written for (None: any; an ATen pass
+    declares ``("export", "export_core")``): under another capture its items skip,
+    saying so, whatever the transform would do there.
 
     >>> Contract(modes=("eval",), dtypes=("float32",)).describe()
     'declared: modes=eval changes_parameters=no dtypes=float32'
@@ -58,10 +62,11 @@ class Contract:
     rtol: float | None = None
     atol: float | None = None
     range_tol: float | None = None
+    captures: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "modes", _subset("modes", self.modes, MODES))
-        for name, allowed in (("dtypes", DTYPES), ("devices", DEVICES)):
+        for name, allowed in (("dtypes", DTYPES), ("devices", DEVICES), ("captures", CAPTURES)):
             value = getattr(self, name)
             if value is not None:
                 names = tuple(str(v).removeprefix("torch.") for v in _as_tuple(value))
@@ -88,6 +93,10 @@ class Contract:
         """Whether the result is meant to run in ``dtype`` (``"float64"``)."""
         return self.dtypes is None or dtype in self.dtypes
 
+    def supports_capture(self, capture: str) -> bool:
+        """Whether the transform is written for graphs of ``capture`` (``"export_core"``)."""
+        return self.captures is None or capture in self.captures
+
     def supports_device(self, device: str) -> bool:
         """Whether the result is meant to run on devices of type ``device`` (``"meta"``, ``"cuda"``)."""
         return self.devices is None or device in self.devices
@@ -102,7 +111,7 @@ class Contract:
         """One line for summaries, e.g. ``modes=eval changes_parameters=yes``."""
         parts = [f"modes={'+'.join(self.modes)}"]
         parts.append(f"changes_parameters={'yes' if self.changes_parameters else 'no'}")
-        for name in ("dtypes", "devices"):
+        for name in ("dtypes", "devices", "captures"):
             value = getattr(self, name)
             if value is not None:
                 parts.append(f"{name}={'+'.join(value)}")
@@ -140,6 +149,7 @@ def contract(
     rtol: float | None = None,
     atol: float | None = None,
     range_tol: float | None = None,
+    captures: tuple[str, ...] | None = None,
 ) -> Callable[[F], F]:
     """Declare a transform's contract (see :class:`Contract` for each promise).
 
@@ -153,9 +163,13 @@ def contract(
         inference_only = fxverify.contract(modes=("eval",))(remove_dropout)
         mkldnn = fxverify.contract(modes=("eval",), changes_parameters=True, dtypes=("float32",),
                                    devices=("cpu",), serializable=False)(optimize_for_inference)
+
+        @fxverify.contract(modes=("eval",), captures=("export", "export_core"))  # an ATen-level pass
+        def relu_to_clamp_min(gm):
+            ...
     """
     declared = Contract(modes=modes, changes_parameters=changes_parameters, dtypes=dtypes, devices=devices,
-                        serializable=serializable, rtol=rtol, atol=atol, range_tol=range_tol)
+                        serializable=serializable, rtol=rtol, atol=atol, range_tol=range_tol, captures=captures)
 
     def decorate(fn: F) -> F:
         if not callable(fn):

@@ -90,6 +90,11 @@ class Runner:
         """Run the named check and return its result (never raises for a finding)."""
         if check not in checks.NAMES:
             raise FxVerifyError(f"unknown check {check!r}; known checks: {', '.join(checks.NAMES)}")
+        capture = self.subject.capture.name
+        if not self.transform.contract.supports_capture(capture):
+            declared = ", ".join(self.transform.contract.captures or ())
+            return self._result(check, SKIPPED, message=f"the contract declares the transform for {declared} "
+                                                        f"graphs: not run on {capture}")
         if self.subject.expected_failure:
             return self._expected_failure(check)
         skipped = self.subject.capture.skips(check)
