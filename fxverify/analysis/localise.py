@@ -26,10 +26,12 @@ the original's nodes the transform removed before it: %_0 (call_module 0)
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import operator
 import re
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -128,7 +130,7 @@ def localise(
     matches = correspondence(original, result)
     strict = kept_nodes(original, result, matches)
     pairs = kept_nodes(original, result, matches, strict=False)
-    with torch.no_grad():
+    with torch.no_grad(), uninitialised_memory_filled():
         expected_run = _SteppedRun(original, inputs, {old.name for old, _ in pairs})
         differing = _FirstDifferences(pairs, {new for _, new in strict}, expected_run, tolerance)
         actual_run = _SteppedRun(result, inputs, {new.name for _, new in pairs}, observe=differing)
@@ -156,6 +158,25 @@ def localise(
         return Localisation(outputs, divergence, len(pairs))
     changed = changed_upstream(next(iter(result.graph.find_nodes(op="output"))), kept)
     return Localisation(outputs, None, len(pairs), describe_nodes(result.graph, changed))
+
+
+@contextlib.contextmanager
+def uninitialised_memory_filled() -> Iterator[None]:
+    """While active, torch fills the memory of new uninitialised tensors (NaN for floats, the largest
+    value for integers): an ``aten.empty`` that a graph fills piece by piece (core ATen's circular
+    padding) holds the same values in both runs until it is filled, instead of whatever memory held.
+    torch does this under deterministic algorithms, which are switched on (warnings only) meanwhile."""
+    enabled, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    fill = torch.utils.deterministic.fill_uninitialized_memory  # type: ignore[attr-defined]
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True  # type: ignore[attr-defined]
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*does not have a deterministic implementation.*")
+            yield
+    finally:
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+        torch.utils.deterministic.fill_uninitialized_memory = fill  # type: ignore[attr-defined]
 
 
 def _bytes(value: Any) -> int:
@@ -292,16 +313,8 @@ def localise_gradients(
     pairs = kept_nodes(original, result, matches, strict=False)  # gradients already differ: name where
     grads = []
     for module, names in ((original, {old.name for old, _ in pairs}), (result, {new.name for _, new in pairs})):
-        recorder = RecordingInterpreter(module, names, retain_grad=True)
-        given = tuple(t.detach().clone().requires_grad_(True) if isinstance(t, torch.Tensor) and t.is_floating_point()
-                      else t for t in inputs)
-        module.zero_grad(set_to_none=True)
-        outputs = recorder.run(*given)
-        if differentiable(outputs):
-            loss(outputs).backward()
-        module.zero_grad(set_to_none=True)
-        grads.append({name: pytree.tree_map_only(torch.Tensor, lambda t: t.grad, value)
-                      for name, value in recorder.values.items()})
+        with uninitialised_memory_filled():
+            grads.append(_recorded_gradients(module, names, inputs, loss))
     expected, actual = grads
     kept = {new for _, new in pairs} | set(result.graph.find_nodes(op="placeholder"))
     for old, new in reversed(pairs):
@@ -311,6 +324,20 @@ def localise_gradients(
             return Divergence(new, matches[new], found, code_line(result, new), actual.get(new.name),
                               changed_downstream(new, kept), "feeds")
     return None
+
+
+def _recorded_gradients(module: fx.GraphModule, names: set[str], inputs: tuple[Any, ...],
+                        loss: Callable[[Any], torch.Tensor]) -> dict[str, Any]:
+    """The gradient of ``loss(outputs)`` w.r.t. the value of each node named in ``names``."""
+    recorder = RecordingInterpreter(module, names, retain_grad=True)
+    given = tuple(t.detach().clone().requires_grad_(True) if isinstance(t, torch.Tensor) and t.is_floating_point()
+                  else t for t in inputs)
+    module.zero_grad(set_to_none=True)
+    outputs = recorder.run(*given)
+    if differentiable(outputs):
+        loss(outputs).backward()
+    module.zero_grad(set_to_none=True)
+    return {name: pytree.tree_map_only(torch.Tensor, lambda t: t.grad, value) for name, value in recorder.values.items()}
 
 
 def code_line(gm: fx.GraphModule, node: fx.Node) -> str | None:
