@@ -200,6 +200,14 @@ def _records(pytester, passes, *args) -> dict[tuple[str, str, str], dict]:
     return result, {(r["transform"].rpartition(":")[2], r["model"], r["check"]): r for r in records}
 
 
+def test_an_unknown_capture_stops_at_start_up_naming_the_option(pytester):
+    result = pytester.runpytest("-p", "no:cacheprovider", "--fxverify", f"{ATEN}:identity",
+                                "--fxverify-capture=export,dynamo")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--fxverify-capture (ini fxverify_capture) names unknown captures [[]'dynamo'[]]; "
+                                 "known: symbolic_trace, export, export_core*"])
+
+
 @pytest.mark.slow
 def test_every_buggy_aten_pass_is_caught_by_its_check_naming_model_capture_and_node(pytester):
     result, records = _records(pytester, BUGGY, "--fxverify-capture=export",
