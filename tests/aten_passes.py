@@ -228,6 +228,8 @@ def _fold_conv_bn(gm: fx.GraphModule, *, mean_in_bias: bool) -> None:
         if not isinstance(conv, fx.Node) or conv.target not in (aten.conv2d.default, aten.convolution.default) \
                 or len(conv.users) != 1 or any(not isinstance(a, fx.Node) for a in (weight, bias, mean, var)):
             continue
+        if conv.target == aten.convolution.default and conv.args[6]:
+            continue  # transposed: its weight is (in, out / groups, ...), scaled along dim 1 (fxverify caught that)
         conv_weight = _attr(gm, conv.args[1].target)
         conv_bias = conv.args[2] if len(conv.args) > 2 else None
         scale = _attr(gm, weight.target) / torch.sqrt(_attr(gm, var.target) + eps)
