@@ -88,11 +88,8 @@ class Disagreement:
 def _disagreements(gm: fx.GraphModule, inputs: tuple[Any, ...], which: str, where: str) -> list[Disagreement]:
     """The nodes of ``gm`` whose values, in a real run on ``inputs``, differ from their ``meta['val']``."""
     recorder = _Recorder(gm)
-    try:
-        with torch.no_grad():
-            recorder.run(*inputs)
-    except Exception as exc:
-        raise ModuleRaised(which, exc, where) from None
+    with torch.no_grad():
+        ModuleRaised.guard(which, where, lambda: recorder.run(*inputs))
     bindings: dict[sympy.Symbol, int] = {}
     for node in gm.graph.find_nodes(op="placeholder"):
         _bind(node.meta.get("val"), recorder.values.get(node.name), bindings)

@@ -119,7 +119,8 @@ def _float64_localisation(v: Subject) -> Localisation:
     """Both modules run in float64 on the primary inputs, every kept node recorded."""
     original, result = v.module("original", torch.float64), v.module("result", torch.float64)
     inputs = v.primary.make(v.case.seed, dtype=torch.float64)
-    return localise(original, result, inputs, v.float64_tolerance, guard=lambda run: _run(run, _float64_input(v)))
+    return localise(original, result, inputs, v.float64_tolerance,
+                    guard=functools.partial(ModuleRaised.guard, "result", _float64_input(v)))
 
 
 def _float32_localisation(v: Subject) -> Localisation:
@@ -127,7 +128,8 @@ def _float32_localisation(v: Subject) -> Localisation:
     run is not to be had (a float32-only result), with float32 tolerances."""
     inputs = v.primary.make(v.case.seed)
     where = f"{v.primary.describe()}, float32, {v.contract.primary_mode} mode"
-    return localise(v.module("original"), v.module("result"), inputs, v.tolerance, guard=lambda run: _run(run, where))
+    return localise(v.module("original"), v.module("result"), inputs, v.tolerance,
+                    guard=functools.partial(ModuleRaised.guard, "result", where))
 
 
 def _other_threads() -> int:
@@ -302,11 +304,4 @@ def _compare_runs(v: Subject, original: nn.Module, result: nn.Module, how: str, 
 def _run_reseeded(v: Subject, module: nn.Module, inputs: tuple[Any, ...], where: str, *, original: bool = False) -> Any:
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(v.case.seed + 1)
-        return _run(lambda: module(*inputs), where, original=original)
-
-
-def _run(fn: Any, where: str, *, original: bool = False) -> Any:
-    try:
-        return fn()
-    except Exception as exc:
-        raise ModuleRaised("original" if original else "result", exc, where) from None
+        return ModuleRaised.guard("original" if original else "result", where, lambda: module(*inputs))

@@ -5,20 +5,22 @@ cache) must, after the transform, leave the same buffers after each call: a pass
 in-place update whose result nothing reads (dead-code elimination that ignores mutation, a
 functionalization that loses the write-back ``copy_``) changes no output and leaves the state stale.
 A fresh original and a fresh result are called ``CALLS`` times on the primary inputs; after each
-call their outputs and every buffer the original has updated so far are compared (float32 tolerances: the state of the two is the
-float32 state they built themselves).
+call their outputs and every buffer the original has updated so far are compared (float32
+tolerances: the state of the two is the float32 state they built themselves).
 
 Skipped for corpus entries not tagged ``stateful``: their buffers do not change in forward.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 
 from fxverify.analysis.compare import compare_trees, compare_values
 from fxverify.analysis.module_state import tensor_state
+from fxverify.checks.numerics import finding_of
 from fxverify.engine.results import Finding, ModuleRaised, Skip
 from fxverify.engine.subject import Subject
 
@@ -37,11 +39,11 @@ def check(v: Subject) -> dict[str, Any]:
         where = f"{v.primary.describe()}, float32, {mode} mode, call {call} of {CALLS} on fresh modules"
         inputs = v.primary.make(v.case.seed)
         with torch.no_grad():
-            expected = _run(original, inputs, "original", where)
-            actual = _run(result, inputs, "result", where)
+            expected = ModuleRaised.guard("original", where, functools.partial(original, *inputs))
+            actual = ModuleRaised.guard("result", where, functools.partial(result, *inputs))
         found = compare_trees(actual, expected, tolerance=v.tolerance)
         if found is not None:
-            raise Finding(f"outputs differ: {found.describe()}", input=where, where=found.path)
+            raise finding_of(found, where)
         before, after = dict(original.named_buffers()), tensor_state(result)
         updated.update(name for name, t in before.items() if not torch.equal(t, initial[name]))
         for name in sorted(updated):
@@ -59,10 +61,3 @@ def check(v: Subject) -> dict[str, Any]:
         raise Skip(f"the corpus entry is tagged {TAG!r}, but no buffer of the original changed in {CALLS} calls "
                    f"in {mode} mode")
     return {"calls": CALLS, "updated_buffers": sorted(updated)}
-
-
-def _run(module: torch.nn.Module, inputs: tuple[Any, ...], which: str, where: str) -> Any:
-    try:
-        return module(*inputs)
-    except Exception as exc:
-        raise ModuleRaised(which, exc, where) from None

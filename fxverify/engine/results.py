@@ -6,9 +6,12 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from fxverify.errors import CheckFailed
+
+T = TypeVar("T")
 
 
 class Outcome(str, enum.Enum):
@@ -72,6 +75,15 @@ class ModuleRaised(Finding):
         self.which, self.cause = which, exception_summary(exc)
         what = (ORIGINAL_RAISED if which == "original" else RESULT_RAISED).format(error=self.cause)
         super().__init__(what, input=where)
+
+    @classmethod
+    def guard(cls, which: str, where: str, run: Callable[[], T]) -> T:
+        """``run()``, what it raises made the finding that the ``original`` or ``result`` module raised at
+        ``where`` (the inputs it ran on)."""
+        try:
+            return run()
+        except Exception as exc:
+            raise cls(which, exc, where) from None
 
 
 class CaptureFailed(Finding):
