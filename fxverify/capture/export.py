@@ -23,7 +23,6 @@ pickle nor write itself to a folder even untouched; re-exporting is not built ye
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Sequence
 from typing import Any, TypeVar
@@ -32,24 +31,23 @@ import sympy
 import torch
 from torch import fx, nn
 
-from fxverify.engine.results import exception_summary
+from fxverify.capture.copies import converted_copy
 from fxverify.engine.transform import Transform
-from fxverify.errors import CopyFailed
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 MAX_BATCH = 8  # the dynamic batch's upper bound: the ``dynamic`` check runs the result there
 BATCH_RANGE = "fxverify_batch_range"  # gm.meta key: the dynamic batch's range as exported, before any pass
 
+_NOT_MOVED = ("ATen nodes bake device= into their arguments: a program is moved by exporting it on the device, "
+              "which fxverify does not do yet")
 _SKIPS = {
     "retrace": "re-exporting the result (which replaces retrace on export captures) is not built yet",
     "pickle": "a torch.export module does not pickle even untouched (its pytree hooks are local functions)",
     "to_folder": "a torch.export module does not write itself to a folder even untouched",
     "golden": "golden files are kept for symbolic_trace graphs only",
-    "devices": "ATen nodes bake device= into their arguments: a program is moved by exporting it on the device, "
-               "which fxverify does not do yet",
-    "cuda": "ATen nodes bake device= into their arguments: a program is moved by exporting it on the device, "
-            "which fxverify does not do yet",
+    "devices": _NOT_MOVED,
+    "cuda": _NOT_MOVED,
 }
 
 
@@ -105,14 +103,10 @@ class Export:
         return module
 
     def convert(self, module: ModuleT, *, dtype: torch.dtype | None = None, device: str | None = None) -> ModuleT:
-        """``copy.deepcopy(module).to(...)``: for what only needs the tensors converted (an exported
-        program's float64 copy is the model exported again, see :attr:`recaptures_dtype`)."""
-        try:
-            copied = copy.deepcopy(module)
-        except Exception as exc:
-            raise CopyFailed(f"copy.deepcopy raised {exception_summary(exc)}") from exc
-        options: dict[str, Any] = {k: v for k, v in (("dtype", dtype), ("device", device)) if v is not None}
-        return copied.to(**options)
+        """A copy of ``module`` in ``dtype`` and / or on ``device`` (see
+        :func:`~fxverify.capture.copies.converted_copy`): for what only needs the tensors converted (an
+        exported program's float64 copy is the model exported again, see :attr:`recaptures_dtype`)."""
+        return converted_copy(module, dtype=dtype, device=device)
 
     def accepts(self, shapes: Sequence[tuple[int, ...]], captured: Sequence[tuple[int, ...]]) -> bool:
         """Inputs of the exported shapes, but for a dynamic batch in ``[1, MAX_BATCH]``."""

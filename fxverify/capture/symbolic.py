@@ -14,7 +14,6 @@ timm registers modules and functions that must stay opaque to FX
 from __future__ import annotations
 
 import builtins
-import copy
 import dataclasses
 import functools
 import importlib
@@ -25,9 +24,8 @@ import torch
 from torch import fx, nn
 from torch.fx import _symbolic_trace
 
-from fxverify.engine.results import exception_summary
+from fxverify.capture.copies import converted_copy
 from fxverify.engine.transform import Transform
-from fxverify.errors import CopyFailed
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
@@ -94,23 +92,8 @@ class SymbolicTrace:
         return module.train(training)
 
     def convert(self, module: ModuleT, *, dtype: torch.dtype | None = None, device: str | None = None) -> ModuleT:
-        """A copy of ``module`` in ``dtype`` and / or on ``device``; :class:`~fxverify.errors.CopyFailed`
-        when it cannot be copied. Parameters and buffers are converted as they are copied, not copied
-        first (``copy.deepcopy(module).to(torch.float64)`` holds a third copy of a large model's
-        tensors while it converts; ``.to("meta")`` would copy their data for nothing); the module's
-        ``.to()`` still runs, for modules that do more there (timm's clear their caches)."""
-        memo: dict[int, Any] = {}
-        for tensor in [*module.parameters(), *module.buffers()]:
-            if id(tensor) in memo or (dtype is not None and not tensor.is_floating_point() and device is None):
-                continue
-            moved = tensor.detach().to(dtype=dtype if tensor.is_floating_point() else None, device=device, copy=True)
-            memo[id(tensor)] = nn.Parameter(moved, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else moved
-        try:
-            copied = copy.deepcopy(module, memo)
-        except Exception as exc:
-            raise CopyFailed(f"copy.deepcopy raised {exception_summary(exc)}") from exc
-        options: dict[str, Any] = {k: v for k, v in (("dtype", dtype), ("device", device)) if v is not None}
-        return copied.to(**options)
+        """A copy of ``module`` in ``dtype`` and / or on ``device`` (see :func:`~fxverify.capture.copies.converted_copy`)."""
+        return converted_copy(module, dtype=dtype, device=device)
 
     def accepts(self, shapes: Sequence[tuple[int, ...]], captured: Sequence[tuple[int, ...]]) -> bool:
         """Always: a symbolic trace is shape-agnostic as far as its capture goes."""
