@@ -1,8 +1,9 @@
-"""ATen-level passes, correct and buggy, for the ``export`` and ``export_core`` captures: each takes
-``ep.module()`` (a GraphModule of ``torch.ops.aten`` calls, parameters as ``get_attr`` nodes, a
-``meta['val']`` FakeTensor on every node), as PT2E-style passes do. Each buggy one carries a defect
-found in real ATen passes, and the check meant to catch it; every one is written the way its author
-would write it, not to trip fxverify.
+"""ATen-level passes, correct and buggy, for the ``export``, ``export_core`` and ``make_fx`` captures:
+most take ``ep.module()`` (a GraphModule of ``torch.ops.aten`` calls, parameters as ``get_attr``
+nodes, a ``meta['val']`` FakeTensor on every node), as PT2E-style passes do; the ``*_on_program``
+ones take the ``ExportedProgram`` and ``lifted_*`` ones its lifted graph_module. Each buggy one
+carries a defect found in real ATen passes, and the check meant to catch it; every one is written
+the way its author would write it, not to trip fxverify.
 """
 
 from __future__ import annotations
@@ -36,8 +37,11 @@ def _replace(gm: fx.GraphModule, node: fx.Node, target: Any, args: tuple[Any, ..
     return new
 
 
-def _relu_to_clamp_min(gm: fx.GraphModule, *, meta: bool) -> None:
-    swaps = {aten.relu.default: aten.clamp_min.default, aten.relu_.default: aten.clamp_min_.default}
+_TO_CLAMP_MIN = {aten.relu.default: aten.clamp_min.default, aten.relu_.default: aten.clamp_min_.default}
+_TO_CLAMP = {aten.relu.default: aten.clamp.default, aten.relu_.default: aten.clamp_.default}
+
+
+def _relu_to_clamp_min(gm: fx.GraphModule, *, meta: bool, swaps: dict[Any, Any] = _TO_CLAMP_MIN) -> None:
     for node in list(gm.graph.nodes):
         if node.op == "call_function" and node.target in swaps:
             _replace(gm, node, swaps[node.target], (node.args[0], 0.0), meta=meta)
@@ -55,12 +59,35 @@ def identity(gm: fx.GraphModule) -> fx.GraphModule:
     return gm
 
 
-def relu_to_clamp_min(gm: fx.GraphModule) -> fx.GraphModule:
+def _relu_to_clamp_min_pass(gm: fx.GraphModule) -> fx.GraphModule:
     """relu -> clamp_min(x, 0) and relu_ -> clamp_min_(x, 0) (the training IR keeps in-place relu_),
-    meta copied: the value is the same."""
+    meta copied: the value is the same. clamp_min is not core ATen (run_decompositions turns it into
+    clamp), so it is declared for the other captures: see ``clamp_min_in_core``."""
     _relu_to_clamp_min(gm, meta=True)
     gm.recompile()
     return gm
+
+
+relu_to_clamp_min = fxverify.contract(captures=("export", "make_fx"))(_relu_to_clamp_min_pass)
+
+
+def relu_to_clamp(gm: fx.GraphModule) -> fx.GraphModule:
+    """relu -> clamp(x, 0) and relu_ -> clamp_(x, 0), meta copied: core ATen on every capture."""
+    _relu_to_clamp_min(gm, meta=True, swaps=_TO_CLAMP)
+    gm.recompile()
+    return gm
+
+
+lifted_relu_to_clamp = fxverify.contract(form="lifted")(relu_to_clamp)  # through ep._transform_do_not_use
+
+
+def relu_to_clamp_on_program(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """relu -> clamp on the program's own graph, in place, the signature kept in step by torch's
+    replace hook (the way torch's decompositions rewrite a program)."""
+    with ep.graph_module._set_replace_hook(ep.graph_signature.get_replace_hook()):
+        _relu_to_clamp_min(ep.graph_module, meta=True, swaps=_TO_CLAMP)
+    ep.graph_module.recompile()
+    return ep
 
 
 def swap_add_operands(gm: fx.GraphModule) -> fx.GraphModule:
@@ -200,6 +227,29 @@ def hoist_parameters_in_set_order(gm: fx.GraphModule) -> fx.GraphModule:
     first = next(iter(gm.graph.nodes))
     for node in {n for n in gm.graph.nodes if n.op == "get_attr"}:
         first.prepend(node)
+    gm.recompile()
+    return gm
+
+
+def relu_to_clamp_on_program_stale_signature(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """verifier: the program's graph rewritten in place and its signature left naming the erased relu
+    (ep.module() still runs; torch.export.save and to_edge reject the program)."""
+    _relu_to_clamp_min(ep.graph_module, meta=True, swaps=_TO_CLAMP)
+    ep.graph_module.recompile()
+    return ep
+
+
+clamp_min_in_core = fxverify.contract(captures=("export_core",))(_relu_to_clamp_min_pass)  # opset: not core ATen
+forgets_meta_in_make_fx = fxverify.contract(captures=("make_fx",))(relu_to_clamp_min_without_meta)  # meta
+
+
+@fxverify.contract(captures=("export",))
+def gelu_as_torch_function(gm: fx.GraphModule) -> fx.GraphModule:
+    """opset: aten.gelu rewritten as a call of torch.nn.functional.gelu (right values, meta copied; a
+    torch-level function the Verifier and lowerings reject)."""
+    for node in list(gm.graph.nodes):
+        if node.target == aten.gelu.default:
+            _replace(gm, node, torch.nn.functional.gelu, node.args, kwargs=dict(node.kwargs))
     gm.recompile()
     return gm
 

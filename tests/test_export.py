@@ -1,9 +1,11 @@
-"""The ``export`` and ``export_core`` captures: the capture seam, the ``meta``, ``dynamic`` and
-``stateful`` checks, expected failures per capture, and the ATen-level mutation suite
-(``tests/aten_passes.py``) through the plugin."""
+"""The ``export``, ``export_core`` and ``make_fx`` captures: the capture seam, the pass forms
+(``ep.module()``, the ``ExportedProgram``, its lifted graph), the ``meta``, ``dynamic``,
+``stateful``, ``verifier`` and ``opset`` checks, expected failures per capture, and the ATen-level
+mutation suite (``tests/aten_passes.py``) through the plugin."""
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -12,7 +14,8 @@ import torch
 from torch import fx
 
 import fxverify
-from fxverify.capture import Export, SymbolicTrace
+from fxverify.capture import Export, MakeFx, SymbolicTrace
+from fxverify.capture.export import named_as_exported
 from fxverify.engine.results import FAILED, PASSED, SKIPPED, XFAILED
 from tests import aten_passes
 
@@ -33,8 +36,16 @@ BUGGY = {
     "conv_bn_fold_forgets_mean": ("numerics", "edge_conv_bn_head", "outputs differ"),
     "relu_to_clamp_min_without_recompile": ("lint", "edge_conv_bn_head", "did not call gm.recompile()"),
 }
-CORRECT = ("identity", "relu_to_clamp_min", "swap_add_operands", "decompose_hardtanh", "dead_code_elimination",
-           "conv_bn_fold")
+# passes restricted to one capture by their contract or form: (check, model, phrase, capture)
+BUGGY_PER_CAPTURE = {
+    "relu_to_clamp_on_program_stale_signature": ("verifier", "edge_running_statistics",
+                                                 "output_specs[0] (USER_OUTPUT) names %relu", "export"),
+    "gelu_as_torch_function": ("opset", "layer_activations", "a torch-level function, not an ATen operator", "export"),
+    "clamp_min_in_core": ("opset", "edge_conv_bn_head", "aten.clamp_min.default, which is not a core ATen", "export_core"),
+    "forgets_meta_in_make_fx": ("meta", "edge_conv_bn_head", "have no meta['val']", "make_fx"),
+}
+CORRECT = ("identity", "relu_to_clamp_min", "relu_to_clamp", "swap_add_operands", "decompose_hardtanh",
+           "dead_code_elimination", "conv_bn_fold", "lifted_relu_to_clamp", "relu_to_clamp_on_program")
 
 
 def verification(transform, model: str, capture: str = "export") -> fxverify.Verification:
@@ -56,6 +67,18 @@ def test_a_model_checked_at_several_batch_sizes_is_exported_with_a_dynamic_batch
     assert case.capture_named("symbolic_trace") is case.capture and isinstance(case.capture, SymbolicTrace)
     with pytest.raises(fxverify.FxVerifyError, match="unknown capture 'dynamo'"):
         case.capture_named("dynamo")
+
+
+def test_make_fx_gives_a_functional_aten_graph_with_meta_at_static_shapes():
+    case = fxverify.load_case("edge_conv_bn_head")
+    capture = case.capture_named("make_fx")
+    assert capture == MakeFx() and capture.opset == "functional"
+    gm = case.trace(capture=capture)
+    calls = gm.graph.find_nodes(op="call_function", target=torch.ops.aten.convolution.default)
+    assert calls and all(node.meta.get("val") is not None for node in calls)
+    assert not capture.accepts([(1, 3, 16, 16)], [(2, 3, 16, 16)]) and "static shapes" in capture.skips("dynamic")
+    stateful = verification(aten_passes.identity, "edge_running_statistics", "make_fx").run("lint")
+    assert stateful.outcome == XFAILED and "functionalize()" in stateful.message
 
 
 def test_a_static_export_runs_at_the_exported_shapes_only():
@@ -130,7 +153,57 @@ def test_determinism_reruns_copy_the_capture_so_the_exporters_own_order_is_not_b
     assert found.outcome == FAILED and "order of a set or dict of nodes" in found.message
 
 
+# -- pass forms -------------------------------------------------------------------------------------
+def test_the_form_of_a_pass_is_declared_or_read_from_its_first_parameter():
+    def on_program(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+        return ep
+
+    assert fxverify.Transform.from_callable(on_program).form == "program"
+    assert fxverify.Transform.from_callable(aten_passes.lifted_relu_to_clamp).form == "lifted"
+    assert fxverify.Transform.from_callable(aten_passes.identity).form == "module"
+    skipped = verification(on_program, "edge_conv_bn_head", "symbolic_trace").run("lint")
+    assert skipped.outcome == SKIPPED and "--fxverify-capture export,export_core" in skipped.message
+    with pytest.raises(fxverify.FxVerifyError, match="contract form must be one of"):
+        fxverify.contract(form="graph")
+
+
+def test_a_program_pass_returning_something_else_fails_naming_what_it_accepts():
+    def returns_the_module(ep: torch.export.ExportedProgram):
+        return ep.module()
+
+    found = verification(returns_the_module, "edge_conv_bn_head").run("lint")
+    assert found.outcome == FAILED and "takes an ExportedProgram (form=program)" in found.message
+    assert "accepted: a torch.export.ExportedProgram, or None" in found.message
+
+
+def test_a_program_is_copied_for_the_pass_with_the_names_its_signature_gives():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())  # forward(input): a builtin's name
+    program = torch.export.export(model, (torch.randn(2, 3),), strict=False)
+    copied = copy.deepcopy(program)
+    with pytest.raises(Exception, match="does not match node name input_1"):
+        copied.validate()  # torch renames the placeholder as it copies the graph
+    named_as_exported(copied).validate()
+
+
+def test_a_program_pass_and_a_lifted_pass_are_checked_on_the_program_they_return():
+    for correct in (aten_passes.relu_to_clamp_on_program, aten_passes.lifted_relu_to_clamp):
+        v = verification(correct, "edge_running_statistics")
+        assert v.subject.changes and v.run("verifier").ok and v.run("numerics").ok
+    module_form = verification(aten_passes.identity, "edge_running_statistics").run("verifier")
+    assert module_form.outcome == SKIPPED and "returns no ExportedProgram" in module_form.message
+
+
 # -- the checks, each catching what it is for ----------------------------------------------------
+def test_opset_judges_only_targets_the_capture_did_not_already_have():
+    training_ir = verification(aten_passes.relu_to_clamp_min, "edge_running_statistics").run("opset")
+    assert training_ir.outcome == PASSED and training_ir.details["new_targets_checked"] >= 1  # clamp_min_ is ATen
+    core = verification(aten_passes.relu_to_clamp, "edge_conv_bn_head", "export_core").run("opset")
+    assert core.outcome == PASSED, core.message  # aten.clamp is core ATen
+    assert verification(aten_passes.identity, "edge_running_statistics", "make_fx").run("opset").outcome == XFAILED
+    assert fxverify.check_opset(fxverify.examples.identity, "edge_conv_bn_head").outcome == SKIPPED
+
+
+
 def test_meta_names_the_node_without_meta_and_leaves_out_what_torch_itself_leaves_out():
     found = verification(aten_passes.relu_to_clamp_min_without_meta, "edge_conv_bn_head", "export_core").run("meta")
     assert found.outcome == FAILED and "%clamp_min_default" in found.node
@@ -225,12 +298,28 @@ def test_every_buggy_aten_pass_is_caught_by_its_check_naming_model_capture_and_n
 
 
 @pytest.mark.slow
-def test_correct_aten_passes_pass_every_check_on_both_captures(pytester):
-    result, records = _records(pytester, CORRECT, "--fxverify-capture=export,export_core", "-k", "not determinism")
-    failed = {key: r["message"] for key, r in records.items() if r["outcome"] not in ("passed", "skipped")}
+def test_passes_for_one_capture_or_form_are_caught_there_by_their_check(pytester):
+    result, records = _records(pytester, BUGGY_PER_CAPTURE, "--fxverify-capture=export,export_core,make_fx",
+                               "--fxverify-checks=meta,verifier,opset")
+    assert result.ret == 1
+    for name, (check, model, phrase, capture) in BUGGY_PER_CAPTURE.items():
+        found = records[name, f"{model}@{capture}", check]
+        assert found["outcome"] == "failed", (name, found["message"])
+        assert phrase in found["message"] and found["node"], found["message"]
+        assert f"model:      {model} (edge, {capture} " in found["message"]
+
+
+@pytest.mark.slow
+def test_correct_aten_passes_pass_every_check_on_every_aten_capture(pytester):
+    captures = ("export", "export_core", "make_fx")
+    result, records = _records(pytester, CORRECT, f"--fxverify-capture={','.join(captures)}", "-k",
+                               "not determinism")
+    failed = {key: r["message"] for key, r in records.items() if r["outcome"] not in ("passed", "skipped", "xfailed")}
     assert result.ret == 0 and not failed, failed
-    assert {key[1] for key in records} == {f"{m}@{c}" for m in MODELS.split(",") for c in ("export", "export_core")}
+    assert {key[1] for key in records} == {f"{m}@{c}" for m in MODELS.split(",") for c in captures}
     changed = {(name, model) for (name, model, _), r in records.items() if r["changed"]}
     assert ("conv_bn_fold", "edge_conv_bn_head@export_core") in changed  # the passes did rewrite something
     assert ("relu_to_clamp_min", "edge_running_statistics@export") in changed
+    assert ("relu_to_clamp_on_program", "edge_running_statistics@export_core") in changed
+    assert ("conv_bn_fold", "edge_conv_bn_head@make_fx") in changed
     result.stdout.fnmatch_lines(["*aten_passes.py:conv_bn_fold*", "edge_conv_bn_head@export * pass *"])

@@ -7,7 +7,8 @@ module for the float64 and device runs, and say which checks do not apply to its
 else in fxverify knows how a graph was made. :class:`~fxverify.capture.symbolic.SymbolicTrace`
 (``torch.fx`` symbolic tracing with a plain, timm's or a custom tracer) is the default;
 :class:`~fxverify.capture.export.Export` gives ``torch.export`` graphs (``export``,
-``export_core``); ``docs/architecture.md`` shows how to add another.
+``export_core``) and :class:`~fxverify.capture.make_fx.MakeFx` functionalized ``make_fx`` graphs;
+``docs/architecture.md`` shows how to add another.
 
 >>> capture = for_entry("plain")
 >>> capture.name, capture.skips("retrace")
@@ -23,10 +24,11 @@ import torch
 from torch import fx, nn
 
 from fxverify.capture.export import Export
+from fxverify.capture.make_fx import MakeFx
 from fxverify.capture.symbolic import SymbolicTrace, symbolic
 from fxverify.engine.transform import Transform
 
-__all__ = ["Capture", "Export", "SymbolicTrace", "for_entry"]
+__all__ = ["Capture", "Export", "MakeFx", "SymbolicTrace", "for_entry"]
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
@@ -36,6 +38,12 @@ class Capture(Protocol):
 
     @property
     def name(self) -> str: ...
+
+    @property
+    def opset(self) -> str | None:
+        """The operator set its graphs promise (the ``opset`` check): ``aten`` (ATen operators),
+        ``functional`` (also no mutable schema), ``core`` (also core ATen), or None (torch-level)."""
+        ...
 
     @property
     def recaptures_dtype(self) -> bool:

@@ -20,6 +20,12 @@ from fxverify.errors import CopyFailed
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 
+def not_moved(capture: str) -> str:
+    """Why the devices and cuda checks skip on ``capture``'s ATen graphs."""
+    return (f"ATen nodes bake device= into their arguments: a {capture} graph is moved by capturing it on the "
+            "device, which fxverify does not do yet")
+
+
 def converted_copy(module: ModuleT, *, dtype: torch.dtype | None = None, device: str | None = None) -> ModuleT:
     """A copy of ``module`` in ``dtype`` and / or on ``device``; :class:`~fxverify.errors.CopyFailed`
     when it cannot be copied. Parameters and buffers are converted as they are copied, not copied

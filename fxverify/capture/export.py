@@ -6,6 +6,12 @@ transform takes is the program's ``module()``: a ``GraphModule`` whose parameter
 ``get_attr`` nodes and whose every node carries ``meta['val']`` (a FakeTensor), the form PT2E
 quantization (``prepare_pt2e``) and most GraphModule-level ATen passes take.
 
+A transform that takes the program itself (form ``program``: ``ExportedProgram -> ExportedProgram``)
+or its lifted ``graph_module`` (form ``lifted``, called through ``ep._transform_do_not_use`` as
+torch's own passes are) gets a copy of the program; the module the checks judge is then the
+returned program's ``module()``, which keeps that program in ``meta[PROGRAM]`` for the ``verifier``
+check.
+
 Where the model is checked at more than one batch size, dimension 0 of every input is exported as
 one dynamic ``Dim("batch", min=1, max=MAX_BATCH)`` (from an input with a batch of 2 or more, so that
 it is not specialised to 1); the ``dynamic`` check then checks the result at other sizes.
@@ -24,30 +30,31 @@ pickle nor write itself to a folder even untouched; re-exporting is not built ye
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import sympy
 import torch
 from torch import fx, nn
+from torch.utils import _pytree as pytree
 
-from fxverify.capture.copies import converted_copy
+from fxverify.capture.copies import converted_copy, not_moved
 from fxverify.engine.transform import Transform
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 MAX_BATCH = 8  # the dynamic batch's upper bound: the ``dynamic`` check runs the result there
 BATCH_RANGE = "fxverify_batch_range"  # gm.meta key: the dynamic batch's range as exported, before any pass
+PROGRAM = "fxverify_program"  # gm.meta key: the ExportedProgram a module is the module() of (copied with it)
 
-_NOT_MOVED = ("ATen nodes bake device= into their arguments: a program is moved by exporting it on the device, "
-              "which fxverify does not do yet")
 _SKIPS = {
     "retrace": "re-exporting the result (which replaces retrace on export captures) is not built yet",
     "pickle": "a torch.export module does not pickle even untouched (its pytree hooks are local functions)",
     "to_folder": "a torch.export module does not write itself to a folder even untouched",
     "golden": "golden files are kept for symbolic_trace graphs only",
-    "devices": _NOT_MOVED,
-    "cuda": _NOT_MOVED,
+    "devices": not_moved("torch.export"),
+    "cuda": not_moved("torch.export"),
 }
 
 
@@ -67,6 +74,11 @@ class Export:
     def name(self) -> str:
         return "export_core" if self.core else "export"
 
+    @property
+    def opset(self) -> str:
+        """``core`` (functional core ATen) for ``export_core``, ``aten`` (the training IR, in-place ops kept)."""
+        return "core" if self.core else "aten"
+
     def program(self, module: nn.Module, *, training: bool, inputs: tuple[Any, ...]) -> torch.export.ExportedProgram:
         """The exported program of ``module`` in the given mode on ``inputs`` (decomposed for ``export_core``)."""
         module.train(training)
@@ -82,7 +94,9 @@ class Export:
         their batch must be 2 or more when the batch is dynamic)."""
         if not inputs:
             raise ValueError(f"the {self.name} capture needs example inputs")
-        gm = self.program(module, training=training, inputs=inputs).module()
+        program = self.program(module, training=training, inputs=inputs)
+        gm = program.module()
+        gm.meta[PROGRAM] = program  # a copy of gm copies it, sharing the copy's tensors
         found = batch_range(gm)
         if found is not None:  # read now: a pass may specialise the symbol in the ShapeEnv its copies share
             gm.meta[BATCH_RANGE] = found
@@ -92,8 +106,21 @@ class Export:
         raise NotImplementedError(_SKIPS["retrace"])  # skipped: see skips()
 
     def apply(self, transform: Transform, gm: fx.GraphModule, *, timeout: float | None) -> tuple[nn.Module, bool]:
-        """``transform(gm)`` on the program's module, as PT2E-style passes are called."""
-        return transform.apply(gm, timeout=timeout)
+        """``transform(gm)`` on the program's module, as PT2E-style passes are called; for a transform of
+        form ``program`` or ``lifted``, on the program ``gm`` is the module of (see the module's docstring)."""
+        if transform.form == "module":
+            result, in_place = transform.apply(gm, timeout=timeout)
+            if isinstance(result, fx.GraphModule):  # the program describes the graph as it was before the pass
+                result.meta.pop(PROGRAM, None)
+            return result, in_place
+        program = named_as_exported(gm.meta[PROGRAM])
+        if transform.form == "lifted":
+            transform = dataclasses.replace(transform, fn=functools.partial(_transform_lifted, transform.fn),
+                                            form="program")
+        returned, in_place = transform.apply(program, timeout=timeout)
+        result = returned.module()
+        result.meta[PROGRAM] = returned
+        return result, in_place
 
     def set_mode(self, module: ModuleT, training: bool) -> ModuleT:
         """``module`` as it is: an exported module's mode is fixed when it is exported (its ``train()``
@@ -130,6 +157,37 @@ class Export:
         """e.g. ``export_core (torch.export, run_decompositions, dynamic batch 1..8)``."""
         how = "torch.export, run_decompositions" if self.core else "torch.export, training IR"
         return f"{self.name} ({how}, {f'dynamic batch 1..{MAX_BATCH}' if self.dynamic_batch else 'static shapes'})"
+
+
+def _transform_lifted(fn: Callable[..., Any], program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """``fn`` run on ``program.graph_module`` the way torch's own passes are run on a program (it
+    changes ``program`` too, as that method does)."""
+    from torch.fx.passes.infra.pass_manager import pass_result_wrapper
+
+    return program._transform_do_not_use(pass_result_wrapper(fn))
+
+
+def named_as_exported(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """``program`` with its placeholders and outputs named as its signature names them, as exported.
+
+    ``copy.deepcopy`` of a program renames nodes whose names are Python builtins (``input`` becomes
+    ``input_1``, measured on torch 2.14.1), so that an untouched copy of ``nn.Sequential``'s program
+    fails ``validate()``; the pass is given a copy that validates as the original does.
+    """
+    graph = program.graph_module.graph
+    specs = program.graph_signature
+    placeholders = graph.find_nodes(op="placeholder")
+    outputs = [a for a in pytree.tree_leaves(graph.output_node().args) if isinstance(a, fx.Node)]
+    renamed = False
+    for nodes, named in ((placeholders, specs.input_specs), (outputs, specs.output_specs)):
+        for node, spec in zip(nodes, named, strict=False):
+            name = getattr(spec.arg, "name", None)
+            if isinstance(name, str) and node.name != name:
+                node.name = name  # the signature's name: the copy's namespace still avoids a clash in code
+                renamed = True
+    if renamed:
+        program.graph_module.recompile()
+    return program
 
 
 def _is_exported(module: nn.Module) -> bool:

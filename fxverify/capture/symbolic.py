@@ -32,6 +32,7 @@ ModuleT = TypeVar("ModuleT", bound=nn.Module)
 _SKIPS = {
     "meta": "symbolic_trace graphs carry no meta['val'] (run with --fxverify-capture export to check it)",
     "dynamic": "symbolic_trace graphs have no dynamic dimensions (run with --fxverify-capture export to check them)",
+    "verifier": "symbolic_trace graphs come with no ExportedProgram to verify (run with --fxverify-capture export)",
 }
 
 
@@ -45,6 +46,7 @@ class SymbolicTrace:
     tracer: str = "plain"
     concrete_args: tuple[tuple[str, Any], ...] = ()
     name = "symbolic_trace"
+    opset = None  # torch-level graphs
     recaptures_dtype = False
     switches_mode = True
     keeps_captures = False  # a trace costs about what a copy does

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from fxverify.capture import Capture, Export, for_entry
+from fxverify.capture import Capture, Export, MakeFx, for_entry
 from fxverify.cases import catalogue
 from fxverify.cases.catalogue import CAPTURES, CorpusEntry, InputSpec
 from fxverify.cases.inputs import InputConfig, input_configs
@@ -69,6 +69,8 @@ class ModelCase:
         if name in ("export", "export_core"):
             sizes = [config.specs[0].shape[0] for config in self.configs]
             return Export(core=name == "export_core", dynamic_batch=len(set(sizes)) > 1 and sizes[0] >= 2)
+        if name == "make_fx":
+            return MakeFx()
         raise CorpusError(f"unknown capture {name!r}; known captures: {', '.join(CAPTURES)}")
 
     def build(self, *, training: bool = False) -> nn.Module:

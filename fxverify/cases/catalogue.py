@@ -36,6 +36,16 @@ def model_label(model: str, capture: str) -> str:
     ('resnet18', 'resnet18@export')
     """
     return model if capture == CAPTURES[0] else f"{model}@{capture}"
+
+
+def split_label(label: str) -> tuple[str, str]:
+    """``(model, capture)`` of a :func:`model_label`.
+
+    >>> split_label("resnet18@export"), split_label("resnet18")
+    (('resnet18', 'export'), ('resnet18', 'symbolic_trace'))
+    """
+    model, _, capture = label.partition("@")
+    return model, capture or CAPTURES[0]
 CATALOGUE_FILES = ("models.toml", "edge.toml", "layers.toml", "full.toml")
 NONE = "None"  # TOML has no null: this string stands for None in concrete_args
 RANDOM_GRAPH_TAG = "random_graph"  # the tag of drawn graphs (fxverify.strategies): no stable golden file

@@ -47,6 +47,10 @@ REGISTRY: tuple[CheckSpec, ...] = (
                                        "computes"),
     CheckSpec("dynamic", "dynamic", "check", "on a dynamic-batch capture, the result takes and computes right "
                                              "every batch size the capture takes"),
+    CheckSpec("verifier", "verifier", "check", "a program the transform returns still validates: its dialect's "
+                                               "rules, and a signature naming the graph's nodes"),
+    CheckSpec("opset", "opset", "check", "on ATen graphs, the result keeps the capture's operator set (ATen, "
+                                         "functional, core ATen)"),
     CheckSpec("recompile", "roundtrips", "check_recompile", "a copy recompiled gives the same code and outputs"),
     CheckSpec("retrace", "roundtrips", "check_retrace", "re-capturing the generated code gives an isomorphic graph"),
     CheckSpec("to_folder", "roundtrips", "check_to_folder", "gm.to_folder() exported and imported again computes "

@@ -18,7 +18,9 @@ from typing import Any, TypeVar
 from fxverify.errors import FxVerifyError
 
 MODES = ("eval", "train")
-CAPTURES = ("symbolic_trace", "export", "export_core")  # see fxverify.capture; the first is the default
+CAPTURES = ("symbolic_trace", "export", "export_core", "make_fx")  # see fxverify.capture; the first is the default
+FORMS = ("module", "program", "lifted")  # what a transform takes (see Contract.form)
+PROGRAM_CAPTURES = ("export", "export_core")  # the captures that make an ExportedProgram
 DTYPES = ("float32", "float64")  # the floating dtypes the checks run a result in
 DEVICES = ("cpu", "cuda", "meta")  # the device types the checks run a result on
 _ATTRIBUTE = "__fxverify_contract__"
@@ -49,6 +51,13 @@ class Contract:
     ``captures``: the graphs the transform is written for (None: any; an ATen pass
     declares ``("export", "export_core")``): under another capture its items skip,
     saying so, whatever the transform would do there.
+    ``form``: what the transform takes, where the capture makes an ``ExportedProgram``
+    (None: read from the annotation of its first parameter, ``module`` unless it is
+    ``ExportedProgram``): ``module``, a ``GraphModule`` (``ep.module()`` under export, as
+    ``prepare_pt2e`` takes it); ``program``, the ``ExportedProgram`` itself (it returns one,
+    or None when it changed it in place); ``lifted``, the program's own ``graph_module``
+    (parameters as placeholders), called through ``ep._transform_do_not_use``. A
+    ``program`` or ``lifted`` transform runs under the export captures only.
 
     >>> Contract(modes=("eval",), dtypes=("float32",)).describe()
     'declared: modes=eval changes_parameters=no dtypes=float32'
@@ -63,8 +72,11 @@ class Contract:
     atol: float | None = None
     range_tol: float | None = None
     captures: tuple[str, ...] | None = None
+    form: str | None = None
 
     def __post_init__(self) -> None:
+        if self.form is not None and self.form not in FORMS:
+            raise FxVerifyError(f"contract form must be one of {FORMS}, got form={self.form!r}")
         object.__setattr__(self, "modes", _subset("modes", self.modes, MODES))
         for name, allowed in (("dtypes", DTYPES), ("devices", DEVICES), ("captures", CAPTURES)):
             value = getattr(self, name)
@@ -115,6 +127,8 @@ class Contract:
             value = getattr(self, name)
             if value is not None:
                 parts.append(f"{name}={'+'.join(value)}")
+        if self.form is not None:
+            parts.append(f"form={self.form}")
         if not self.serializable:
             parts.append("serializable=no")
         for name in ("rtol", "atol", "range_tol"):
@@ -150,6 +164,7 @@ def contract(
     atol: float | None = None,
     range_tol: float | None = None,
     captures: tuple[str, ...] | None = None,
+    form: str | None = None,
 ) -> Callable[[F], F]:
     """Declare a transform's contract (see :class:`Contract` for each promise).
 
@@ -167,9 +182,14 @@ def contract(
         @fxverify.contract(modes=("eval",), captures=("export", "export_core"))  # an ATen-level pass
         def relu_to_clamp_min(gm):
             ...
+
+        @fxverify.contract(modes=("eval",), form="program")  # takes and returns an ExportedProgram
+        def fold_constants(ep):
+            ...
     """
     declared = Contract(modes=modes, changes_parameters=changes_parameters, dtypes=dtypes, devices=devices,
-                        serializable=serializable, rtol=rtol, atol=atol, range_tol=range_tol, captures=captures)
+                        serializable=serializable, rtol=rtol, atol=atol, range_tol=range_tol, captures=captures,
+                        form=form)
 
     def decorate(fn: F) -> F:
         if not callable(fn):

@@ -91,10 +91,9 @@ class Runner:
         if check not in checks.NAMES:
             raise FxVerifyError(f"unknown check {check!r}; known checks: {', '.join(checks.NAMES)}")
         capture = self.subject.capture.name
-        if not self.transform.contract.supports_capture(capture):
-            declared = ", ".join(self.transform.contract.captures or ())
-            return self._result(check, SKIPPED, message=f"the contract declares the transform for {declared} "
-                                                        f"graphs: not run on {capture}")
+        not_run = self.transform.skips_capture(capture)
+        if not_run:
+            return self._result(check, SKIPPED, message=not_run)
         if self.subject.expected_failure:
             return self._expected_failure(check)
         skipped = self.subject.capture.skips(check)

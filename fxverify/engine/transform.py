@@ -4,7 +4,9 @@ called, what it may return, and how long it may take.
 A transform receives a freshly traced ``GraphModule`` and returns an
 ``nn.Module`` (usually a ``GraphModule``), ``None`` (it changed its argument in
 place) or a ``PassResult``. The ``transform(m, tracer_class)`` convention of the
-torch.fx docs is recognised from the signature.
+torch.fx docs is recognised from the signature. Under the export captures a
+transform may instead take the ``ExportedProgram`` (its :attr:`Transform.form`,
+declared in the contract or read from its first parameter's annotation).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, cast
 
-from fxverify.engine.contracts import Contract, contract_of
+from fxverify.engine.contracts import PROGRAM_CAPTURES, Contract, contract_of
 from fxverify.engine.results import exception_summary
 from fxverify.errors import TransformFailed, TransformLoadError
 
@@ -31,6 +33,7 @@ ACCEPTED_RETURNS = (
     "an nn.Module (usually a torch.fx.GraphModule), None (the argument was modified in place), "
     "or a torch.fx.passes.infra.pass_base.PassResult"
 )
+PROGRAM_RETURNS = "a torch.export.ExportedProgram, or None (the program was modified in place)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +50,23 @@ class Transform:
     contract: Contract
     takes_tracer_class: bool
     reloadable: bool = False  # ``Transform.load(spec)`` gives it back (another process can use it)
+    form: str = "module"  # what it takes: see Contract.form
+
+    def skips_capture(self, capture: str) -> str | None:
+        """Why the transform is not run on graphs of ``capture`` (its contract, or its form), or None.
+
+        >>> Transform.from_callable(lambda gm: gm).skips_capture("export") is None
+        True
+        """
+        if not self.contract.supports_capture(capture):
+            declared = ", ".join(self.contract.captures or ())
+            return f"the contract declares the transform for {declared} graphs: not run on {capture}"
+        if self.form != "module" and capture not in PROGRAM_CAPTURES:
+            takes = "an ExportedProgram" if self.form == "program" else "an ExportedProgram's graph_module"
+            return (f"the transform takes {takes} (form={self.form}), which only the {' and '.join(PROGRAM_CAPTURES)} "
+                    f"captures make: not run on {capture} (select them with --fxverify-capture "
+                    f"{','.join(PROGRAM_CAPTURES)})")
+        return None
 
     @classmethod
     def from_callable(cls, fn: Callable[..., Any], spec: str | None = None) -> Transform:
@@ -54,12 +74,15 @@ class Transform:
         if not callable(fn):
             raise TransformLoadError(f"transform {spec or fn!r} is not callable (got {type(fn).__name__})")
         importable = spec or _importable_spec(fn)
+        declared = contract_of(fn)
+        form = declared.form or _form_of(fn)
         return cls(
             fn=fn,
             spec=importable or cast(str, getattr(fn, "__qualname__", repr(fn))),
-            contract=contract_of(fn),
-            takes_tracer_class=_takes_tracer_class(fn, spec or repr(fn)),
+            contract=declared,
+            takes_tracer_class=form == "module" and _takes_tracer_class(fn, spec or repr(fn)),
             reloadable=importable is not None,
+            form=form,
         )
 
     @classmethod
@@ -121,6 +144,13 @@ class Transform:
 
         if returned is None:
             return given, True
+        if self.form == "program":
+            if isinstance(returned, torch.export.ExportedProgram):
+                return returned, returned is given
+            raise TransformFailed(
+                f"transform {self.spec} takes an ExportedProgram (form=program) and returned "
+                f"{type(returned).__module__}.{type(returned).__qualname__} ({_short_repr(returned)}); accepted: "
+                f"{PROGRAM_RETURNS}. A pass on the program's graph_module declares form='lifted'.")
         if isinstance(returned, PassResult):
             returned = returned.graph_module
         if isinstance(returned, torch.nn.Module):
@@ -241,6 +271,22 @@ def _import_module(module_part: str, spec: str) -> Any:
 
 
 _TRACER_PARAM_NAMES = ("tracer_class", "tracer_cls", "tracer")
+
+
+def _form_of(fn: Callable[..., Any]) -> str:
+    """``program`` when ``fn``'s first parameter is annotated ``ExportedProgram``, else ``module``.
+
+    >>> def fold(ep: "torch.export.ExportedProgram") -> None: ...
+    >>> _form_of(fold), _form_of(lambda gm: gm)
+    ('program', 'module')
+    """
+    try:
+        first = next(iter(inspect.signature(fn).parameters.values()), None)
+    except (TypeError, ValueError):
+        return "module"
+    annotation = None if first is None else first.annotation
+    named = annotation if isinstance(annotation, str) else getattr(annotation, "__qualname__", "")
+    return "program" if named.strip("'\"").rpartition(".")[2] == "ExportedProgram" else "module"
 
 
 def _takes_tracer_class(fn: Callable[..., Any], spec: str) -> bool:

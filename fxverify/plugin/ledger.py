@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from fxverify.cases.catalogue import split_label
 from fxverify.engine.results import ERROR, FAILED, PASSED, SKIPPED, XFAILED, CheckResult, Outcome
 from fxverify.engine.transform import Transform
 from fxverify.golden import format_updates
@@ -85,9 +86,9 @@ class Ledger:
             self.records[report.nodeid] = {**given, "nodeid": report.nodeid, "duration": report.duration,
                                            "outcome": outcome.value}
         elif report.failed or report.nodeid not in self.records:  # outside the check: setup, a dead worker
-            name, _, capture = model.partition("@")  # the label of model_label
+            name, capture = split_label(model)
             self.records[report.nodeid] = record(CheckResult(check, name, spec, outcome, report.longreprtext,
-                                                             capture=capture or None),
+                                                             capture=capture),
                                                  duration=report.duration, nodeid=report.nodeid)
 
     @pytest.hookimpl(tryfirst=True)

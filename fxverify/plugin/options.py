@@ -64,7 +64,8 @@ OPTIONS: tuple[Option, ...] = (
            "matrices)"),
     Option("fxverify_capture", "CAPTURES", CAPTURES[0], f"how the models become the graphs the transform takes, "
            f"comma-separated: {', '.join(CAPTURES)} (torch.export.export, training IR: the transform takes "
-           "ep.module(); export_core: after run_decompositions()); items of another capture than the first are "
+           "ep.module(); export_core: after run_decompositions(); make_fx: functionalized); items of another "
+           "capture than the first are "
            "named model@capture, and the capture's name is a -k keyword"),
     Option("fxverify_checks", "CHECKS", "", f"comma-separated subset of checks: {','.join(NAMES)}",
            shown_default="all"),

@@ -38,6 +38,7 @@ def record(result: CheckResult, *, duration: float | None = None, nodeid: str | 
         "finding": result.finding,
         "input": result.input,
         "where": result.where,
+        "node": result.node,
         "max_abs": result.max_abs,
         "max_rel": result.max_rel,
         "divergence": json.loads(json.dumps(result.divergence, default=str)) if result.divergence else None,

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
+from fxverify.cases.catalogue import split_label
+
 REWRITES = ("graph", "state")  # what a transform must change on a model for its rewrite to be verified there
 FEW = 0.1  # a transform that rewrote at most this share of the models "changed almost nothing"
 SHOWN = 5  # models named in a warning
@@ -74,8 +76,35 @@ def rewrite_warning(transform: str, changes: Mapping[str, Sequence[str] | None],
     if lines:
         lines[-1] += (". Select models that have what it rewrites (--fxverify-corpus, --fxverify-tags), or add "
                       "random graphs of the ops it rewrites (--fxverify-random-graphs N)")
+    differing = capture_disagreement(transform, changes)
+    if differing:
+        lines.append(differing)
     graphs = [model for model in ran if model in random_graphs]
     if graphs:
         changed = sum(model in rewrote for model in graphs)
         lines.append(f"{transform} changed {changed} of {len(graphs)} random graphs (graph or parameters)")
     return "\n".join(lines) or None
+
+
+def capture_disagreement(transform: str, changes: Mapping[str, Sequence[str] | None]) -> str | None:
+    """A line naming the models ``transform`` rewrote (graph or parameters) under some captures and
+    not under others (``changes`` keyed by ``model@capture`` labels), or None.
+
+    >>> print(capture_disagreement("my:pass", {"m@export": ["code"], "m@export_core": ["graph"]}))
+    ... # doctest: +ELLIPSIS
+    WARNING: my:pass rewrote 1 model(s) under some captures and not under others (m: export_core, not export): ...
+    """
+    rewrote: dict[str, dict[str, bool]] = {}
+    for label, changed in changes.items():
+        if changed is not None:
+            model, capture = split_label(label)
+            rewrote.setdefault(model, {})[capture] = bool(set(REWRITES) & set(changed))
+    differing = {model: by_capture for model, by_capture in rewrote.items() if len(set(by_capture.values())) > 1}
+    if not differing:
+        return None
+    shown = "; ".join(f"{model}: {', '.join(c for c, yes in by.items() if yes)}, not "
+                      f"{', '.join(c for c, yes in by.items() if not yes)}" for model, by in list(differing.items())[:SHOWN])
+    more = f"; and {len(differing) - SHOWN} more" if len(differing) > SHOWN else ""
+    return (f"WARNING: {transform} rewrote {len(differing)} model(s) under some captures and not under others "
+            f"({shown}{more}): what it matches is missing from the other graphs (the training IR keeps aten.relu_ "
+            "where core ATen has aten.relu), so its items there verify none of its rewrite")
