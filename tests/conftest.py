@@ -5,9 +5,14 @@
 # once; dynamo and the meta device are imported lazily by the checks). Import
 # fxverify's modules and run every check once up front, in this process only
 # (no determinism server: cross_process is not set), so all of them are loaded
-# before any in-process run, and exception classes stay the same objects across runs.
+# before any in-process run, and exception classes stay the same objects across runs;
+# under every capture too (torch.export imports inductor's caches, which register once).
 import fxverify.api
+import fxverify.cases.case
 import fxverify.examples
 import fxverify.plugin.items
 
 fxverify.api.Verification(fxverify.examples.identity, "edge_conv_bn_head").run_all()
+_CASE = fxverify.cases.case.load_case("edge_conv_bn_head")
+for _capture in fxverify.engine.contracts.CAPTURES[1:]:
+    fxverify.api.Verification(lambda gm: gm, _CASE, capture=_CASE.capture_named(_capture)).run_all()
