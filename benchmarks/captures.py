@@ -1,6 +1,6 @@
 """What a capture costs a whole run: pytest with ``-n 2`` over a corpus, one transform, under each
 capture (``--fxverify-capture``), run side by side in rounds (symbolic_trace, export, export_core,
-then again), with wall and CPU time, the median ratio of each capture to ``symbolic_trace`` in the
+make_fx, then again), with wall and CPU time, the median ratio of each capture to ``symbolic_trace`` in the
 same round, seconds per model (the items' durations summed per model, from the JSON report) and
 the failures, which for a correct transform must be none.
 
@@ -24,7 +24,7 @@ from pathlib import Path
 from process_tree import timed
 
 ROOT = Path(__file__).resolve().parents[1]
-CAPTURES = ("symbolic_trace", "export", "export_core")
+CAPTURES = ("symbolic_trace", "export", "export_core", "make_fx")
 
 
 def run(capture: str, args: argparse.Namespace, cwd: str) -> dict[str, float | str | int]:
