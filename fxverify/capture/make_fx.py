@@ -34,6 +34,7 @@ _SKIPS = {
     "golden": "golden files are kept for symbolic_trace graphs only",
     "verifier": "make_fx graphs come with no ExportedProgram and no signature to verify (meta and opset check "
                 "the rules of torch's Verifier that apply to their nodes)",
+    "serde": "make_fx graphs come with no ExportedProgram to save (pickle and to_folder save them)",
     "devices": not_moved("make_fx"),
     "cuda": not_moved("make_fx"),
 }

@@ -33,6 +33,7 @@ _SKIPS = {
     "meta": "symbolic_trace graphs carry no meta['val'] (run with --fxverify-capture export to check it)",
     "dynamic": "symbolic_trace graphs have no dynamic dimensions (run with --fxverify-capture export to check them)",
     "verifier": "symbolic_trace graphs come with no ExportedProgram to verify (run with --fxverify-capture export)",
+    "serde": "symbolic_trace graphs come with no ExportedProgram to save (pickle and to_folder save them)",
 }
 
 

@@ -57,6 +57,8 @@ REGISTRY: tuple[CheckSpec, ...] = (
                                                             "the same"),
     CheckSpec("pickle", "roundtrips", "check_pickle", "copy.deepcopy and a pickle round trip give the same graph "
                                                       "and outputs"),
+    CheckSpec("serde", "roundtrips", "check_serde", "a program the transform returns saved with torch.export.save "
+                                                    "and loaded again computes the same"),
     CheckSpec("interpreter", "roundtrips", "check_interpreter", "torch.fx.Interpreter running the graph equals the "
                                                                 "generated forward"),
     CheckSpec("golden", "golden", "check", "the generated code and graph match the committed golden file"),

@@ -56,7 +56,7 @@ def check(v: Subject) -> dict[str, Any]:
     _, interpreted_spec = leaves_with_paths(interpreted if interpreter_note is None else v.outputs("result"))
     if expected_spec != actual_spec or expected_spec.num_leaves != interpreted_spec.num_leaves:
         raise Finding(
-            f"output structure changed: expected {expected_spec}, got {actual_spec}",
+            f"output structure changed: expected {expected_spec}, got {actual_spec}{_lost_codegen(applied.original, graph)}",
             input=v.primary.describe(),
             where="output",
         )
@@ -88,3 +88,14 @@ def _interpret(v: Subject, result: fx.GraphModule, original: fx.GraphModule) -> 
 
 def _placeholders(graph: fx.Graph) -> list[str]:
     return [f"{n.target}={n.args[0]!r}" if n.args else str(n.target) for n in graph.find_nodes(op="placeholder")]
+
+
+def _lost_codegen(original: fx.GraphModule, graph: fx.Graph) -> str:
+    """Why the outputs' structure changed when the result's graph lost the original's own code generator
+    (an ``ep.module()``'s ``_PyTreeCodeGen`` packs and unpacks its inputs and outputs); "" otherwise."""
+    kept = type(original.graph._codegen)
+    if kept is type(graph._codegen) or kept is fx.graph.CodeGen:
+        return ""
+    return (f". The original's graph has a {kept.__name__}, which packs its inputs and outputs, and the result's "
+            f"graph a plain {type(graph._codegen).__name__}: a pass that builds a new fx.Graph must carry it over "
+            "(new_graph.set_codegen(copy.deepcopy(gm.graph._codegen)))")

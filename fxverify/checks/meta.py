@@ -95,8 +95,8 @@ def _disagreements(gm: fx.GraphModule, inputs: tuple[Any, ...], which: str, wher
         _bind(node.meta.get("val"), recorder.values.get(node.name), bindings)
     found = []
     for node in gm.graph.nodes:
-        if "val" not in node.meta or node.name not in recorder.values:
-            continue
+        if node.meta.get("val") is None or node.name not in recorder.values:  # None: no description (torch's
+            continue  # Verifier accepts it; move_to_device_pass writes it on nodes that had none)
         what = _differs(node.meta["val"], recorder.values[node.name], bindings)
         if what is not None:
             found.append(Disagreement(node.name, node.target, node.format_node() or node.name, what))

@@ -13,7 +13,8 @@ breaks them, and ``make_fx`` graphs are not verified by torch at all.
 Each target the result uses that the capture's own graph does not is judged by the capture's
 :attr:`~fxverify.capture.Capture.opset` (``aten``: ATen operators; ``functional``: also no
 mutable schema; ``core``: also core ATen). Targets the capture's graph already has are not
-blamed on the pass. Skipped for torch-level captures (``symbolic_trace``).
+blamed on the pass. Skipped for torch-level captures (``symbolic_trace``) and for a contract
+declaring ``keeps_opset=False`` (a result that leaves the operator set by design).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ def check(v: Subject) -> dict[str, Any]:
     opset = v.capture.opset
     if opset is None:
         raise Skip(f"{v.capture.name} graphs are torch-level, not ATen-level: no operator set to keep")
+    if not v.contract.keeps_opset:
+        raise Skip("the contract declares that the result leaves the capture's operator set (keeps_opset=False)")
     applied = v.applied()
     if not isinstance(applied.result, fx.GraphModule):
         raise Skip(f"the transform returned a {type(applied.result).__name__}, not a GraphModule: no graph to check")

@@ -1,6 +1,7 @@
-"""Round trips: recompile, retrace, to_folder, pickle/deepcopy and the Interpreter all agree with the module.
+"""Round trips: recompile, retrace, to_folder, pickle/deepcopy, torch.export's save and load, and the
+Interpreter all agree with the module.
 
-Five checks, each on the transformed GraphModule, each comparing with that module's own
+Six checks, each on the transformed GraphModule, each comparing with that module's own
 outputs on the primary inputs (value by value, first differing output path named):
 
 - ``recompile``: a copy recompiled has the same code and outputs (a graph edited without
@@ -16,7 +17,11 @@ outputs on the primary inputs (value by value, first differing output path named
 - ``pickle``: ``copy.deepcopy`` gives the same code, a ``pickle`` round trip (which re-traces
   the code) an isomorphic graph, both the same outputs;
 - ``interpreter``: ``torch.fx.Interpreter`` (the graph, node by node) equals the generated
-  forward, output by output.
+  forward, output by output;
+- ``serde``: an ``ExportedProgram`` the transform returned (forms ``program`` and ``lifted``) saved
+  with ``torch.export.save`` and loaded again, its ``module()`` the same outputs (on export
+  captures, where ``pickle`` and ``to_folder`` fail even untouched). A program that fails
+  ``validate()``, which ``save`` runs first, is the ``verifier`` check's finding: skipped.
 
 When the original trace fails the same round trip (torch's ``to_folder`` cannot export a
 function registered with ``torch.fx.wrap``, say), the check skips saying that the original fails
@@ -32,7 +37,9 @@ from __future__ import annotations
 import copy
 import functools
 import importlib.util
+import io
 import pickle
+import re
 import sys
 import tempfile
 import warnings
@@ -48,6 +55,7 @@ from fxverify.analysis.compare import compare_trees
 from fxverify.analysis.graph_text import canonical_text
 from fxverify.analysis.module_state import first_line_difference, resolve
 from fxverify.analysis.recording import RecordingInterpreter
+from fxverify.capture.export import PROGRAM, named_as_exported
 from fxverify.capture.symbolic import forget_unpatchable_wraps, unpatchable_wrap_hint
 from fxverify.engine.results import Finding, Skip, exception_summary
 from fxverify.engine.subject import Subject
@@ -88,6 +96,21 @@ def _require_serializable(v: Subject) -> None:
 
 def check_interpreter(v: Subject) -> dict[str, Any]:
     return _round_trip(v, _interpreter)
+
+
+def check_serde(v: Subject) -> dict[str, Any]:
+    _require_serializable(v)
+    result = v.applied().result
+    program = result.meta.get(PROGRAM) if isinstance(result, fx.GraphModule) else None
+    if not isinstance(program, torch.export.ExportedProgram):
+        raise Skip(f"the transform takes the program's module() (form={v.transform.form}) and returns no "
+                   "ExportedProgram to save")
+    try:
+        program.validate()
+    except Exception as exc:  # whatever the verifiers raise: save() would raise it first
+        raise Skip(f"the program fails validate() ({exception_summary(exc)}), which torch.export.save runs first: "
+                   "the verifier check reports it") from None
+    return _round_trip(v, _serde)
 
 
 def _round_trip(v: Subject, trip: Trip, *, retraces: bool = False) -> dict[str, Any]:
@@ -165,6 +188,22 @@ def _to_folder(v: Subject, which: str) -> None:
                          saving=True)
     exported.train(module.training)
     _same_outputs(v, which, exported, "the module exported by to_folder() and imported again computes something else")
+
+
+def _serde(v: Subject, which: str) -> None:
+    program = named_as_exported(_graph_module(v, which).meta[PROGRAM])
+    buffer = io.BytesIO()
+    try:
+        _step("torch.export.save", lambda: torch.export.save(program, buffer))
+    except Finding as finding:  # torch's serializer names the node it could not write: point at it
+        named = re.search(r"serializing node (\S+) in graph", finding.what)
+        found = [n for n in program.graph.nodes if named and n.name == named.group(1)]
+        finding.node = found[0].format_node() if found else None
+        raise
+    buffer.seek(0)
+    loaded = _step("torch.export.load", lambda: torch.export.load(buffer))
+    module = _step("module() of the loaded program", loaded.module)
+    _same_outputs(v, which, module, "the program saved with torch.export.save and loaded again computes something else")
 
 
 def _pickle(v: Subject, which: str) -> None:

@@ -51,6 +51,9 @@ class Contract:
     ``captures``: the graphs the transform is written for (None: any; an ATen pass
     declares ``("export", "export_core")``): under another capture its items skip,
     saying so, whatever the transform would do there.
+    ``keeps_opset``: whether its result stays in the capture's operator set (False: it
+    leaves it by design, as ``prepare_pt2e`` inserts observer modules for a later step to
+    convert; the ``opset`` check skips).
     ``form``: what the transform takes, where the capture makes an ``ExportedProgram``
     (None: read from the annotation of its first parameter, ``module`` unless it is
     ``ExportedProgram``): ``module``, a ``GraphModule`` (``ep.module()`` under export, as
@@ -72,6 +75,7 @@ class Contract:
     atol: float | None = None
     range_tol: float | None = None
     captures: tuple[str, ...] | None = None
+    keeps_opset: bool = True
     form: str | None = None
 
     def __post_init__(self) -> None:
@@ -92,7 +96,7 @@ class Contract:
                 raise FxVerifyError(
                     f"contract {name} must be a non-negative number, got {name}={value!r}"
                 )
-        for name in ("changes_parameters", "serializable"):
+        for name in ("changes_parameters", "serializable", "keeps_opset"):
             if not isinstance(getattr(self, name), bool):
                 raise FxVerifyError(f"contract {name} must be True or False, got {name}={getattr(self, name)!r}")
 
@@ -131,6 +135,8 @@ class Contract:
             parts.append(f"form={self.form}")
         if not self.serializable:
             parts.append("serializable=no")
+        if not self.keeps_opset:
+            parts.append("keeps_opset=no")
         for name in ("rtol", "atol", "range_tol"):
             value = getattr(self, name)
             if value is not None:
@@ -164,6 +170,7 @@ def contract(
     atol: float | None = None,
     range_tol: float | None = None,
     captures: tuple[str, ...] | None = None,
+    keeps_opset: bool = True,
     form: str | None = None,
 ) -> Callable[[F], F]:
     """Declare a transform's contract (see :class:`Contract` for each promise).
@@ -189,7 +196,7 @@ def contract(
     """
     declared = Contract(modes=modes, changes_parameters=changes_parameters, dtypes=dtypes, devices=devices,
                         serializable=serializable, rtol=rtol, atol=atol, range_tol=range_tol, captures=captures,
-                        form=form)
+                        keeps_opset=keeps_opset, form=form)
 
     def decorate(fn: F) -> F:
         if not callable(fn):

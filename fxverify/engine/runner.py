@@ -12,6 +12,7 @@ numerics failure into a repro file is one: :class:`fxverify.diagnose.repro.Repro
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import textwrap
 import traceback
@@ -112,6 +113,8 @@ class Runner:
         return self._result(check, PASSED, details=details)
 
     def _failed(self, check: str, finding: Finding) -> CheckResult:
+        if len(self.transform.steps) > 1:
+            finding.what += f"\n{self.first_failing_step(check)}"
         for hook in self.after_failure:
             try:
                 hook(self.subject, check, finding)
@@ -121,6 +124,22 @@ class Runner:
                             finding=finding.what, input=finding.input, where=finding.where, node=finding.node,
                             divergence=finding.divergence, max_abs=finding.max_abs, max_rel=finding.max_rel,
                             repro=finding.repro)
+
+    def first_failing_step(self, check: str) -> str:
+        """Which step of a pipeline ``check`` first fails after: the check run again on the pipeline's
+        prefixes, shortest first, each on a fresh capture (no post-failure hooks, no cross-process digests)."""
+        steps = self.transform.steps
+        settings = dataclasses.replace(self.subject.settings, cross_process=None)
+        for count in range(1, len(steps)):
+            prefix = Runner(self.transform.prefix(count), self.case, timeout=self.subject.timeout, settings=settings,
+                            capture=self.subject.capture)
+            if prefix.run(check).outcome is FAILED:
+                break
+        else:
+            count = len(steps)
+        before = {1: "", 2: "; step 1 passes it"}.get(count, f"; steps 1 to {count - 1} pass it")
+        return f"first failing step: the {check} check fails after step {count} of {len(steps)}, {steps[count - 1].spec}" \
+               f"{before}"
 
     def internal_error(self, check: str, exc: BaseException, doing: str = "") -> CheckResult:
         """The result of a check that fxverify itself could not complete: an ERROR naming the

@@ -217,10 +217,13 @@ class Subject:
     @functools.cached_property
     def changes(self) -> list[str] | None:
         """Which aspects of the model the transform changed in its primary mode (``state``, ``graph``,
-        ``code``, ``modules``, ``meta``): empty for a no-op; None if the transform failed."""
+        ``code``, ``modules``, ``meta``): empty for a no-op; None if the transform failed, the model
+        did not capture, or the transform is not run on this capture (never called then)."""
+        if self.transform.skips_capture(self.capture.name):  # not run here: its contract or form
+            return None
         try:
             return self.applied().changes
-        except TransformFailed:
+        except (TransformFailed, CaptureFailed):  # the transform's failure, or the model's
             return None
 
     @property

@@ -6,12 +6,16 @@ A transform receives a freshly traced ``GraphModule`` and returns an
 place) or a ``PassResult``. The ``transform(m, tracer_class)`` convention of the
 torch.fx docs is recognised from the signature. Under the export captures a
 transform may instead take the ``ExportedProgram`` (its :attr:`Transform.form`,
-declared in the contract or read from its first parameter's annotation).
+declared in the contract or read from its first parameter's annotation). A list of passes or a
+``torch.fx`` ``PassManager`` is one transform, a pipeline, whose :attr:`Transform.steps` are its
+passes: a check that fails on the pipeline's result names the first step after which it fails.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -51,6 +55,47 @@ class Transform:
     takes_tracer_class: bool
     reloadable: bool = False  # ``Transform.load(spec)`` gives it back (another process can use it)
     form: str = "module"  # what it takes: see Contract.form
+    steps: tuple[Transform, ...] = ()  # a pipeline's passes in order (empty: one pass)
+    prefixes: Callable[[int], Callable[..., Any]] | None = None  # the pipeline of its first n steps
+
+    def prefix(self, count: int) -> Transform:
+        """The pipeline of this one's first ``count`` steps (a copy of a ``PassManager`` keeps its settings).
+
+        >>> pipeline = Transform.from_steps([lambda gm: gm, lambda gm: None], "passes")
+        >>> len(pipeline.steps), pipeline.prefix(1).spec, len(pipeline.prefix(1).steps)
+        (2, 'passes[:1]', 1)
+        """
+        if self.prefixes is None or not 0 < count <= len(self.steps):
+            raise ValueError(f"{self.spec} has no prefix of {count} steps")
+        return dataclasses.replace(self, fn=self.prefixes(count), spec=f"{self.spec}[:{count}]",
+                                   steps=self.steps[:count], reloadable=False)
+
+    @classmethod
+    def from_steps(cls, passes: Any, spec: str) -> Transform:
+        """A pipeline: a list or tuple of passes run in order, or a ``PassManager`` (called as it is, its
+        prefixes copies of it). Every step must take the same form; a list takes the strict contract (to
+        declare one, decorate a ``PassManager``)."""
+        from torch.fx.passes.infra.pass_manager import PassManager
+
+        manager = inspect.unwrap(passes) if callable(passes) else passes
+        listed = list(manager.passes) if isinstance(manager, PassManager) else list(passes)
+        if not listed:
+            raise TransformLoadError(f"transform {spec} is an empty pipeline: give it at least one pass")
+        steps = tuple(cls.from_callable(step, f"{spec}[{i}] {getattr(step, '__qualname__', type(step).__name__)}")
+                      for i, step in enumerate(listed))
+        forms = {step.form for step in steps}
+        if len(forms) > 1 or any(step.takes_tracer_class for step in steps):
+            raise TransformLoadError(f"transform {spec}: the steps of a pipeline must all take the same argument "
+                                     f"(forms {sorted(forms)}, no tracer_class); split it into one pipeline per form")
+        if isinstance(manager, PassManager):
+            prefixes: Callable[[int], Callable[..., Any]] = functools.partial(_manager_prefix, manager)
+            fn: Callable[..., Any] = passes
+        else:
+            prefixes = functools.partial(_list_prefix, steps)
+            fn = prefixes(len(steps))
+        return cls(fn=fn, spec=spec, contract=contract_of(passes),
+                   takes_tracer_class=False, reloadable=False, form=steps[0].form, steps=steps,
+                   prefixes=prefixes)
 
     def skips_capture(self, capture: str) -> str | None:
         """Why the transform is not run on graphs of ``capture`` (its contract, or its form), or None.
@@ -71,6 +116,8 @@ class Transform:
     @classmethod
     def from_callable(cls, fn: Callable[..., Any], spec: str | None = None) -> Transform:
         """Wrap a callable, checking that its signature can be called by fxverify."""
+        if _is_pipeline(fn):
+            return cls.from_steps(fn, spec or "pipeline")
         if not callable(fn):
             raise TransformLoadError(f"transform {spec or fn!r} is not callable (got {type(fn).__name__})")
         importable = spec or _importable_spec(fn)
@@ -108,6 +155,8 @@ class Transform:
                     f"Public names there: {', '.join(public) or '(none)'}"
                 )
             obj = getattr(obj, attr)
+        if _is_pipeline(obj):
+            return dataclasses.replace(cls.from_steps(obj, spec), reloadable=True)
         if not callable(obj):
             raise TransformLoadError(
                 f"transform spec {spec!r} names a {type(obj).__name__}, not a callable; "
@@ -187,7 +236,7 @@ def _raised(exc: BaseException) -> str:
 
 
 def as_transform(transform: Transform | Callable[..., Any] | str) -> Transform:
-    """Accept a :class:`Transform`, a callable or a spec string."""
+    """Accept a :class:`Transform`, a callable, a list of passes or a spec string."""
     if isinstance(transform, Transform):
         return transform
     if isinstance(transform, str):
@@ -271,6 +320,40 @@ def _import_module(module_part: str, spec: str) -> Any:
 
 
 _TRACER_PARAM_NAMES = ("tracer_class", "tracer_cls", "tracer")
+
+
+def _is_pipeline(obj: Any) -> bool:
+    """Whether ``obj`` is a list or tuple of passes, or a (contract-decorated) ``PassManager``."""
+    if isinstance(obj, (list, tuple)):
+        return True
+    from torch.fx.passes.infra.pass_manager import PassManager
+
+    return isinstance(inspect.unwrap(obj) if callable(obj) else obj, PassManager)
+
+
+def _list_prefix(steps: tuple[Transform, ...], count: int) -> Callable[..., Any]:
+    """The pass running ``steps[:count]`` in order, each on what the one before returned."""
+    return functools.partial(_run_steps, steps[:count])
+
+
+def _run_steps(steps: tuple[Transform, ...], module: Any) -> Any:
+    for number, step in enumerate(steps, 1):
+        try:
+            returned = step.fn(module)
+        except BaseException as exc:
+            note = getattr(exc, "add_note", None)  # Python 3.11+; before, the traceback alone names the step
+            if note is not None:
+                note(f"(in step {number} of {len(steps)} of the pipeline: {step.spec})")
+            raise
+        module, _ = step.normalize_result(returned, module)
+    return module
+
+
+def _manager_prefix(manager: Any, count: int) -> Callable[..., Any]:
+    """A copy of the ``PassManager`` ``manager`` running its first ``count`` passes."""
+    prefix = copy.copy(manager)
+    prefix.passes = list(manager.passes)[:count]
+    return prefix
 
 
 def _form_of(fn: Callable[..., Any]) -> str:
