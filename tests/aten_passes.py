@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 from torch import fx, nn
+from torch.export.passes import move_to_device_pass
+from torch.fx.passes.infra.pass_manager import PassManager, pass_result_wrapper
 
 import fxverify
 
@@ -122,6 +124,12 @@ def conv_bn_fold(gm: fx.GraphModule) -> fx.GraphModule:
     """Fold an eval-mode batch_norm into the convolution before it, new parameters with their meta."""
     _fold_conv_bn(gm, mean_in_bias=True)
     return gm
+
+
+def move_to_cpu(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """torch's own move_to_device_pass, to the CPU the program is on (it writes meta['val'] = None on
+    nodes that had none)."""
+    return move_to_device_pass(ep, "cpu")
 
 
 # -- buggy ---------------------------------------------------------------------------------------
@@ -239,6 +247,21 @@ def relu_to_clamp_on_program_stale_signature(ep: torch.export.ExportedProgram) -
     return ep
 
 
+def relu_times_tensor_literal_on_program(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """serde: relu(x) * 1, the 1 a tensor written straight into the node's arguments instead of a lifted
+    constant (signature kept by the replace hook): torch.export.save cannot write it."""
+    graph = ep.graph_module.graph
+    with ep.graph_module._set_replace_hook(ep.graph_signature.get_replace_hook()):
+        for node in list(graph.nodes):
+            if node.target == aten.relu.default:
+                with graph.inserting_after(node):
+                    scaled = graph.call_function(aten.mul.Tensor, (node, torch.tensor(1.0)))
+                scaled.meta.update(node.meta)
+                node.replace_all_uses_with(scaled, delete_user_cb=lambda user, new=scaled: user is not new)
+    ep.graph_module.recompile()
+    return ep
+
+
 clamp_min_in_core = fxverify.contract(captures=("export_core",))(_relu_to_clamp_min_pass)  # opset: not core ATen
 forgets_meta_in_make_fx = fxverify.contract(captures=("make_fx",))(relu_to_clamp_min_without_meta)  # meta
 
@@ -252,6 +275,22 @@ def gelu_as_torch_function(gm: fx.GraphModule) -> fx.GraphModule:
             _replace(gm, node, torch.nn.functional.gelu, node.args, kwargs=dict(node.kwargs))
     gm.recompile()
     return gm
+
+
+def _pass_manager() -> PassManager:
+    """meta, in step 2 of 3: a PassManager whose second pass forgets meta['val']."""
+    return PassManager([pass_result_wrapper(p) for p in (identity, relu_to_clamp_min_without_meta, swap_add_operands)])
+
+
+pass_manager_losing_meta = fxverify.contract(captures=("export",))(_pass_manager())
+
+
+def copied_into_a_new_graph(gm: fx.GraphModule) -> fx.GraphModule:
+    """lint: the graph copied node by node into a new fx.Graph (as CSE passes rebuild it), without
+    ep.module()'s pytree code generator: the result returns a tuple where the original returns a tensor."""
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    return fx.GraphModule(gm, graph)
 
 
 def relu_to_clamp_min_without_recompile(gm: fx.GraphModule) -> fx.GraphModule:

@@ -17,7 +17,7 @@ import fxverify
 from fxverify.capture import Export, MakeFx, SymbolicTrace
 from fxverify.capture.export import named_as_exported
 from fxverify.engine.results import FAILED, PASSED, SKIPPED, XFAILED
-from tests import aten_passes
+from tests import aten_passes, mutations
 
 ATEN = Path(__file__).with_name("aten_passes.py")
 MODELS = "edge_conv_bn_head,edge_running_statistics,layer_activations"
@@ -35,6 +35,7 @@ BUGGY = {
     "gelu_without_approximate": ("numerics", "layer_activations", "outputs differ"),
     "conv_bn_fold_forgets_mean": ("numerics", "edge_conv_bn_head", "outputs differ"),
     "relu_to_clamp_min_without_recompile": ("lint", "edge_conv_bn_head", "did not call gm.recompile()"),
+    "copied_into_a_new_graph": ("lint", "edge_conv_bn_head", "new_graph.set_codegen(copy.deepcopy(gm.graph._codegen))"),
 }
 # passes restricted to one capture by their contract or form: (check, model, phrase, capture)
 BUGGY_PER_CAPTURE = {
@@ -43,9 +44,12 @@ BUGGY_PER_CAPTURE = {
     "gelu_as_torch_function": ("opset", "layer_activations", "a torch-level function, not an ATen operator", "export"),
     "clamp_min_in_core": ("opset", "edge_conv_bn_head", "aten.clamp_min.default, which is not a core ATen", "export_core"),
     "forgets_meta_in_make_fx": ("meta", "edge_conv_bn_head", "have no meta['val']", "make_fx"),
+    "pass_manager_losing_meta": ("meta", "edge_conv_bn_head", "fails after step 2 of 3, ", "export"),
+    "relu_times_tensor_literal_on_program": ("serde", "edge_running_statistics", "torch.export.save raised "
+                                             "SerializeError: Failed serializing node mul_tensor", "export"),
 }
 CORRECT = ("identity", "relu_to_clamp_min", "relu_to_clamp", "swap_add_operands", "decompose_hardtanh",
-           "dead_code_elimination", "conv_bn_fold", "lifted_relu_to_clamp", "relu_to_clamp_on_program")
+           "dead_code_elimination", "conv_bn_fold", "lifted_relu_to_clamp", "relu_to_clamp_on_program", "move_to_cpu")
 
 
 def verification(transform, model: str, capture: str = "export") -> fxverify.Verification:
@@ -79,6 +83,20 @@ def test_make_fx_gives_a_functional_aten_graph_with_meta_at_static_shapes():
     assert not capture.accepts([(1, 3, 16, 16)], [(2, 3, 16, 16)]) and "static shapes" in capture.skips("dynamic")
     stateful = verification(aten_passes.identity, "edge_running_statistics", "make_fx").run("lint")
     assert stateful.outcome == XFAILED and "functionalize()" in stateful.message
+
+
+class _DataDependent(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x if x.sum() > 0 else -x
+
+
+def test_a_model_that_does_not_capture_is_its_failure_not_an_error_of_fxverify():
+    case = fxverify.case_from_module("data_dependent", _DataDependent, [(2, 3)])
+    v = fxverify.Verification(aten_passes.identity, case, capture=case.capture_named("make_fx"))
+    assert v.subject.changes is None  # what the plugin records for the summary: unknown, not a crash
+    found = v.run("lint")
+    assert found.outcome == FAILED and "GuardOnDataDependentSymNode" in found.message
+    assert "Not the transform's doing: fix the model or how it is captured" in found.message
 
 
 def test_a_static_export_runs_at_the_exported_shapes_only():
@@ -133,6 +151,9 @@ def test_a_contract_names_the_captures_a_pass_is_for():
         assert skipped.outcome == SKIPPED
         assert f"the contract declares the transform for export_core graphs: not run on {capture}" in skipped.message
     assert "captures=export_core" in fxverify.contract_of(core_only).describe()
+    calls = []
+    counted = fxverify.contract(captures=("export_core",))(lambda gm: calls.append(gm))
+    assert fxverify.Verification(counted, case).subject.changes is None and not calls  # not even called
     with pytest.raises(fxverify.FxVerifyError, match="captures must be a non-empty subset"):
         fxverify.contract(captures=("dynamo",))
 
@@ -176,6 +197,18 @@ def test_a_program_pass_returning_something_else_fails_naming_what_it_accepts():
     assert "accepted: a torch.export.ExportedProgram, or None" in found.message
 
 
+def test_a_pipeline_names_the_first_step_after_which_a_check_fails():
+    pipeline = [fxverify.examples.identity, mutations.bn_fold_ignores_running_mean, fxverify.examples.identity]
+    found = fxverify.check_numerics(pipeline, "edge_conv_bn_head")
+    assert found.outcome == FAILED
+    assert "fails after step 2 of 3, pipeline[1] bn_fold_ignores_running_mean; step 1 passes it" in found.message
+    assert fxverify.check_numerics(pipeline[::2], "edge_conv_bn_head").ok
+    with pytest.raises(fxverify.TransformLoadError, match="empty pipeline"):
+        fxverify.Transform.from_callable([])
+    with pytest.raises(fxverify.TransformLoadError, match="must all take the same argument"):
+        fxverify.Transform.from_callable([aten_passes.identity, aten_passes.relu_to_clamp_on_program])
+
+
 def test_a_program_is_copied_for_the_pass_with_the_names_its_signature_gives():
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())  # forward(input): a builtin's name
     program = torch.export.export(model, (torch.randn(2, 3),), strict=False)
@@ -188,7 +221,7 @@ def test_a_program_is_copied_for_the_pass_with_the_names_its_signature_gives():
 def test_a_program_pass_and_a_lifted_pass_are_checked_on_the_program_they_return():
     for correct in (aten_passes.relu_to_clamp_on_program, aten_passes.lifted_relu_to_clamp):
         v = verification(correct, "edge_running_statistics")
-        assert v.subject.changes and v.run("verifier").ok and v.run("numerics").ok
+        assert v.subject.changes and v.run("verifier").ok and v.run("numerics").ok and v.run("serde").ok
     module_form = verification(aten_passes.identity, "edge_running_statistics").run("verifier")
     assert module_form.outcome == SKIPPED and "returns no ExportedProgram" in module_form.message
 
@@ -201,6 +234,9 @@ def test_opset_judges_only_targets_the_capture_did_not_already_have():
     assert core.outcome == PASSED, core.message  # aten.clamp is core ATen
     assert verification(aten_passes.identity, "edge_running_statistics", "make_fx").run("opset").outcome == XFAILED
     assert fxverify.check_opset(fxverify.examples.identity, "edge_conv_bn_head").outcome == SKIPPED
+    by_design = fxverify.contract(keeps_opset=False)(aten_passes.gelu_as_torch_function)  # as prepare_pt2e declares
+    declared = verification(by_design, "layer_activations").run("opset")
+    assert declared.outcome == SKIPPED and "keeps_opset=False" in declared.message
 
 
 
@@ -300,7 +336,7 @@ def test_every_buggy_aten_pass_is_caught_by_its_check_naming_model_capture_and_n
 @pytest.mark.slow
 def test_passes_for_one_capture_or_form_are_caught_there_by_their_check(pytester):
     result, records = _records(pytester, BUGGY_PER_CAPTURE, "--fxverify-capture=export,export_core,make_fx",
-                               "--fxverify-checks=meta,verifier,opset")
+                               "--fxverify-checks=meta,verifier,opset,serde")
     assert result.ret == 1
     for name, (check, model, phrase, capture) in BUGGY_PER_CAPTURE.items():
         found = records[name, f"{model}@{capture}", check]

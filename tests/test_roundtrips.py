@@ -23,7 +23,8 @@ def plain_mlp() -> fxverify.ModelCase:
 
 
 def test_round_trips_run_after_the_other_checks_in_order():
-    assert list(NAMES)[-6:] == [*ROUND_TRIPS, "golden"]
+    # serde round-trips a returned ExportedProgram (export captures), so it is not in ROUND_TRIPS
+    assert list(NAMES)[-7:] == [*ROUND_TRIPS[:4], "serde", ROUND_TRIPS[4], "golden"]
 
 
 def test_a_correct_transform_passes_every_round_trip():
