@@ -70,6 +70,11 @@ class Capture(Protocol):
         """The graph of ``gm``'s own code captured again (compared with ``gm.graph`` by ``retrace``)."""
         ...
 
+    def reexport(self, module: nn.Module, inputs: tuple[Any, ...]) -> fx.GraphModule:
+        """``module`` (a captured graph or a result) captured again from ``inputs`` as a model is, where
+        its users do that (``reexport``: a PT2E or ExecuTorch flow exports the transformed module)."""
+        ...
+
     def apply(self, transform: Transform, gm: fx.GraphModule, *, timeout: float | None) -> tuple[nn.Module, bool]:
         """``transform`` called on ``gm`` as its users call it; ``(result, in_place)``."""
         ...

@@ -49,7 +49,7 @@ BATCH_RANGE = "fxverify_batch_range"  # gm.meta key: the dynamic batch's range a
 PROGRAM = "fxverify_program"  # gm.meta key: the ExportedProgram a module is the module() of (copied with it)
 
 _SKIPS = {
-    "retrace": "re-exporting the result (which replaces retrace on export captures) is not built yet",
+    "retrace": "on export captures, the reexport check exports the result again instead",
     "pickle": "a torch.export module does not pickle even untouched (its pytree hooks are local functions)",
     "to_folder": "a torch.export module does not write itself to a folder even untouched",
     "golden": "golden files are kept for symbolic_trace graphs only",
@@ -81,7 +81,7 @@ class Export:
 
     def program(self, module: nn.Module, *, training: bool, inputs: tuple[Any, ...]) -> torch.export.ExportedProgram:
         """The exported program of ``module`` in the given mode on ``inputs`` (decomposed for ``export_core``)."""
-        module.train(training)
+        self.set_mode(module, training)
         dynamic = None
         if self.dynamic_batch and inputs:
             batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
@@ -104,6 +104,11 @@ class Export:
 
     def recapture(self, gm: fx.GraphModule) -> fx.Graph:
         raise NotImplementedError(_SKIPS["retrace"])  # skipped: see skips()
+
+    def reexport(self, module: nn.Module, inputs: tuple[Any, ...]) -> fx.GraphModule:
+        """``module`` (a captured graph, or a transform's result) exported again as this capture exports a
+        model, in the mode it is in, and decomposed again for ``export_core``: the program's ``module()``."""
+        return self.program(module, training=module.training, inputs=inputs).module()
 
     def apply(self, transform: Transform, gm: fx.GraphModule, *, timeout: float | None) -> tuple[nn.Module, bool]:
         """``transform(gm)`` on the program's module, as PT2E-style passes are called; for a transform of

@@ -35,6 +35,7 @@ _SKIPS = {
     "verifier": "make_fx graphs come with no ExportedProgram and no signature to verify (meta and opset check "
                 "the rules of torch's Verifier that apply to their nodes)",
     "serde": "make_fx graphs come with no ExportedProgram to save (pickle and to_folder save them)",
+    "reexport": "re-exporting is checked on the export captures",
     "devices": not_moved("make_fx"),
     "cuda": not_moved("make_fx"),
 }
@@ -62,6 +63,9 @@ class MakeFx:
 
     def recapture(self, gm: fx.GraphModule) -> fx.Graph:
         raise NotImplementedError(_SKIPS["retrace"])  # skipped: see skips()
+
+    def reexport(self, module: nn.Module, inputs: tuple[Any, ...]) -> fx.GraphModule:
+        raise NotImplementedError(_SKIPS["reexport"])  # skipped: see skips()
 
     def apply(self, transform: Transform, gm: fx.GraphModule, *, timeout: float | None) -> tuple[nn.Module, bool]:
         """``transform(gm)``."""

@@ -34,6 +34,7 @@ _SKIPS = {
     "dynamic": "symbolic_trace graphs have no dynamic dimensions (run with --fxverify-capture export to check them)",
     "verifier": "symbolic_trace graphs come with no ExportedProgram to verify (run with --fxverify-capture export)",
     "serde": "symbolic_trace graphs come with no ExportedProgram to save (pickle and to_folder save them)",
+    "reexport": "symbolic_trace graphs are traced again by the retrace check",
 }
 
 
@@ -65,6 +66,9 @@ class SymbolicTrace:
         graph = self.tracer_class().trace(module, concrete_args=dict(self.concrete_args) or None)
         name = module.__class__.__name__ if isinstance(module, nn.Module) else module.__name__
         return fx.GraphModule(module, graph, class_name=name).train(training)
+
+    def reexport(self, module: nn.Module, inputs: tuple[Any, ...]) -> fx.GraphModule:
+        raise NotImplementedError(_SKIPS["reexport"])  # skipped: see skips()
 
     def recapture(self, gm: fx.GraphModule) -> fx.Graph:
         """The graph of ``gm``'s generated code traced again, the modules it calls kept leaves (so the

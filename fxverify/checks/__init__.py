@@ -53,6 +53,8 @@ REGISTRY: tuple[CheckSpec, ...] = (
                                          "functional, core ATen)"),
     CheckSpec("recompile", "roundtrips", "check_recompile", "a copy recompiled gives the same code and outputs"),
     CheckSpec("retrace", "roundtrips", "check_retrace", "re-capturing the generated code gives an isomorphic graph"),
+    CheckSpec("reexport", "roundtrips", "check_reexport", "on export captures, exporting the result again gives the "
+                                                          "same operators and outputs"),
     CheckSpec("to_folder", "roundtrips", "check_to_folder", "gm.to_folder() exported and imported again computes "
                                                             "the same"),
     CheckSpec("pickle", "roundtrips", "check_pickle", "copy.deepcopy and a pickle round trip give the same graph "

@@ -1,7 +1,7 @@
-"""Round trips: recompile, retrace, to_folder, pickle/deepcopy, torch.export's save and load, and the
+"""Round trips: recompile, retrace, reexport, to_folder, pickle/deepcopy, torch.export's save and load, and the
 Interpreter all agree with the module.
 
-Six checks, each on the transformed GraphModule, each comparing with that module's own
+Seven checks, each on the transformed GraphModule, each comparing with that module's own
 outputs on the primary inputs (value by value, first differing output path named):
 
 - ``recompile``: a copy recompiled has the same code and outputs (a graph edited without
@@ -13,6 +13,10 @@ outputs on the primary inputs (value by value, first differing output path named
   generated code already holds their specialisation (its asserts, under renamed parameters). A
   plain Python function inserted as a ``call_function`` target without ``torch.fx.wrap`` is
   traced into, and a pass that retraces (torch's ``fuse``, ``remove_dropout``) sees another graph;
+- ``reexport``: on export captures, the result exported again as the model was (decomposed again
+  for ``export_core``, the same dynamic batch) calls the same operators in the same order and gives
+  the same outputs (export canonicalises the rest: attribute reads, device strings):
+  what a PT2E or ExecuTorch flow does with a transformed module (it replaces ``retrace`` there);
 - ``to_folder``: ``gm.to_folder()`` exported, imported as a fresh package, same outputs;
 - ``pickle``: ``copy.deepcopy`` gives the same code, a ``pickle`` round trip (which re-traces
   the code) an isomorphic graph, both the same outputs;
@@ -69,6 +73,10 @@ def check_recompile(v: Subject) -> dict[str, Any]:
 
 def check_retrace(v: Subject) -> dict[str, Any]:
     return _round_trip(v, _retrace, retraces=True)
+
+
+def check_reexport(v: Subject) -> dict[str, Any]:
+    return _round_trip(v, _reexport)
 
 
 def check_to_folder(v: Subject) -> dict[str, Any]:
@@ -175,6 +183,24 @@ def _retrace(v: Subject, which: str) -> None:
                 f"capturing the generated code again with {name} gives another graph: a call_function target "
                 "that is a plain Python function is traced into unless registered with torch.fx.wrap; a pass that "
                 "retraces will see the other graph")
+
+
+def _reexport(v: Subject, which: str) -> None:
+    module = _graph_module(v, which)
+    name = v.capture.describe()
+    again = _step(f"exporting it again with {name}", lambda: v.capture.reexport(module, v.primary.make(v.case.seed)))
+    before, after = _operators(module.graph), _operators(again.graph)
+    if before != after:
+        raise Finding(f"exporting it again with {name} runs other operators: PT2E and ExecuTorch flows export the "
+                      "transformed module again (a converted model is exported for lowering) and see those",
+                      where=first_line_difference(before, after))
+    _same_outputs(v, which, again, f"the module exported again with {name} computes something else")
+
+
+def _operators(graph: fx.Graph) -> str:
+    """The operators a graph calls, in order, one a line: what re-exporting must keep (export itself
+    canonicalises the rest: the order of attribute reads, a device given as a string)."""
+    return "\n".join(str(node.target) for node in graph.nodes if node.op == "call_function")
 
 
 def _to_folder(v: Subject, which: str) -> None:
