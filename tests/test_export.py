@@ -227,6 +227,15 @@ def test_a_program_pass_and_a_lifted_pass_are_checked_on_the_program_they_return
 
 
 # -- the checks, each catching what it is for ----------------------------------------------------
+def test_reexport_exports_the_result_again_as_the_model_was():
+    assert verification(aten_passes.identity, "edge_conv_bn_head", "export_core").run("reexport").ok
+    baked = verification(aten_passes.flatten_as_view_of_example_batch, "edge_conv_bn_head").run("reexport")
+    assert baked.outcome == FAILED and "exporting it again with export" in baked.message
+    assert "Constraints violated (batch)" in baked.message  # the dynamic batch no longer exports
+    symbolic = fxverify.check_reexport(fxverify.examples.identity, "edge_conv_bn_head")
+    assert symbolic.outcome == SKIPPED and "retrace" in symbolic.message
+
+
 def test_opset_judges_only_targets_the_capture_did_not_already_have():
     training_ir = verification(aten_passes.relu_to_clamp_min, "edge_running_statistics").run("opset")
     assert training_ir.outcome == PASSED and training_ir.details["new_targets_checked"] >= 1  # clamp_min_ is ATen
