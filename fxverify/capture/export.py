@@ -20,7 +20,8 @@ What does not carry over from symbolic tracing, and skips saying why: ATen nodes
 and ``device=`` into their arguments, so a float64 copy is the float64 model exported again (not a
 cast, :attr:`Export.recaptures_dtype`) and moving a program to another device is not checked; an
 exported module's mode is fixed when it is exported (``ep.module().train()`` raises); it does not
-pickle nor write itself to a folder even untouched; re-exporting is not built yet.
+pickle nor write itself to a folder even untouched (``serde`` saves a returned program instead);
+the ``reexport`` check exports a result again where ``retrace`` would trace it.
 
 >>> capture = Export(core=True, dynamic_batch=False)
 >>> capture.name, capture.skips("pickle") is not None, capture.skips("numerics")
@@ -179,12 +180,8 @@ def named_as_exported(program: torch.export.ExportedProgram) -> torch.export.Exp
     ``input_1``, measured on torch 2.14.1), so that an untouched copy of ``nn.Sequential``'s program
     fails ``validate()``; the pass is given a copy that validates as the original does.
     """
-    graph = program.graph_module.graph
-    specs = program.graph_signature
-    placeholders = graph.find_nodes(op="placeholder")
-    outputs = [a for a in pytree.tree_leaves(graph.output_node().args) if isinstance(a, fx.Node)]
     renamed = False
-    for nodes, named in ((placeholders, specs.input_specs), (outputs, specs.output_specs)):
+    for _, nodes, named in signature_nodes(program):
         for node, spec in zip(nodes, named, strict=False):
             name = getattr(spec.arg, "name", None)
             if isinstance(name, str) and node.name != name:
@@ -193,6 +190,16 @@ def named_as_exported(program: torch.export.ExportedProgram) -> torch.export.Exp
     if renamed:
         program.graph_module.recompile()
     return program
+
+
+def signature_nodes(program: torch.export.ExportedProgram) -> tuple[tuple[str, list[fx.Node], list[Any]], ...]:
+    """``("input", placeholders, input_specs)`` and ``("output", output nodes, output_specs)`` of
+    ``program``: the nodes its signature names, by position."""
+    graph = program.graph_module.graph
+    outputs = [a for a in pytree.tree_leaves(graph.output_node().args) if isinstance(a, fx.Node)]
+    specs = program.graph_signature
+    return (("input", graph.find_nodes(op="placeholder"), list(specs.input_specs)),
+            ("output", outputs, list(specs.output_specs)))
 
 
 def _is_exported(module: nn.Module) -> bool:

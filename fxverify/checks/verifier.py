@@ -21,9 +21,8 @@ from typing import Any
 
 import torch
 from torch import fx
-from torch.utils import _pytree as pytree
 
-from fxverify.capture.export import PROGRAM, named_as_exported
+from fxverify.capture.export import PROGRAM, named_as_exported, signature_nodes
 from fxverify.engine.results import Finding, Skip, exception_summary
 from fxverify.engine.subject import Subject
 
@@ -66,11 +65,7 @@ def _violation(program: torch.export.ExportedProgram) -> str | None:
 def _stale_signature(program: torch.export.ExportedProgram) -> tuple[str | None, str] | None:
     """``(node, how)`` for the first input or output spec that names another node than the graph has at
     its position, or None."""
-    graph = program.graph_module.graph
-    outputs = [a for a in pytree.tree_leaves(graph.output_node().args) if isinstance(a, fx.Node)]
-    specs = program.graph_signature
-    for what, nodes, named in (("input", graph.find_nodes(op="placeholder"), specs.input_specs),
-                               ("output", outputs, specs.output_specs)):
+    for what, nodes, named in signature_nodes(program):
         for position, (node, spec) in enumerate(zip(nodes, named, strict=False)):
             name = getattr(spec.arg, "name", None)
             if isinstance(name, str) and name != node.name:
