@@ -43,7 +43,8 @@ _TO_CLAMP_MIN = {aten.relu.default: aten.clamp_min.default, aten.relu_.default: 
 _TO_CLAMP = {aten.relu.default: aten.clamp.default, aten.relu_.default: aten.clamp_.default}
 
 
-def _relu_to_clamp_min(gm: fx.GraphModule, *, meta: bool, swaps: dict[Any, Any] = _TO_CLAMP_MIN) -> None:
+def _swap_relu(gm: fx.GraphModule, *, meta: bool, swaps: dict[Any, Any] = _TO_CLAMP_MIN) -> None:
+    """Each relu / relu_ node replaced by its entry in ``swaps`` applied to (x, 0), its meta copied unless ``meta=False``."""
     for node in list(gm.graph.nodes):
         if node.op == "call_function" and node.target in swaps:
             _replace(gm, node, swaps[node.target], (node.args[0], 0.0), meta=meta)
@@ -65,7 +66,7 @@ def _relu_to_clamp_min_pass(gm: fx.GraphModule) -> fx.GraphModule:
     """relu -> clamp_min(x, 0) and relu_ -> clamp_min_(x, 0) (the training IR keeps in-place relu_),
     meta copied: the value is the same. clamp_min is not core ATen (run_decompositions turns it into
     clamp), so it is declared for the other captures: see ``clamp_min_in_core``."""
-    _relu_to_clamp_min(gm, meta=True)
+    _swap_relu(gm, meta=True)
     gm.recompile()
     return gm
 
@@ -75,7 +76,7 @@ relu_to_clamp_min = fxverify.contract(captures=("export", "make_fx"))(_relu_to_c
 
 def relu_to_clamp(gm: fx.GraphModule) -> fx.GraphModule:
     """relu -> clamp(x, 0) and relu_ -> clamp_(x, 0), meta copied: core ATen on every capture."""
-    _relu_to_clamp_min(gm, meta=True, swaps=_TO_CLAMP)
+    _swap_relu(gm, meta=True, swaps=_TO_CLAMP)
     gm.recompile()
     return gm
 
@@ -87,7 +88,7 @@ def relu_to_clamp_on_program(ep: torch.export.ExportedProgram) -> torch.export.E
     """relu -> clamp on the program's own graph, in place, the signature kept in step by torch's
     replace hook (the way torch's decompositions rewrite a program)."""
     with ep.graph_module._set_replace_hook(ep.graph_signature.get_replace_hook()):
-        _relu_to_clamp_min(ep.graph_module, meta=True, swaps=_TO_CLAMP)
+        _swap_relu(ep.graph_module, meta=True, swaps=_TO_CLAMP)
     ep.graph_module.recompile()
     return ep
 
@@ -136,7 +137,7 @@ def move_to_cpu(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgra
 def relu_to_clamp_min_without_meta(gm: fx.GraphModule) -> fx.GraphModule:
     """meta: the new nodes get no meta['val'] (the export Verifier would reject them; make_fx and
     ep.module() say nothing)."""
-    _relu_to_clamp_min(gm, meta=False)
+    _swap_relu(gm, meta=False)
     gm.recompile()
     return gm
 
@@ -242,7 +243,7 @@ def hoist_parameters_in_set_order(gm: fx.GraphModule) -> fx.GraphModule:
 def relu_to_clamp_on_program_stale_signature(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     """verifier: the program's graph rewritten in place and its signature left naming the erased relu
     (ep.module() still runs; torch.export.save and to_edge reject the program)."""
-    _relu_to_clamp_min(ep.graph_module, meta=True, swaps=_TO_CLAMP)
+    _swap_relu(ep.graph_module, meta=True, swaps=_TO_CLAMP)
     ep.graph_module.recompile()
     return ep
 
@@ -295,7 +296,7 @@ def copied_into_a_new_graph(gm: fx.GraphModule) -> fx.GraphModule:
 
 def relu_to_clamp_min_without_recompile(gm: fx.GraphModule) -> fx.GraphModule:
     """lint: the graph is rewritten and gm.recompile() forgotten."""
-    _relu_to_clamp_min(gm, meta=True)
+    _swap_relu(gm, meta=True)
     return gm
 
 

@@ -15,7 +15,7 @@ from torch import fx
 
 import fxverify
 from fxverify.capture import Export, MakeFx, SymbolicTrace
-from fxverify.capture.export import named_as_exported
+from fxverify.capture.export import PROGRAM, named_as_exported
 from fxverify.engine.results import FAILED, PASSED, SKIPPED, XFAILED
 from tests import aten_passes, mutations
 
@@ -222,8 +222,10 @@ def test_a_program_pass_and_a_lifted_pass_are_checked_on_the_program_they_return
     for correct in (aten_passes.relu_to_clamp_on_program, aten_passes.lifted_relu_to_clamp):
         v = verification(correct, "edge_running_statistics")
         assert v.subject.changes and v.run("verifier").ok and v.run("numerics").ok and v.run("serde").ok
-    module_form = verification(aten_passes.identity, "edge_running_statistics").run("verifier")
-    assert module_form.outcome == SKIPPED and "returns no ExportedProgram" in module_form.message
+    module = verification(aten_passes.identity, "edge_running_statistics")
+    assert module.run("verifier").outcome == SKIPPED and "returns no ExportedProgram" in module.run("verifier").message
+    # a capture carries its program only for a pass that takes one: it doubles what each copy costs
+    assert PROGRAM not in module.subject.applied().original.meta and not module.subject.capture.keeps_program
 
 
 # -- the checks, each catching what it is for ----------------------------------------------------

@@ -62,6 +62,10 @@ class Capture(Protocol):
         """Whether ``.train()`` / ``.eval()`` of a captured module is checked (numerics' switched runs)."""
         ...
 
+    def for_transform(self, transform: Transform) -> Capture:
+        """This capture set up for ``transform`` (an export keeps its program for a transform that takes one)."""
+        ...
+
     def capture(self, module: nn.Module, *, training: bool, inputs: tuple[Any, ...] = ()) -> fx.GraphModule:
         """A fresh graph of ``module`` in the given mode (``inputs``: example inputs, for captures that run it)."""
         ...

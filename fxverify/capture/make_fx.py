@@ -51,6 +51,10 @@ class MakeFx:
     switches_mode = False  # the mode is traced in (batch_norm's training flag is an argument)
     keeps_captures = True
 
+    def for_transform(self, transform: Transform) -> MakeFx:
+        """This capture: it needs nothing of the transform."""
+        return self
+
     def capture(self, module: nn.Module, *, training: bool, inputs: tuple[Any, ...] = ()) -> fx.GraphModule:
         """A fresh functionalized ATen graph of ``module`` in the given mode, traced on ``inputs``."""
         from torch.fx.experimental.proxy_tensor import make_fx

@@ -57,6 +57,10 @@ class SymbolicTrace:
     def tracer_class(self) -> type[fx.Tracer]:
         return tracer_class(self.tracer)
 
+    def for_transform(self, transform: Transform) -> SymbolicTrace:
+        """This capture: it needs nothing of the transform."""
+        return self
+
     def capture(self, module: nn.Module, *, training: bool, inputs: tuple[Any, ...] = ()) -> fx.GraphModule:
         """``module`` put in the given mode and traced into a fresh ``GraphModule`` (what tracing runs
         through, ``if self.training:``, follows the mode); symbolic tracing needs no ``inputs``."""

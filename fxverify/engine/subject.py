@@ -96,7 +96,7 @@ class Subject:
                  capture: Capture | None = None) -> None:
         self.transform = as_transform(transform)
         self.case = load_case(case) if isinstance(case, str) else case
-        self.capture: Capture = capture or self.case.capture
+        self.capture: Capture = (capture or self.case.capture).for_transform(self.transform)
         self.timeout = timeout
         self.settings = settings
         self._applied: dict[str, Applied | TransformFailed] = {}
