@@ -172,6 +172,13 @@ class Export:
         return f"{self.name} ({how}, {f'dynamic batch 1..{MAX_BATCH}' if self.dynamic_batch else 'static shapes'})"
 
 
+def program_of(module: nn.Module) -> torch.export.ExportedProgram | None:
+    """The program ``module`` is the ``module()`` of, where the capture keeps it (``meta[PROGRAM]``: a
+    capture for a transform of form ``program`` or ``lifted``, and the result of one), or None."""
+    found = module.meta.get(PROGRAM) if isinstance(module, fx.GraphModule) else None
+    return found if isinstance(found, torch.export.ExportedProgram) else None
+
+
 def _transform_lifted(fn: Callable[..., Any], program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     """``fn`` run on ``program.graph_module`` the way torch's own passes are run on a program (it
     changes ``program`` too, as that method does)."""

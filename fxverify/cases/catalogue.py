@@ -46,6 +46,8 @@ def split_label(label: str) -> tuple[str, str]:
     """
     model, _, capture = label.partition("@")
     return model, capture or CAPTURES[0]
+
+
 CATALOGUE_FILES = ("models.toml", "edge.toml", "layers.toml", "full.toml")
 NONE = "None"  # TOML has no null: this string stands for None in concrete_args
 RANDOM_GRAPH_TAG = "random_graph"  # the tag of drawn graphs (fxverify.strategies): no stable golden file

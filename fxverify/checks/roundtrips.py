@@ -59,8 +59,9 @@ from fxverify.analysis.compare import compare_trees
 from fxverify.analysis.graph_text import canonical_text
 from fxverify.analysis.module_state import first_line_difference, resolve
 from fxverify.analysis.recording import RecordingInterpreter
-from fxverify.capture.export import PROGRAM, named_as_exported
+from fxverify.capture.export import PROGRAM, named_as_exported, program_of
 from fxverify.capture.symbolic import forget_unpatchable_wraps, unpatchable_wrap_hint
+from fxverify.checks.verifier import validation_error
 from fxverify.engine.results import Finding, Skip, exception_summary
 from fxverify.engine.subject import Subject
 
@@ -111,16 +112,14 @@ def check_interpreter(v: Subject) -> dict[str, Any]:
 
 def check_serde(v: Subject) -> dict[str, Any]:
     _require_serializable(v)
-    result = v.applied().result
-    program = result.meta.get(PROGRAM) if isinstance(result, fx.GraphModule) else None
-    if not isinstance(program, torch.export.ExportedProgram):
+    program = program_of(v.applied().result)
+    if program is None:
         raise Skip(f"the transform takes the program's module() (form={v.transform.form}) and returns no "
                    "ExportedProgram to save")
-    try:
-        program.validate()
-    except Exception as exc:  # whatever the verifiers raise: save() would raise it first
-        raise Skip(f"the program fails validate() ({exception_summary(exc)}), which torch.export.save runs first: "
-                   "the verifier check reports it") from None
+    invalid = validation_error(program)
+    if invalid is not None:
+        raise Skip(f"the program fails validate() ({invalid}), which torch.export.save runs first: the verifier "
+                   "check reports it")
     return _round_trip(v, _serde)
 
 

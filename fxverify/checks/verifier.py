@@ -20,25 +20,24 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import fx
 
-from fxverify.capture.export import PROGRAM, named_as_exported, signature_nodes
+from fxverify.capture.export import PROGRAM, named_as_exported, program_of, signature_nodes
 from fxverify.engine.results import Finding, Skip, exception_summary
 from fxverify.engine.subject import Subject
 
 
 def check(v: Subject) -> dict[str, Any]:
     applied = v.applied()
-    result = applied.result.meta.get(PROGRAM) if isinstance(applied.result, fx.GraphModule) else None
-    if not isinstance(result, torch.export.ExportedProgram):
+    result = program_of(applied.result)
+    if result is None:
         raise Skip(f"the transform takes the program's module() (form={v.transform.form}) and returns no "
                    "ExportedProgram: no signature to verify (meta and opset check its nodes)")
     given = named_as_exported(applied.original.meta[PROGRAM])
-    untouched = _violation(given)
+    untouched = validation_error(given)
     if untouched is not None:
         raise Skip(f"the {v.capture.name} program fails its own verifier untouched ({untouched}): nothing to "
                    "compare the result with")
-    found = _violation(result)
+    found = validation_error(result)
     if found is None:
         return {"verifiers": [verifier.__name__ for verifier in result.verifiers]}
     stale = _stale_signature(result)
@@ -53,7 +52,7 @@ def check(v: Subject) -> dict[str, Any]:
         node=stale[0] if stale else None)
 
 
-def _violation(program: torch.export.ExportedProgram) -> str | None:
+def validation_error(program: torch.export.ExportedProgram) -> str | None:
     """What ``program.validate()`` raises, in one line, or None when it validates."""
     try:
         program.validate()

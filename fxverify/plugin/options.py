@@ -65,8 +65,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("fxverify_capture", "CAPTURES", CAPTURES[0], f"how the models become the graphs the transform takes, "
            f"comma-separated: {', '.join(CAPTURES)} (torch.export.export, training IR: the transform takes "
            "ep.module(); export_core: after run_decompositions(); make_fx: functionalized); items of another "
-           "capture than the first are "
-           "named model@capture, and the capture's name is a -k keyword"),
+           "capture than the first are named model@capture, and the capture's name is a -k keyword"),
     Option("fxverify_checks", "CHECKS", "", f"comma-separated subset of checks: {','.join(NAMES)}",
            shown_default="all"),
     Option("fxverify_order", "ORDER", FAST_ORDER, "the order the items run in: 'fast' (what failed last time first, "
