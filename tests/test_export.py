@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import fx
+from torch import fx, nn
+from torch.utils import _pytree as pytree
 
 import fxverify
 from fxverify.capture import Export, MakeFx, SymbolicTrace
+from fxverify.capture.copies import retyped_copy
 from fxverify.capture.export import PROGRAM, named_as_exported
 from fxverify.engine.results import FAILED, PASSED, SKIPPED, XFAILED
 from tests import aten_passes, mutations
@@ -121,12 +123,72 @@ def test_checks_that_do_not_apply_to_exported_modules_skip_saying_why():
     assert symbolic.outcome == SKIPPED and "--fxverify-capture export" in symbolic.message
 
 
-def test_the_float64_reference_is_the_float64_model_exported_again():
+def test_the_float64_reference_is_described_in_float64():
     v = verification(aten_passes.identity, "edge_conv_bn_head")
     original = v.subject.module("original", torch.float64)
     x = original.graph.find_nodes(op="placeholder")[0]
-    assert x.meta["val"].dtype == torch.float64  # captured from the float64 model, not a converted copy
+    assert x.meta["val"].dtype == torch.float64  # not a float32 graph's description of float64 tensors
     assert v.subject.float64_exact
+
+
+class _DtypeMix(nn.Module):
+    """In float64, the parameter follows the model; the tensor constant and the default-dtype factory stay
+    float32, so one output is float64 (promoted) and the other float32."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.offset = torch.arange(4.0)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.fc(x) + self.offset, torch.full((4,), 0.5) * self.offset
+
+
+def _described(gm: fx.GraphModule) -> dict[str, list[str]]:
+    return {n.name: [f"{t.dtype} {tuple(t.shape)}" for t in pytree.tree_leaves(n.meta.get("val"))
+                     if isinstance(t, torch.Tensor)] for n in gm.graph.nodes}
+
+
+@pytest.mark.parametrize("core", [False, True], ids=["export", "export_core"])
+def test_a_retyped_export_is_what_exporting_the_float64_model_gives(core):
+    capture, x = Export(core=core), torch.randn(3, 4)
+    model = _DtypeMix().eval()
+    exported = capture.capture(copy.deepcopy(model).double(), training=False, inputs=(x.double(),))
+    retyped = capture.in_dtype(capture.capture(model, training=False, inputs=(x,)), torch.float64)
+    assert retyped is not None and retyped.code == exported.code
+    assert _described(retyped) == _described(exported)  # the factory and the product stay float32
+    assert isinstance(retyped.graph.find_nodes(op="placeholder")[0].meta["val"].shape[0], torch.SymInt)
+    torch.testing.assert_close(retyped(x[:2].double()), exported(x[:2].double()), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("core", [False, True], ids=["export", "export_core"])
+def test_a_tensor_constant_stays_float32_in_the_float64_result(core):
+    # the float64 result was once converted with .to(float64), which converts the constant that copy.deepcopy of
+    # an ep.module() registers as a buffer: its float32 output became float64 and an identity failed numerics
+    case = fxverify.case_from_module("dtype_mix", _DtypeMix, [(3, 4)])
+    v = fxverify.Verification(aten_passes.identity, case, capture=Export(core=core, dynamic_batch=False))
+    numerics = v.run("numerics")
+    assert numerics.outcome == PASSED, numerics.message
+    assert v.subject.module("result", torch.float64).offset.dtype == torch.float32
+
+
+def test_an_export_baking_a_float_dtype_is_exported_again_in_float64():
+    x = torch.arange(6).reshape(2, 3)
+    gm = Export().capture(nn.Flatten(0), training=False, inputs=(x,))
+    assert Export().in_dtype(gm, torch.float64) is not None  # integer inputs: nothing floating to retype
+    baking = Export().capture(_Floats(), training=False, inputs=(x,))
+    assert Export().in_dtype(baking, torch.float64) is None
+    _, why = retyped_copy(baking, torch.float64)
+    assert "bakes torch.float32" in why
+    v = verification(aten_passes.identity, "edge_integer_inputs")
+    assert v.run("numerics").outcome == PASSED  # its float64 original: the float64 model exported again
+    assert any(n.meta["val"].dtype == torch.float64 for n in v.subject.module("original", torch.float64).graph.nodes
+               if isinstance(n.meta.get("val"), torch.Tensor))
+
+
+class _Floats(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.float() * 2
 
 
 def test_an_expected_failure_is_per_capture():

@@ -46,9 +46,10 @@ class Capture(Protocol):
         ...
 
     @property
-    def recaptures_dtype(self) -> bool:
-        """Whether a float64 copy is the float64 model captured again (graphs that bake dtypes), not a
-        converted copy."""
+    def bakes_dtypes(self) -> bool:
+        """Whether its graphs bake dtypes into node arguments: a float64 original is then the model as
+        captured in float64 (:meth:`in_dtype`, or captured again) and a float64 result the transform
+        applied to it, never a converted result."""
         ...
 
     @property
@@ -64,6 +65,11 @@ class Capture(Protocol):
 
     def for_transform(self, transform: Transform) -> Capture:
         """This capture set up for ``transform`` (an export keeps its program for a transform that takes one)."""
+        ...
+
+    def in_dtype(self, gm: fx.GraphModule, dtype: torch.dtype) -> fx.GraphModule | None:
+        """``gm``, a fresh capture of a model, as capturing the model in ``dtype`` gives it, made without
+        capturing again (a converted copy); None where only capturing the model again gives that."""
         ...
 
     def capture(self, module: nn.Module, *, training: bool, inputs: tuple[Any, ...] = ()) -> fx.GraphModule:

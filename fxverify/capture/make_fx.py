@@ -47,7 +47,7 @@ class MakeFx:
 
     name = "make_fx"
     opset = "functional"
-    recaptures_dtype = True  # ATen nodes bake dtype=: a float64 copy is the float64 model traced again
+    bakes_dtypes = True  # ATen nodes bake dtype=: a float64 copy is the float64 model traced again
     switches_mode = False  # the mode is traced in (batch_norm's training flag is an argument)
     keeps_captures = True
 
@@ -64,6 +64,11 @@ class MakeFx:
         module.train(training)
         traced = make_fx(torch.func.functionalize(module), tracing_mode="fake", _allow_non_fake_inputs=True)
         return traced(*inputs)
+
+    def in_dtype(self, gm: fx.GraphModule, dtype: torch.dtype) -> None:
+        """None: make_fx keeps parameters as plain tensor attributes, which a converted copy leaves in
+        float32 where the model in ``dtype`` has them in ``dtype``; the model is traced again."""
+        return None
 
     def recapture(self, gm: fx.GraphModule) -> fx.Graph:
         raise NotImplementedError(_SKIPS["retrace"])  # skipped: see skips()

@@ -49,7 +49,7 @@ class SymbolicTrace:
     concrete_args: tuple[tuple[str, Any], ...] = ()
     name = "symbolic_trace"
     opset = None  # torch-level graphs
-    recaptures_dtype = False
+    bakes_dtypes = False
     switches_mode = True
     keeps_captures = False  # a trace costs about what a copy does
 
@@ -101,6 +101,10 @@ class SymbolicTrace:
     def set_mode(self, module: ModuleT, training: bool) -> ModuleT:
         """``module.train(training)``."""
         return module.train(training)
+
+    def in_dtype(self, gm: fx.GraphModule, dtype: torch.dtype) -> fx.GraphModule:
+        """A converted copy: a symbolic trace is the model's code, whatever its dtype."""
+        return converted_copy(gm, dtype=dtype)
 
     def convert(self, module: ModuleT, *, dtype: torch.dtype | None = None, device: str | None = None) -> ModuleT:
         """A copy of ``module`` in ``dtype`` and / or on ``device`` (see :func:`~fxverify.capture.copies.converted_copy`)."""

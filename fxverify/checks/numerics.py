@@ -166,7 +166,7 @@ def _copy_problem(v: Subject) -> str | None:
     """When the float64 result is a converted copy of the result: whether ``copy.deepcopy`` of the
     result already computes something else in float32 (say, a copy that loses its eval mode)."""
     applied = v.applied()
-    if applied.rewrites_state or v.capture.recaptures_dtype:
+    if applied.rewrites_state or v.capture.bakes_dtypes:
         return None  # the float64 result is the transform applied again, not a copy
     result = applied.result
     try:

@@ -187,7 +187,8 @@ class Subject:
         key = (mode, str(dtype))
         if key not in self._captured:
             try:
-                captured = self.case.trace(training=mode == "train", capture=self.capture, dtype=dtype)
+                captured = self._retyped(mode, dtype) or \
+                    self.case.trace(training=mode == "train", capture=self.capture, dtype=dtype)
             except Exception as exc:
                 failed = CaptureFailed(self.case.name, self.capture.describe(), exc, mode)
                 self._captured[key] = failed
@@ -199,6 +200,13 @@ class Subject:
         if isinstance(kept, CaptureFailed):
             raise kept
         return copy.deepcopy(kept)
+
+    def _retyped(self, mode: str, dtype: torch.dtype | None) -> fx.GraphModule | None:
+        """The capture kept in ``mode`` as capturing the model in ``dtype`` gives it, made by the capture
+        without capturing again (:meth:`~fxverify.capture.Capture.in_dtype`: exporting again costs 3-13x
+        more), or None."""
+        kept = self._captured.get((mode, "None")) if dtype is not None else None
+        return self.capture.in_dtype(kept, dtype) if isinstance(kept, fx.GraphModule) else None
 
     def transformed_fresh(self, mode: str) -> nn.Module:
         """Only the result of the transform applied to a fresh capture in ``mode``, for work that
@@ -325,9 +333,9 @@ class Subject:
             return module
         key = f"{which}-{dtype}"
         if key not in self._float64:
-            if which == "original" and self.capture.recaptures_dtype:
+            if which == "original" and self.capture.bakes_dtypes:
                 self._float64[key] = self.capture_fresh(applied.mode, dtype)
-            elif which == "result" and (applied.rewrites_state or self.capture.recaptures_dtype):
+            elif which == "result" and (applied.rewrites_state or self.capture.bakes_dtypes):
                 self._float64[key] = self._transformed_in(dtype)
             else:
                 self._float64[key] = self.convert(which, module, dtype=dtype)
@@ -377,7 +385,7 @@ class Subject:
         parameters computes them in the module's dtype, so float64 comparisons stay tight.
         Falls back to converting the float32 result when the transform fails on it."""
         applied = self.applied()
-        given = self.capture_fresh(applied.mode, dtype) if self.capture.recaptures_dtype else \
+        given = self.capture_fresh(applied.mode, dtype) if self.capture.bakes_dtypes else \
             self.capture.convert(applied.original, dtype=dtype)
         try:
             result, _ = self.capture.apply(self.transform, given, timeout=self.timeout)
@@ -386,7 +394,9 @@ class Subject:
             self.float64_fallback = exc.cause
             return self.convert("result", applied.result, dtype=dtype)
         self._float64_exact = True
-        return self.capture.set_mode(result.to(dtype), applied.mode == "train")
+        if not self.capture.bakes_dtypes:  # new parameters made in float32, say; an ATen graph's result is as made
+            result = result.to(dtype)  # (its tensor constants stay float32 in the dtype model, as the original's do)
+        return self.capture.set_mode(result, applied.mode == "train")
 
     @property
     def float64_exact(self) -> bool:
