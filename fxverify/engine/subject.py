@@ -205,8 +205,8 @@ class Subject:
         """The capture kept in ``mode`` as capturing the model in ``dtype`` gives it, made by the capture
         without capturing again (:meth:`~fxverify.capture.Capture.in_dtype`: exporting again costs 3-13x
         more), or None."""
-        kept = self._captured.get((mode, "None")) if dtype is not None else None
-        return self.capture.in_dtype(kept, dtype) if isinstance(kept, fx.GraphModule) else None
+        kept = self._captured.get((mode, "None"))
+        return self.capture.in_dtype(kept, dtype) if dtype is not None and isinstance(kept, fx.GraphModule) else None
 
     def transformed_fresh(self, mode: str) -> nn.Module:
         """Only the result of the transform applied to a fresh capture in ``mode``, for work that
