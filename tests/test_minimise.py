@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from fxverify.diagnose.minimise import DIFFERS, minimise_failure, minimise_module
-from fxverify.diagnose.repro import EXIT_DIFFERS, EXIT_RAISES, repro_stem, write_repro
+from fxverify.diagnose.repro import repro_stem, write_repro
+from fxverify.diagnose.repro_script import EXIT_DIFFERS, EXIT_RAISES
 from fxverify.engine.subject import Subject
 from fxverify.engine.transform import Transform
 from fxverify.errors import FxVerifyError

@@ -7,14 +7,16 @@ from their constructors, the generated ``forward`` of the ``GraphModule``, its
 state and inputs, loaded with ``torch.load(weights_only=True)``. Running it traces
 the module (every submodule kept a leaf, so the graph is the minimised one), calls
 the transform on it as fxverify does, and runs the result: while the bug is there
-it prints the traceback and exits with :data:`EXIT_DIFFERS` (the
-``torch.testing.assert_close`` failure) or :data:`EXIT_RAISES` (the result raised),
-any other error exits with 1 as usual. Layers that cannot be rebuilt from their
+it prints the traceback and exits with :data:`~fxverify.diagnose.repro_script.EXIT_DIFFERS` (the
+``torch.testing.assert_close`` failure) or :data:`~fxverify.diagnose.repro_script.EXIT_RAISES` (the
+result raised), any other error exits with 1 as usual. Layers that cannot be rebuilt from their
 ``repr`` (not ``torch.nn`` classes) are pickled into ``<stem>.modules.pt`` and
 loaded with ``weights_only=False``.
 
 :func:`write_repro` runs the file in a fresh Python process before returning it,
-and deletes it again unless it fails the way the minimised failure did.
+and deletes it again unless it fails the way the minimised failure did. A failure on an export
+capture is not minimised: its repro is the saved program and the pass call
+(:mod:`fxverify.diagnose.program_repro`).
 """
 
 from __future__ import annotations
@@ -22,9 +24,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import subprocess
-import sys
-import tempfile
 import types
 from pathlib import Path
 from typing import Any
@@ -33,23 +32,24 @@ import torch
 from torch import fx, nn
 
 from fxverify.analysis.module_state import resolve
+from fxverify.capture.export import Export
 from fxverify.cases.catalogue import CAPTURES
-from fxverify.diagnose.minimise import DIFFERS, Minimised, minimise_failure
+from fxverify.diagnose.minimise import Minimised, minimise_failure
+from fxverify.diagnose.program_repro import write_program_repro
+from fxverify.diagnose.repro_script import absolute_spec, check_reproduces, script_source
 from fxverify.engine.results import Finding, exception_summary
 from fxverify.engine.subject import Subject
 from fxverify.errors import FxVerifyError
 from fxverify.golden import portable_spec, safe_name
-
-EXIT_DIFFERS, EXIT_RAISES = 3, 4  # a repro's exit status while the bug is there
-OUTCOME_ENV = "FXVERIFY_REPRO_OUTCOME"  # a file where a repro run by fxverify writes the exception type raised
-CHECK_TIMEOUT_S = 300.0  # for the run of a freshly written repro
 
 
 class ReproOnFailure:
     """A runner's post-failure hook (see :mod:`fxverify.engine.runner`): a numerics failure in the
     contract's primary mode is minimised (:func:`fxverify.diagnose.minimise.minimise_failure`) and
     written into ``directory`` as a standalone repro, named in the finding (``finding.repro``, and a
-    line of the message); when that cannot be done, the finding says why.
+    line of the message); on an export capture, the saved program and the pass call are
+    (:func:`fxverify.diagnose.program_repro.write_program_repro`); when that cannot be done, the
+    finding says why.
 
     >>> hook = ReproOnFailure("repros")
     >>> hook.directory
@@ -62,22 +62,32 @@ class ReproOnFailure:
     def __call__(self, subject: Subject, check: str, finding: Finding) -> None:
         if check != "numerics":
             return
-        if subject.capture.name != CAPTURES[0]:
-            finding.what += (f"\nno repro written: repros are written for {CAPTURES[0]} graphs only (a repro of "
-                             f"{subject.capture.name}, a saved program and the pass call, is not built yet)")
+        exported = isinstance(subject.capture, Export)
+        if not exported and subject.capture.name != CAPTURES[0]:
+            finding.what += (f"\nno repro written: repros are written for {CAPTURES[0]} and export graphs (torch "
+                             f"does not save a {subject.capture.name} graph)")
             return
         if finding.mode is not None and finding.mode != subject.contract.primary_mode:
             finding.what += f"\nno repro written: only failures in {subject.contract.primary_mode} mode are minimised"
             return
+        model = subject.case.name if not exported else f"{subject.case.name}.{subject.capture.name}"
+        stem = repro_stem(model, check, subject.transform.spec)
         try:
+            if exported:
+                path = write_program_repro(subject, self.directory, stem,
+                                           title=f"{subject.transform.spec} fails numerics on {subject.case.name}")
+                finding.repro = str(path)
+                finding.what += f"\nrepro:      python {path}  (the {subject.capture.name} program and the pass call)"
+                return
             found = minimise_failure(subject)
-            path = write_repro(found, self.directory, repro_stem(subject.case.name, check, subject.transform.spec),
+            path = write_repro(found, self.directory, stem,
                                title=f"{subject.transform.spec} fails numerics on a subgraph of {subject.case.name}")
         except FxVerifyError as exc:
             finding.what += f"\nno repro written: {exc}"
             return
         except Exception as exc:  # torch's minifier on a graph it was not written for: the finding stands
-            finding.what += (f"\nno repro written: minimising raised {exception_summary(exc)}; "
+            doing = "saving the program" if exported else "minimising"
+            finding.what += (f"\nno repro written: {doing} raised {exception_summary(exc)}; "
                              "please report this to fxverify")
             return
         finding.repro = str(path)
@@ -130,7 +140,8 @@ def write_repro(found: Minimised, directory: str | os.PathLike[str], stem: str =
                folder / f"{stem}.pt")
     if pickled:
         torch.save(pickled, folder / f"{stem}.modules.pt")
-    source = _TEMPLATE.format(
+    source = script_source(
+        _DOCSTRING, _BODY,
         title=title or f"transform {found.transform.spec} fails",
         failure=found.failure,
         size=found.describe(),
@@ -147,18 +158,15 @@ def write_repro(found: Minimised, directory: str | os.PathLike[str], stem: str =
         forward=forward.replace("\n", "\n    "),
         stem=stem,
         run_path=os.path.relpath(folder / f"{stem}.py"),
-        spec=_absolute_spec(found.transform.spec),
-        exit_differs=EXIT_DIFFERS,
-        exit_raises=EXIT_RAISES,
+        spec=absolute_spec(found.transform.spec),
         tracer_arg=", LeafTracer" if found.transform.takes_tracer_class else "",
-        outcome_env=OUTCOME_ENV,
         rtol=found.tolerance[0],
         atol=found.tolerance[1],
     )
     path = folder / f"{stem}.py"
     path.write_text(source)
     try:
-        _check_reproduces(path, found)
+        check_reproduces(path, found.kind, found.failure, found.raised)
     except FxVerifyError:
         for written in (path, folder / f"{stem}.pt", folder / f"{stem}.modules.pt"):
             written.unlink(missing_ok=True)
@@ -175,14 +183,6 @@ def _split_wraps(src: str) -> tuple[list[str], str]:
     """
     head, sep, body = src.partition("\ndef ")
     return [line for line in head.splitlines() if line.strip()], (sep.lstrip("\n") + body).strip()
-
-
-def _absolute_spec(spec: str) -> str:
-    """The transform spec with a file path made absolute, so the repro runs from anywhere."""
-    module_part, _, qualname = spec.rpartition(":")
-    if module_part.endswith(".py"):
-        return f"{Path(module_part).expanduser().resolve()}:{qualname}"
-    return spec
 
 
 def _targets(gm: fx.GraphModule, op: str) -> list[str]:
@@ -244,31 +244,7 @@ def _import_line(name: str, value: Any) -> str:
     return f"{name} = _resolve({module!r}, {qualname!r})"
 
 
-def _check_reproduces(path: Path, found: Minimised) -> None:
-    """Run the repro in a fresh process (this one's ``sys.path``, from the current directory)
-    and raise :class:`FxVerifyError` unless it fails as ``found`` does: outputs that differ,
-    or the result raising the same exception type."""
-    with tempfile.TemporaryDirectory(prefix="fxverify-repro-") as tmp:
-        told = Path(tmp) / "raised"
-        env = {**os.environ, OUTCOME_ENV: str(told),
-               "PYTHONPATH": os.pathsep.join(p for p in [*sys.path, os.environ.get("PYTHONPATH")] if p)}
-        try:
-            run = subprocess.run([sys.executable, str(path)], env=env, capture_output=True, text=True,
-                                 timeout=CHECK_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            raise FxVerifyError(f"the repro written to {path} did not finish within {CHECK_TIMEOUT_S:g} s") from None
-        raised = told.read_text() if told.exists() else None
-    expected = EXIT_DIFFERS if found.kind == DIFFERS else EXIT_RAISES
-    if run.returncode == expected and (found.kind == DIFFERS or raised == found.raised):
-        return
-    tail = "\n".join(run.stderr.strip().splitlines()[-3:]) or run.stdout.strip()
-    wanted = "outputs that differ" if found.kind == DIFFERS else f"the transformed module raising {found.raised}"
-    raise FxVerifyError(f"the repro written to {path} (now deleted) exited with {run.returncode} instead of failing "
-                        f"with {wanted} ({found.failure}); it said:\n{tail}\nIt runs from the current directory, "
-                        "as its user will: if the transform imports here, please report this to fxverify")
-
-
-_TEMPLATE = '''"""{title}.
+_DOCSTRING = '''"""{title}.
 
 Written by fxverify: {size}.
 Failure: {failure}
@@ -278,39 +254,9 @@ While the bug is there it prints the traceback and exits with {exit_differs} (to
 fails) or {exit_raises} (the transformed module raises); any other exit status is another problem.
 Needs torch and the transform only; the module's state and inputs are in {stem}.pt beside it.
 """
+'''
 
-import importlib
-import importlib.util
-import os
-import pathlib
-import sys
-import traceback
-
-import torch
-
-TRANSFORM = {spec!r}
-RTOL, ATOL = {rtol!r}, {atol!r}
-EXIT_DIFFERS, EXIT_RAISES = {exit_differs!r}, {exit_raises!r}
-HERE = pathlib.Path(__file__).resolve().parent
-
-
-def _resolve(module, qualname):
-    value = importlib.import_module(module)
-    for part in qualname.split("."):
-        value = getattr(value, part)
-    return value
-
-
-def _load_transform(spec):
-    module_part, _, qualname = spec.rpartition(":")
-    if module_part.endswith(".py"):
-        file_spec = importlib.util.spec_from_file_location("repro_transform", module_part)
-        module = sys.modules["repro_transform"] = importlib.util.module_from_spec(file_spec)
-        file_spec.loader.exec_module(module)
-        module_part = "repro_transform"
-    return _resolve(module_part, qualname)
-
-
+_BODY = '''
 {imports}
 {wraps}{pickled}
 
@@ -354,45 +300,13 @@ def trace(module):
     return torch.fx.GraphModule(module, LeafTracer().trace(module))
 
 
-def _clone(values):
-    return [v.clone() if isinstance(v, torch.Tensor) else v for v in values]
-
-
 def main():
-    """EXIT_DIFFERS or EXIT_RAISES (after printing the traceback) while the bug is there, else 0."""
     saved = torch.load(HERE / "{stem}.pt", weights_only=True)
     reference, given = trace(Repro(saved)), trace(Repro(saved))
     transform = _load_transform(TRANSFORM)
     with torch.no_grad():
         expected = reference(*_clone(saved["inputs"]))
         returned = transform(given{tracer_arg})
-        result = given if returned is None else getattr(returned, "graph_module", returned)
-        try:
-            actual = result(*_clone(saved["inputs"]))
-        except Exception as exc:
-            traceback.print_exc()
-            print(f"fxverify repro: the transformed module raised {{type(exc).__qualname__}}", file=sys.stderr)
-            _tell(raised=type(exc).__qualname__)
-            return EXIT_RAISES
-    try:
-        torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL, equal_nan=True)
-    except AssertionError:
-        traceback.print_exc()
-        print("fxverify repro: the transformed module's outputs differ", file=sys.stderr)
-        _tell()
-        return EXIT_DIFFERS
-    print("no failure: the transform's result matches the module")
-    return 0
-
-
-def _tell(raised=""):
-    """When fxverify runs this file to check it, it asks which exception the module raised."""
-    if os.environ.get("{outcome_env}"):
-        pathlib.Path(os.environ["{outcome_env}"]).write_text(raised)
-
-
-if __name__ == "__main__":
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    sys.exit(main())
+    result = given if returned is None else getattr(returned, "graph_module", returned)
+    return _judge(result, saved["inputs"], expected)
 '''

@@ -1,0 +1,193 @@
+"""Repros of failures on ``torch.export`` captures: the saved program and the pass call.
+
+An exported graph cannot be rebuilt from its code as a symbolic trace can (its ``meta['val']``, its
+signature and its ShapeEnv come from exporting), and torch's minifier does not keep a program's
+signature valid, so the repro of a numerics failure on ``export`` / ``export_core`` is not minimised:
+it is the program fxverify gave the pass, saved with ``torch.export.save`` (``<stem>.pt2``), the
+inputs it fails on (``<stem>.pt``), and ``<stem>.py``, which loads both, calls the transform as
+fxverify does on that capture (on ``program.module()``; on a copy of the program for a pass of form
+``program``; through ``program._transform_do_not_use`` for form ``lifted``; each step in turn for a
+list of passes) and compares the result's outputs with the program's own, exiting as the repros of
+:mod:`fxverify.diagnose.repro` do. It is kept only when a fresh Python process running it fails as
+the check did.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fxverify.analysis.compare import Tolerance
+from fxverify.capture.export import Export, program_of
+from fxverify.diagnose.repro_script import DIFFERS, RAISES, absolute_spec, check_reproduces, script_source
+from fxverify.engine.results import exception_summary
+from fxverify.engine.subject import Subject
+from fxverify.errors import FxVerifyError, TransformFailed
+
+
+@dataclasses.dataclass(frozen=True)
+class _Failing:
+    """A program on which the transform fails, with its inputs, as the repro will check it."""
+
+    program: torch.export.ExportedProgram
+    inputs: tuple[Any, ...]
+    tolerance: tuple[float, float]
+    kind: str  # RAISES or DIFFERS
+    failure: str
+    raised: str = ""
+    where: str = ""
+
+
+def write_program_repro(v: Subject, directory: str | os.PathLike[str], stem: str, *, title: str = "") -> Path:
+    """Write the repro of ``v``'s failing numerics on an export capture into ``directory`` and return
+    the ``.py`` path, once a fresh Python process running it fails as the check did.
+
+    The program is the model exported as the capture exports it, in the contract's primary mode, in
+    float64 first (with the float64 stage's tight tolerance) and then as built at each input
+    configuration (with the float32 tolerance): the first on which the result's outputs differ from
+    the program's, or the result raises. Raises :class:`FxVerifyError` when the transform cannot be
+    imported by name, fails on none of them, or the program cannot be saved. For example::
+
+        from fxverify.diagnose.program_repro import write_program_repro
+        from fxverify.engine.subject import Subject
+
+        subject = Subject("my_passes:fold_bn", "resnet18", capture=load_case("resnet18").capture_named("export"))
+        write_program_repro(subject, "repros", "resnet18-fold_bn")  # repros/resnet18-fold_bn.py, .pt2, .pt
+    """
+    if not isinstance(v.capture, Export):
+        raise FxVerifyError(f"a saved-program repro is written for export captures, not {v.capture.name}")
+    if not v.transform.reloadable:
+        raise FxVerifyError(
+            f"transform {v.transform.spec} cannot be imported by name (a lambda, a local function or one defined "
+            "in __main__), so a standalone repro cannot call it: define it in an importable module")
+    found = _first_failing(v, v.capture)
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = [folder / f"{stem}{suffix}" for suffix in (".py", ".pt2", ".pt")]
+    try:
+        torch.export.save(found.program, written[1])
+    except Exception as exc:
+        written[1].unlink(missing_ok=True)
+        raise FxVerifyError(f"torch.export.save of the {v.capture.name} program raised {exception_summary(exc)}") \
+            from None
+    torch.save({"inputs": list(found.inputs)}, written[2])
+    written[0].write_text(script_source(
+        _DOCSTRING, _BODY,
+        title=title or f"transform {v.transform.spec} fails on {v.case.name}",
+        where=found.where, capture=v.capture.describe(), failure=found.failure,
+        run_path=os.path.relpath(written[0]), stem=stem, form=v.transform.form,
+        spec=absolute_spec(v.transform.spec), rtol=found.tolerance[0], atol=found.tolerance[1],
+    ))
+    try:
+        check_reproduces(written[0], found.kind, found.failure, found.raised)
+    except FxVerifyError:
+        for path in written:
+            path.unlink(missing_ok=True)
+        raise
+    return written[0]
+
+
+def _first_failing(v: Subject, capture: Export) -> _Failing:
+    """The first program and inputs (float64 first, see :func:`write_program_repro`) on which the
+    transform's result fails."""
+    mode = v.contract.primary_mode
+    attempts: list[tuple[Any, torch.dtype | None, Tolerance]] = []
+    if v.float64_skip is None:
+        attempts.append((v.primary, torch.float64, v.float64_tolerance))
+    attempts += [(config, None, v.tolerance) for config in v.configs]
+    programs: dict[str, Any] = {}
+    for config, dtype, tolerance in attempts:
+        if str(dtype) not in programs:
+            programs[str(dtype)] = _exported(v, capture, mode, dtype)
+        gm = programs[str(dtype)]
+        inputs = tuple(config.make(v.case.seed, dtype=dtype))
+        rtol, atol = tolerance.for_dtype(dtype or torch.float32)
+        where = f"{config.describe()}, {str(dtype or 'float32').removeprefix('torch.')}, {mode} mode"
+        failing = _failure(v, gm, inputs, (rtol, atol), where)
+        if failing is not None:
+            return failing
+    raise FxVerifyError(f"transform {v.transform.spec} fails on none of {v.case.name}'s input configurations "
+                        f"when its {v.capture.name} program is given to it alone")
+
+
+def _exported(v: Subject, capture: Export, mode: str, dtype: torch.dtype | None) -> Any:
+    """The model exported as ``capture`` exports it, keeping its program (``meta[PROGRAM]``)."""
+    module = v.case.build(training=mode == "train")
+    if dtype is not None:
+        module = module.to(dtype)
+    inputs = tuple(v.case.configs[0].make(v.case.seed, dtype=dtype))
+    return dataclasses.replace(capture, keeps_program=True).capture(module, training=mode == "train", inputs=inputs)
+
+
+def _failure(v: Subject, gm: Any, inputs: tuple[Any, ...], tolerance: tuple[float, float], where: str) -> _Failing | None:
+    """How the transform fails on the captured ``gm`` at ``inputs``, judged as the repro judges it."""
+    program = program_of(gm)
+    assert program is not None  # captured with keeps_program
+    with torch.no_grad():
+        expected = gm(*_clone(inputs))
+    try:
+        result, _ = v.capture.apply(v.transform, copy.deepcopy(gm), timeout=v.timeout)
+    except TransformFailed:
+        return None  # another failure: numerics' is what the repro shows
+    try:
+        with torch.no_grad():
+            actual = result(*_clone(inputs))
+    except Exception as exc:
+        return _Failing(program, inputs, tolerance, RAISES, f"the transformed module raised {exception_summary(exc)}",
+                        type(exc).__qualname__, where)
+    try:
+        torch.testing.assert_close(actual, expected, rtol=tolerance[0], atol=tolerance[1], equal_nan=True)
+    except AssertionError as exc:
+        return _Failing(program, inputs, tolerance, DIFFERS, f"outputs differ: {str(exc).strip().splitlines()[0]}",
+                        where=where)
+    return None
+
+
+def _clone(inputs: tuple[Any, ...]) -> list[Any]:
+    return [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs]
+
+
+_DOCSTRING = '''"""{title}.
+
+Written by fxverify: the {capture} program of the model ({where}), saved with
+torch.export.save in {stem}.pt2, its inputs in {stem}.pt, and the pass call fxverify made (form {form}).
+Failure: {failure}
+
+Run it from the directory fxverify ran in (where the transform imports): python {run_path}
+While the bug is there it prints the traceback and exits with {exit_differs} (torch.testing.assert_close
+fails) or {exit_raises} (the transformed module raises); any other exit status is another problem.
+"""
+'''
+
+_BODY = '''
+FORM = {form!r}
+
+
+def transformed(program, transform):
+    """The pass called as fxverify calls it on an export capture; the module the result runs as."""
+    steps = transform if isinstance(transform, (list, tuple)) else [transform]
+    given = program.module() if FORM == "module" else program
+    for step in steps:
+        if FORM == "lifted":
+            from torch.fx.passes.infra.pass_manager import pass_result_wrapper
+
+            given = given._transform_do_not_use(pass_result_wrapper(step))
+            continue
+        returned = step(given)
+        if returned is not None:
+            given = returned if FORM == "program" else getattr(returned, "graph_module", returned)
+    return given if FORM == "module" else given.module()
+
+
+def main():
+    saved = torch.load(HERE / "{stem}.pt", weights_only=True)
+    with torch.no_grad():
+        expected = torch.export.load(HERE / "{stem}.pt2").module()(*_clone(saved["inputs"]))
+    result = transformed(torch.export.load(HERE / "{stem}.pt2"), _load_transform(TRANSFORM))
+    return _judge(result, saved["inputs"], expected)
+'''
