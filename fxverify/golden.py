@@ -67,6 +67,7 @@ from fxverify.analysis.graph_text import canonical_text
 
 SUFFIX = ".golden"
 OBTAINED_SUFFIX = ".obtained"
+DEFAULT_CAPTURE = "symbolic_trace"  # its files are named after the model alone, others after model and capture
 DEFAULT_DIR = "fxverify_golden"  # under pytest's rootdir (the current directory without pytest)
 LIBRARIES = ("torch", "torchvision", "timm")
 MAX_DIFF_LINES = 80
@@ -91,13 +92,17 @@ class GoldenDirMissing(GoldenMismatch):
 # -- names -----------------------------------------------------------------------------
 
 
-def golden_path(root: str | os.PathLike[str], transform: str, model: str) -> Path:
-    """Where the golden file of ``model`` under ``transform`` lives below ``root``.
+def golden_path(root: str | os.PathLike[str], transform: str, model: str, capture: str = DEFAULT_CAPTURE) -> Path:
+    """Where the golden file of ``model`` under ``transform`` (and a ``capture`` other than symbolic
+    tracing) lives below ``root``.
 
     >>> golden_path("g", "src/passes.py:fuse", "my model/v2").as_posix()
     'g/passes.fuse/my_model_v2-5d1c7314.golden'
+    >>> golden_path("g", "pkg.passes:fuse", "resnet18", "export_core").as_posix()
+    'g/pkg.passes.fuse/resnet18.export_core.golden'
     """
-    return Path(root) / safe_name(portable_spec(transform).replace(":", ".")) / (safe_name(model) + SUFFIX)
+    name = model if capture == DEFAULT_CAPTURE else f"{model}.{capture}"
+    return Path(root) / safe_name(portable_spec(transform).replace(":", ".")) / (safe_name(name) + SUFFIX)
 
 
 def portable_spec(spec: str) -> str:
@@ -149,21 +154,27 @@ def versions() -> str:
     return ", ".join(found)
 
 
-def golden_text(original: fx.GraphModule, result: nn.Module, *, model: str, transform: str) -> str:
-    """The golden file content for ``original`` (the trace) and ``result`` (the transform's GraphModule)."""
+def golden_text(original: fx.GraphModule, result: nn.Module, *, model: str, transform: str,
+                capture: str = DEFAULT_CAPTURE, signature: str | None = None) -> str:
+    """The golden file content for ``original`` (the trace, or another ``capture``'s graph) and ``result``
+    (the transform's GraphModule); ``signature``, what an exported result promises beyond its code
+    (:func:`fxverify.capture.export.signature_text`), follows the code."""
     if not isinstance(result, fx.GraphModule):
         raise TypeError(f"golden files hold generated code: expected a GraphModule, got {type(result).__name__}")
+    captured = "traced" if capture == DEFAULT_CAPTURE else f"captured with {capture}"
     header = [
-        f"# fxverify golden file: generated code of {model}, traced, then transformed by {portable_spec(transform)}",
+        f"# fxverify golden file: generated code of {model}, {captured}, then transformed by {portable_spec(transform)}",
         f"# model: {model}",
         f"# transform: {portable_spec(transform)}",
         f"# versions: {versions()}",
     ]
     sections = [
-        ("code after tracing", original.code),
+        ("code after tracing" if capture == DEFAULT_CAPTURE else f"code after {capture}", original.code),
         ("code after the transform", result.code),
         ("graph after the transform (opcode name target users args kwargs)", canonical_text(result.graph)),
     ]
+    if signature is not None:
+        sections.append(("signature and range constraints after the transform", signature))
     sections += [(f"code of submodule {name}", sub.code) for name, sub in result.named_modules()
                  if name and isinstance(sub, fx.GraphModule)]
     body = "\n".join(f"## {title}\n{_tidy(text)}\n" for title, text in sections)

@@ -13,6 +13,7 @@ torchvision or timm) from the repository root with::
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -22,11 +23,13 @@ from torch import fx
 from fxverify import golden
 from fxverify.api import Verification
 from fxverify.cases import catalogue
+from fxverify.cases.case import load_case
 from fxverify.engine.transform import Transform
-from tests import mutations
+from tests import aten_passes, mutations
 
 CORPUS_GOLDEN = Path(__file__).parents[1] / "corpus" / "golden"
 BASELINE = "fxverify.examples:identity"
+ATEN_PASSES = Path(__file__).with_name("aten_passes.py")
 SPEC = "my_project.passes:rewrite"  # the name the golden files are kept under in these tests
 
 
@@ -199,6 +202,38 @@ def test_golden_files_are_created_then_byte_stable_across_processes_and_hash_see
     again = pytester.runpytest_subprocess(*args, "--fxverify-update-golden")
     again.stdout.fnmatch_lines(["golden files: 0 created, 0 changed, 3 unchanged"])
     assert {p.name: p.read_bytes() for p in files} == first
+
+
+def test_export_golden_files_hold_the_signature_and_are_byte_stable_across_processes_and_hash_seeds(
+        pytester, monkeypatch):
+    args = ["-p", "no:cacheprovider", "--fxverify", f"{ATEN_PASSES}:identity", "--fxverify-checks=golden",
+            "--fxverify-corpus=edge_conv_bn_head,edge_running_statistics", "--fxverify-capture=export,export_core"]
+    monkeypatch.setenv("PYTHONHASHSEED", "1")
+    created = pytester.runpytest_subprocess(*args, "--fxverify-update-golden")
+    created.stdout.fnmatch_lines(["golden files: 4 created, 0 changed, 0 unchanged"])
+    files = sorted((pytester.path / "fxverify_golden" / "aten_passes.identity").iterdir())
+    first = {p.name: p.read_text() for p in files}
+    text = first["edge_conv_bn_head.export.golden"]
+    assert "captured with export, then transformed" in text and "## code after export" in text
+    assert "torch.ops.aten.conv2d.default(" in text  # the ATen graph, not a symbolic trace
+    assert re.search(r"range constraints: s\d+ in \[2, 8\]", text), text  # the dynamic batch, as exported
+    assert "aten._native_batch_norm_legit_no_training.default" in first["edge_conv_bn_head.export_core.golden"]
+    assert "inputs: TreeSpec(tuple" in text and "outputs: *" in text  # ep.module()'s pytree specs
+
+    monkeypatch.setenv("PYTHONHASHSEED", "2")
+    again = pytester.runpytest_subprocess(*args, "--fxverify-update-golden")
+    again.stdout.fnmatch_lines(["golden files: 0 created, 0 changed, 4 unchanged"])
+    assert {p.name: p.read_text() for p in files} == first
+
+
+def test_an_export_golden_file_catches_a_changed_aten_pass(tmp_path):
+    case = load_case("edge_conv_bn_head")
+    for fn, update in ((aten_passes.identity, True), (aten_passes.relu_to_clamp, False)):
+        transform = Transform.from_callable(fn, spec=SPEC)
+        found = Verification(transform, case, capture=case.capture_named("export"), golden_dir=tmp_path,
+                             update_golden=update).run("golden")
+    assert found.outcome == "failed" and "edge_conv_bn_head.export.golden" in found.message
+    assert re.search(r"\+    clamp\w* = torch\.ops\.aten\.clamp", found.message), found.message
 
 
 def test_golden_dir_option_ini_and_summary_of_changes(pytester):

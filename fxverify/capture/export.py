@@ -54,7 +54,6 @@ _SKIPS = {
     "retrace": "on export captures, the reexport check exports the result again instead",
     "pickle": "a torch.export module does not pickle even untouched (its pytree hooks are local functions)",
     "to_folder": "a torch.export module does not write itself to a folder even untouched",
-    "golden": "golden files are kept for symbolic_trace graphs only",
     "devices": not_moved("torch.export"),
     "cuda": not_moved("torch.export"),
 }
@@ -232,6 +231,44 @@ def signature_nodes(program: torch.export.ExportedProgram) -> tuple[tuple[str, l
 def _is_exported(module: nn.Module) -> bool:
     """Whether ``module`` is an ``ep.module()`` (its ``train`` replaced by one that raises)."""
     return getattr(getattr(module, "train", None), "__func__", None) is not type(module).train
+
+
+def signature_text(module: fx.GraphModule) -> str | None:
+    """What an exported module promises beyond its code: the program's graph signature (where the capture
+    keeps the program, :func:`program_of`) or the module's input and output
+    pytree specs, and the ranges of the symbolic sizes of its inputs; None for a graph with no
+    pytree specs (not an ``ep.module()``).
+
+    >>> import torch
+    >>> ep = torch.export.export(nn.ReLU(), (torch.ones(2, 3),), dynamic_shapes=({0: torch.export.Dim("b", max=8)},))
+    >>> text = signature_text(ep.module())
+    >>> text.startswith("inputs: TreeSpec(tuple"), text.splitlines()[-1]  # doctest: +ELLIPSIS
+    (True, 'range constraints: s... in [2, 8]')
+    """
+    program = program_of(module)
+    if program is not None:
+        lines = [f"signature:\n{str(program.graph_signature).strip()}"]
+    elif hasattr(module, "_in_spec"):
+        lines = [f"inputs: {module._in_spec}", f"outputs: {getattr(module, '_out_spec', None)}"]
+    else:
+        return None
+    ranges = [f"{symbol} in [{lower}, {upper}]" for symbol, (lower, upper) in symbol_ranges(module).items()]
+    lines.append(f"range constraints: {'; '.join(ranges) or 'none (static shapes)'}")
+    return "\n".join(lines)
+
+
+def symbol_ranges(gm: fx.GraphModule) -> dict[str, tuple[Any, Any]]:
+    """The range of each symbolic size of ``gm``'s inputs as its ShapeEnv records it now (a pass that
+    specialises a symbol narrows it), by symbol name in order (``int_oo`` for no upper bound)."""
+    found: dict[str, tuple[Any, Any]] = {}
+    for node in gm.graph.find_nodes(op="placeholder"):
+        for value in pytree.tree_leaves(node.meta.get("val")):
+            for size in value.shape if isinstance(value, torch.Tensor) else (value,):
+                symbolic = size.node if isinstance(size, torch.SymInt) else None
+                if symbolic is not None and symbolic.shape_env is not None and isinstance(symbolic.expr, sympy.Symbol):
+                    bounds = symbolic.shape_env.var_to_range[symbolic.expr]
+                    found[str(symbolic.expr)] = (bounds.lower, bounds.upper)
+    return dict(sorted(found.items()))
 
 
 def batch_range(gm: fx.GraphModule) -> tuple[int, int] | None:

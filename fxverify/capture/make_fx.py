@@ -31,7 +31,6 @@ ModuleT = TypeVar("ModuleT", bound=nn.Module)
 _SKIPS = {
     "dynamic": "make_fx graphs are traced with static shapes here (tracing_mode='fake')",
     "retrace": "re-capturing a make_fx graph's code is not built",
-    "golden": "golden files are kept for symbolic_trace graphs only",
     "verifier": "make_fx graphs come with no ExportedProgram and no signature to verify (meta and opset check "
                 "the rules of torch's Verifier that apply to their nodes)",
     "serde": "make_fx graphs come with no ExportedProgram to save (pickle and to_folder save them)",

@@ -1,6 +1,8 @@
 """golden: the generated code and graph, after tracing and after the transform, match the golden file.
 
-The file is ``<golden dir>/<transform>/<model>.golden`` (see :mod:`fxverify.golden`); the golden
+The file is ``<golden dir>/<transform>/<model>.golden`` (``<model>.<capture>.golden`` under another
+capture than symbolic tracing, with the exported graph's signature and range constraints; see
+:mod:`fxverify.golden`); the golden
 dir is ``--fxverify-golden-dir`` (default ``fxverify_golden`` under pytest's rootdir), or the
 ``golden_dir`` given to :class:`fxverify.Verification` (default ``fxverify_golden``
 in the current directory). With ``--fxverify-update-golden`` (``update_golden=True``) the file is
@@ -19,6 +21,7 @@ from typing import Any
 from torch import fx
 
 from fxverify import golden
+from fxverify.capture.export import signature_text
 from fxverify.cases.catalogue import RANDOM_GRAPH_TAG
 from fxverify.engine.results import Finding, Skip
 from fxverify.engine.subject import Subject
@@ -33,8 +36,9 @@ def check(v: Subject) -> dict[str, Any]:
         raise Skip(f"the transform returned a {type(applied.result).__name__}, not a GraphModule: no code to compare")
     folder = v.settings.golden_dir
     root = Path(folder) if folder is not None else Path.cwd() / golden.DEFAULT_DIR
-    path = golden.golden_path(root, v.transform.spec, v.case.name)
-    text = golden.golden_text(applied.original, applied.result, model=v.case.name, transform=v.transform.spec)
+    path = golden.golden_path(root, v.transform.spec, v.case.name, v.capture.name)
+    text = golden.golden_text(applied.original, applied.result, model=v.case.name, transform=v.transform.spec,
+                              capture=v.capture.name, signature=signature_text(applied.result))
     if v.settings.update_golden:
         return {"golden": golden.update_golden(path, text), "golden_file": str(path)}
     try:
