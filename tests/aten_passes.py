@@ -15,6 +15,7 @@ import torch
 from torch import fx, nn
 from torch.export.passes import move_to_device_pass
 from torch.fx.passes.infra.pass_manager import PassManager, pass_result_wrapper
+from torch.utils import _pytree as pytree
 
 import fxverify
 
@@ -284,6 +285,28 @@ def _pass_manager() -> PassManager:
 
 
 pass_manager_losing_meta = fxverify.contract(captures=("export",))(_pass_manager())
+
+
+def fill_missing_meta(gm: fx.GraphModule) -> fx.GraphModule:
+    """A meta repair step (as ExecuTorch's spec propagation): a node without meta['val'] gets its target run
+    on its inputs' FakeTensors."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.meta.get("val") is None:
+            args, kwargs = pytree.tree_map_only(fx.Node, lambda n: n.meta["val"], (node.args, node.kwargs))
+            fake = next(v for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor))
+            with fake.fake_mode:
+                node.meta["val"] = node.target(*args, **kwargs)
+    return gm
+
+
+def _losing_then_repairing_meta() -> PassManager:
+    return PassManager([pass_result_wrapper(p) for p in (relu_to_clamp_min_without_meta, fill_missing_meta)])
+
+
+# meta is lost by step 1 and repaired by step 2: correct as a pipeline; verify-each names step 1
+repairing_pipeline = fxverify.contract(captures=("export",))(_losing_then_repairing_meta())
+repairing_pipeline_verified_each = fxverify.contract(captures=("export",), verify_each=True)(
+    _losing_then_repairing_meta())
 
 
 def copied_into_a_new_graph(gm: fx.GraphModule) -> fx.GraphModule:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ import fxverify
 from fxverify.capture import Export, MakeFx, SymbolicTrace
 from fxverify.capture.copies import retyped_copy
 from fxverify.capture.export import PROGRAM, named_as_exported
+from fxverify.diagnose.repro_script import EXIT_DIFFERS
 from fxverify.engine.results import FAILED, PASSED, SKIPPED, XFAILED
 from tests import aten_passes, mutations
 
@@ -220,12 +223,45 @@ def test_a_contract_names_the_captures_a_pass_is_for():
         fxverify.contract(captures=("dynamo",))
 
 
-def test_a_numerics_failure_on_an_export_capture_says_why_no_repro_is_written(tmp_path):
+def test_a_numerics_failure_on_an_export_capture_is_repro_d_by_its_saved_program_and_the_pass_call(tmp_path):
     case = fxverify.load_case("edge_conv_bn_head")
     v = fxverify.Verification(aten_passes.conv_bn_fold_forgets_mean, case, capture=case.capture_named("export"),
                               repro_dir=tmp_path)
     found = v.run("numerics")
-    assert found.outcome == FAILED and "no repro written: repros are written for symbolic_trace graphs only" in \
+    assert found.outcome == FAILED and found.repro, found.message
+    script = Path(found.repro)
+    assert "the export program and the pass call" in found.message
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{script.stem}{s}" for s in (".py", ".pt2", ".pt"))
+    root = Path(__file__).resolve().parents[1]  # where tests.aten_passes imports
+    run = subprocess.run([sys.executable, str(script)], cwd=root, capture_output=True, text=True, timeout=300)
+    assert run.returncode == EXIT_DIFFERS and "outputs differ" in run.stderr, run.stderr[-2000:]
+    fixed = script.with_name("fixed.py")  # the same program and call with the correct fold: no failure
+    source = script.read_text()
+    assert "TRANSFORM = 'tests.aten_passes:conv_bn_fold_forgets_mean'\n" in source
+    fixed.write_text(source.replace("TRANSFORM = 'tests.aten_passes:conv_bn_fold_forgets_mean'",
+                                    "TRANSFORM = 'tests.aten_passes:conv_bn_fold'"))
+    run = subprocess.run([sys.executable, str(fixed)], cwd=root, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "no failure" in run.stdout, run.stderr[-2000:]
+
+
+def test_verify_each_names_the_step_that_breaks_what_a_later_step_repairs():
+    assert verification(aten_passes.repairing_pipeline, "edge_conv_bn_head").run("meta").outcome == PASSED
+    verified = verification(aten_passes.repairing_pipeline_verified_each, "edge_conv_bn_head")
+    found = verified.run("meta")
+    assert found.outcome == FAILED, found.message
+    assert "verify-each (the contract declares verify_each=True): step 1 of 2 leaves a graph that fails the meta " \
+           "check, which the whole pipeline passes" in found.message
+    assert "have no meta['val']" in found.message and "fails after step 1 of 2" in found.message
+    assert found.node and "clamp" in found.node
+    assert verified.run("numerics").outcome == PASSED  # verify-each covers the structural checks only
+
+
+def test_a_numerics_failure_on_make_fx_says_why_no_repro_is_written(tmp_path):
+    case = fxverify.load_case("layer_activations")
+    v = fxverify.Verification(aten_passes.gelu_without_approximate, case, capture=case.capture_named("make_fx"),
+                              repro_dir=tmp_path)
+    found = v.run("numerics")
+    assert found.outcome == FAILED and "no repro written: repros are written for symbolic_trace and export" in \
         found.message
     assert not list(tmp_path.iterdir())
 

@@ -21,6 +21,7 @@ MODES = ("eval", "train")
 CAPTURES = ("symbolic_trace", "export", "export_core", "make_fx")  # see fxverify.capture; the first is the default
 FORMS = ("module", "program", "lifted")  # what a transform takes (see Contract.form)
 PROGRAM_CAPTURES = ("export", "export_core")  # the captures that make an ExportedProgram
+VERIFY_EACH = ("lint", "meta", "verifier", "opset")  # run after every step of a pipeline declaring verify_each
 DTYPES = ("float32", "float64")  # the floating dtypes the checks run a result in
 DEVICES = ("cpu", "cuda", "meta")  # the device types the checks run a result on
 _ATTRIBUTE = "__fxverify_contract__"
@@ -61,6 +62,10 @@ class Contract:
     or None when it changed it in place); ``lifted``, the program's own ``graph_module``
     (parameters as placeholders), called through ``ep._transform_do_not_use``. A
     ``program`` or ``lifted`` transform runs under the export captures only.
+    ``verify_each``: for a pipeline (a decorated ``PassManager``), that every step leaves a graph
+    the structural checks (:data:`VERIFY_EACH`) pass, not only the last one: a step breaking what a
+    later step repairs then fails (as LLVM's ``-verify-each``). Off by default: pipelines commonly
+    leave meta or node order to a later pass that propagates or sorts again.
 
     >>> Contract(modes=("eval",), dtypes=("float32",)).describe()
     'declared: modes=eval changes_parameters=no dtypes=float32'
@@ -77,6 +82,7 @@ class Contract:
     captures: tuple[str, ...] | None = None
     keeps_opset: bool = True
     form: str | None = None
+    verify_each: bool = False
 
     def __post_init__(self) -> None:
         if self.form is not None and self.form not in FORMS:
@@ -96,7 +102,7 @@ class Contract:
                 raise FxVerifyError(
                     f"contract {name} must be a non-negative number, got {name}={value!r}"
                 )
-        for name in ("changes_parameters", "serializable", "keeps_opset"):
+        for name in ("changes_parameters", "serializable", "keeps_opset", "verify_each"):
             if not isinstance(getattr(self, name), bool):
                 raise FxVerifyError(f"contract {name} must be True or False, got {name}={getattr(self, name)!r}")
 
@@ -137,6 +143,8 @@ class Contract:
             parts.append("serializable=no")
         if not self.keeps_opset:
             parts.append("keeps_opset=no")
+        if self.verify_each:
+            parts.append("verify_each=yes")
         for name in ("rtol", "atol", "range_tol"):
             value = getattr(self, name)
             if value is not None:
@@ -172,6 +180,7 @@ def contract(
     captures: tuple[str, ...] | None = None,
     keeps_opset: bool = True,
     form: str | None = None,
+    verify_each: bool = False,
 ) -> Callable[[F], F]:
     """Declare a transform's contract (see :class:`Contract` for each promise).
 
@@ -193,10 +202,12 @@ def contract(
         @fxverify.contract(modes=("eval",), form="program")  # takes and returns an ExportedProgram
         def fold_constants(ep):
             ...
+
+        lowering = fxverify.contract(verify_each=True)(PassManager([fold, relu_to_clamp_min]))  # every step checked
     """
     declared = Contract(modes=modes, changes_parameters=changes_parameters, dtypes=dtypes, devices=devices,
                         serializable=serializable, rtol=rtol, atol=atol, range_tol=range_tol, captures=captures,
-                        keeps_opset=keeps_opset, form=form)
+                        keeps_opset=keeps_opset, form=form, verify_each=verify_each)
 
     def decorate(fn: F) -> F:
         if not callable(fn):

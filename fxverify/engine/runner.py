@@ -25,6 +25,7 @@ from fxverify import checks
 from fxverify.capture import Capture
 from fxverify.cases import catalogue
 from fxverify.cases.case import ModelCase
+from fxverify.engine.contracts import VERIFY_EACH
 from fxverify.engine.results import (
     ERROR,
     FAILED,
@@ -110,11 +111,20 @@ class Runner:
             return self._failed(check, Finding(f"the transform failed on this model:\n{exc}"))
         except Exception as exc:  # fxverify's own code raised: no verdict on the transform
             return self.internal_error(check, exc)
+        if self.transform.contract.verify_each and check in VERIFY_EACH and len(self.transform.steps) > 1:
+            broken = self._first_failing_prefix(check)
+            if broken is not None:
+                count, result = broken
+                repaired = Finding(f"verify-each (the contract declares verify_each=True): step {count} of "
+                                   f"{len(self.transform.steps)} leaves a graph that fails the {check} check, which "
+                                   f"the whole pipeline passes (a later step repairs it):\n{result.finding}",
+                                   input=result.input, where=result.where, node=result.node)
+                return self._failed(check, repaired, step=self._step_line(check, count))
         return self._result(check, PASSED, details=details)
 
-    def _failed(self, check: str, finding: Finding) -> CheckResult:
+    def _failed(self, check: str, finding: Finding, *, step: str | None = None) -> CheckResult:
         if len(self.transform.steps) > 1:
-            finding.what += f"\n{self.first_failing_step(check)}"
+            finding.what += f"\n{step or self.first_failing_step(check)}"
         for hook in self.after_failure:
             try:
                 hook(self.subject, check, finding)
@@ -126,17 +136,26 @@ class Runner:
                             repro=finding.repro)
 
     def first_failing_step(self, check: str) -> str:
-        """Which step of a pipeline ``check`` first fails after: the check run again on the pipeline's
-        prefixes, shortest first, each on a fresh capture (no post-failure hooks, no cross-process digests)."""
-        steps = self.transform.steps
+        """Which step of a pipeline ``check`` first fails after (see :meth:`_first_failing_prefix`)."""
+        broken = self._first_failing_prefix(check)
+        return self._step_line(check, len(self.transform.steps) if broken is None else broken[0])
+
+    def _first_failing_prefix(self, check: str) -> tuple[int, CheckResult] | None:
+        """The shortest proper prefix of a pipeline on which ``check`` fails, and its result: the check run
+        again on the prefixes, shortest first, each on a fresh capture (no post-failure hooks, no
+        cross-process digests); None when every proper prefix passes it."""
         settings = dataclasses.replace(self.subject.settings, cross_process=None)
-        for count in range(1, len(steps)):
-            prefix = Runner(self.transform.prefix(count), self.case, timeout=self.subject.timeout, settings=settings,
-                            capture=self.subject.capture)
-            if prefix.run(check).outcome is FAILED:
-                break
-        else:
-            count = len(steps)
+        contract = dataclasses.replace(self.transform.contract, verify_each=False)  # each prefix is judged alone
+        for count in range(1, len(self.transform.steps)):
+            prefix = Runner(dataclasses.replace(self.transform.prefix(count), contract=contract), self.case,
+                            timeout=self.subject.timeout, settings=settings, capture=self.subject.capture)
+            result = prefix.run(check)
+            if result.outcome is FAILED:
+                return count, result
+        return None
+
+    def _step_line(self, check: str, count: int) -> str:
+        steps = self.transform.steps
         before = {1: "", 2: "; step 1 passes it"}.get(count, f"; steps 1 to {count - 1} pass it")
         return f"first failing step: the {check} check fails after step {count} of {len(steps)}, {steps[count - 1].spec}" \
                f"{before}"
