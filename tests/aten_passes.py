@@ -287,6 +287,33 @@ def _pass_manager() -> PassManager:
 pass_manager_losing_meta = fxverify.contract(captures=("export",))(_pass_manager())
 
 
+class _RangeObserver(nn.Module):
+    """An observer as PT2E's prepare step inserts one: it records the lowest value that flows through, with
+    a data-dependent branch (torch.export cannot export it; convert_pt2e replaces it later)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("low", torch.tensor(float("inf")))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.min() < self.low:
+            self.low.copy_(x.min().detach())
+        return x
+
+
+def insert_observer(gm: fx.GraphModule) -> fx.GraphModule:
+    """reexport (under the strict contract): an observer module after the first relu; what prepare_pt2e
+    does, and declares with keeps_opset=False."""
+    relu = next(n for n in gm.graph.nodes if n.target in (aten.relu.default, aten.relu_.default))
+    gm.add_submodule("observer_0", _RangeObserver())
+    with gm.graph.inserting_after(relu):
+        observed = gm.graph.call_module("observer_0", (relu,))
+    relu.replace_all_uses_with(observed, delete_user_cb=lambda user: user is not observed)
+    observed.meta["val"] = relu.meta["val"]
+    gm.recompile()
+    return gm
+
+
 def fill_missing_meta(gm: fx.GraphModule) -> fx.GraphModule:
     """A meta repair step (as ExecuTorch's spec propagation): a node without meta['val'] gets its target run
     on its inputs' FakeTensors."""

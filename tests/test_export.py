@@ -350,6 +350,13 @@ def test_opset_judges_only_targets_the_capture_did_not_already_have():
     assert declared.outcome == SKIPPED and "keeps_opset=False" in declared.message
 
 
+def test_reexport_skips_a_result_that_leaves_the_opset_by_design():
+    strict = verification(aten_passes.insert_observer, "edge_conv_bn_head").run("reexport")
+    assert strict.outcome == FAILED and "GuardOnDataDependentSymNode" in strict.message, strict.message
+    as_prepare_pt2e = fxverify.contract(modes=("eval",), keeps_opset=False)(aten_passes.insert_observer)
+    declared = verification(as_prepare_pt2e, "edge_conv_bn_head").run("reexport")
+    assert declared.outcome == SKIPPED and "keeps_opset=False" in declared.message
+
 
 def test_meta_names_the_node_without_meta_and_leaves_out_what_torch_itself_leaves_out():
     found = verification(aten_passes.relu_to_clamp_min_without_meta, "edge_conv_bn_head", "export_core").run("meta")

@@ -54,7 +54,7 @@ class Contract:
     saying so, whatever the transform would do there.
     ``keeps_opset``: whether its result stays in the capture's operator set (False: it
     leaves it by design, as ``prepare_pt2e`` inserts observer modules for a later step to
-    convert; the ``opset`` check skips).
+    convert; the ``opset`` and ``reexport`` checks skip).
     ``form``: what the transform takes, where the capture makes an ``ExportedProgram``
     (None: read from the annotation of its first parameter, ``module`` unless it is
     ``ExportedProgram``): ``module``, a ``GraphModule`` (``ep.module()`` under export, as
