@@ -147,6 +147,19 @@ class _DtypeMix(nn.Module):
         return self.fc(x) + self.offset, torch.full((4,), 0.5) * self.offset
 
 
+class _FactoryMix(nn.Module):
+    """In float64, the parameter follows the model and the default-dtype factory stays float32: one output
+    is float64, the other float32."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.register_buffer("offset", torch.arange(4.0))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.fc(x) + self.offset, torch.full((4,), 0.5) * torch.full((4,), 2.0)
+
+
 def _described(gm: fx.GraphModule) -> dict[str, list[str]]:
     return {n.name: [f"{t.dtype} {tuple(t.shape)}" for t in pytree.tree_leaves(n.meta.get("val"))
                      if isinstance(t, torch.Tensor)] for n in gm.graph.nodes}
@@ -155,11 +168,12 @@ def _described(gm: fx.GraphModule) -> dict[str, list[str]]:
 @pytest.mark.parametrize("core", [False, True], ids=["export", "export_core"])
 def test_a_retyped_export_is_what_exporting_the_float64_model_gives(core):
     capture, x = Export(core=core), torch.randn(3, 4)
-    model = _DtypeMix().eval()
+    model = _FactoryMix().eval()
     exported = capture.capture(copy.deepcopy(model).double(), training=False, inputs=(x.double(),))
     retyped = capture.in_dtype(capture.capture(model, training=False, inputs=(x,)), torch.float64)
     assert retyped is not None and retyped.code == exported.code
-    assert _described(retyped) == _described(exported)  # the factory and the product stay float32
+    assert _described(retyped) == _described(exported)  # the factories and their product stay float32
+    assert retyped.graph.output_node().args[0][1].meta["val"].dtype == torch.float32
     assert isinstance(retyped.graph.find_nodes(op="placeholder")[0].meta["val"].shape[0], torch.SymInt)
     torch.testing.assert_close(retyped(x[:2].double()), exported(x[:2].double()), rtol=0, atol=0)
 
@@ -183,6 +197,11 @@ def test_an_export_baking_a_float_dtype_is_exported_again_in_float64():
     assert Export().in_dtype(baking, torch.float64) is None
     _, why = retyped_copy(baking, torch.float64)
     assert "bakes torch.float32" in why
+    # a floating tensor constant: a plain attribute stays float32 in the float64 model, a tensor made in forward
+    # (swin's lifted_tensor) follows the input; which one the graph cannot say, so the model is exported again
+    constant = Export().capture(_DtypeMix(), training=False, inputs=(torch.randn(3, 4),))
+    _, why = retyped_copy(constant, torch.float64)
+    assert why == "node offset reads the floating tensor constant offset"
     v = verification(aten_passes.identity, "edge_integer_inputs")
     assert v.run("numerics").outcome == PASSED  # its float64 original: the float64 model exported again
     assert any(n.meta["val"].dtype == torch.float64 for n in v.subject.module("original", torch.float64).graph.nodes

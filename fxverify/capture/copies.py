@@ -56,11 +56,12 @@ def retyped_copy(gm: fx.GraphModule, dtype: torch.dtype) -> tuple[fx.GraphModule
     what capturing the model in ``dtype`` gives, so that the model must be captured again.
 
     ATen nodes bake dtypes into their arguments (``x.float()`` is ``aten._to_copy(x, dtype=torch.float32)``):
-    a graph with a floating dtype in a node's arguments is refused. Otherwise every floating tensor
-    comes from a floating input, parameter or buffer (which the model in ``dtype`` has in ``dtype``),
-    from a tensor constant (which ``model.to(dtype)`` leaves as it is: the copy keeps it too, although
-    ``copy.deepcopy`` of a ``GraphModule`` registers it as a buffer) or from a factory that follows the
-    default dtype, as the model in ``dtype`` does. Which dtype each node
+    a graph with a floating dtype in a node's arguments is refused, and so is one reading a floating
+    tensor constant (neither a parameter nor a buffer), whose dtype in the model in ``dtype`` depends on
+    how the model made it (a plain attribute keeps float32; swin's ``lifted_tensor``, made in forward,
+    follows the input). Otherwise every floating tensor comes from a floating input, parameter or
+    buffer (which the model in ``dtype`` has in ``dtype``) or from a factory that follows the default
+    dtype, as the model in ``dtype`` does. Which dtype each node
     then has is found by running the converted copy on FakeTensors of the example shapes (not in the
     graph's ShapeEnv: a run there adds guards to the original's symbols); the description of a
     node whose dtype changed is its own, retyped, so symbolic sizes stay as exported.
@@ -75,8 +76,13 @@ def retyped_copy(gm: fx.GraphModule, dtype: torch.dtype) -> tuple[fx.GraphModule
                       if isinstance(a, torch.dtype) and a.is_floating_point), None)
         if baked is not None:
             return None, f"node {node.name} bakes {baked} into its arguments"
+    state = {name for name, _ in (*gm.named_parameters(remove_duplicate=False), *gm.named_buffers(remove_duplicate=False))}
+    for node in gm.graph.find_nodes(op="get_attr"):
+        value = resolve(gm, node.target)
+        if node.target not in state and isinstance(value, torch.Tensor) and value.is_floating_point():
+            return None, f"node {node.name} reads the floating tensor constant {node.target}"
     try:
-        copied = _with_constants_of(gm, converted_copy(gm, dtype=dtype))
+        copied = converted_copy(gm, dtype=dtype)
         with FakeTensorMode(allow_non_fake_inputs=True) as mode:
             inputs = [_example_like(n.meta.get("val"), dtype, mode) for n in copied.graph.find_nodes(op="placeholder")]
             ran = _DtypeRecorder(copied)
@@ -98,18 +104,6 @@ def retyped_copy(gm: fx.GraphModule, dtype: torch.dtype) -> tuple[fx.GraphModule
         if "tensor_meta" in node.meta:
             node.meta["tensor_meta"] = _retyped_metadata(node.meta["tensor_meta"], iter(wanted))
     return copied, ""
-
-
-def _with_constants_of(gm: fx.GraphModule, copied: fx.GraphModule) -> fx.GraphModule:
-    """``copied`` with the tensor constants of ``gm`` (what its ``get_attr`` nodes read that is neither a
-    parameter nor a buffer of ``gm``) as they are in ``gm``."""
-    state = {name for name, _ in (*gm.named_parameters(remove_duplicate=False), *gm.named_buffers(remove_duplicate=False))}
-    for node in gm.graph.find_nodes(op="get_attr"):
-        value = resolve(gm, node.target)
-        if node.target not in state and isinstance(value, torch.Tensor):
-            owner, _, name = node.target.rpartition(".")
-            setattr(copied.get_submodule(owner), name, value.detach().clone())
-    return copied
 
 
 class _DtypeRecorder(fx.Interpreter):
