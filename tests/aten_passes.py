@@ -249,6 +249,12 @@ def relu_to_clamp_on_program_stale_signature(ep: torch.export.ExportedProgram) -
     return ep
 
 
+def relu_to_clamp_on_program_changing_the_given(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """purity: _transform_do_not_use called on the program the pass was given, which it changes too (the
+    caller's program is rewritten behind its back)."""
+    return ep._transform_do_not_use(pass_result_wrapper(relu_to_clamp))
+
+
 def relu_times_tensor_literal_on_program(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     """serde: relu(x) * 1, the 1 a tensor written straight into the node's arguments instead of a lifted
     constant (signature kept by the replace hook): torch.export.save cannot write it."""

@@ -369,6 +369,17 @@ def test_opset_judges_only_targets_the_capture_did_not_already_have():
     assert declared.outcome == SKIPPED and "keeps_opset=False" in declared.message
 
 
+def test_purity_catches_a_program_pass_that_changes_the_program_it_was_given():
+    found = verification(aten_passes.relu_to_clamp_on_program_changing_the_given, "edge_conv_bn_head").run("purity")
+    assert found.outcome == FAILED, found.message
+    assert "returned a new ExportedProgram but also mutated the one it was given: the program's graph changed" \
+        in found.message and "_transform_do_not_use changes the program it is called on" in found.message
+    in_place = verification(aten_passes.relu_to_clamp_on_program, "edge_conv_bn_head").run("purity")
+    assert in_place.outcome == PASSED and in_place.details["in_place"]
+    lifted = verification(aten_passes.lifted_relu_to_clamp, "edge_conv_bn_head").run("purity")
+    assert lifted.outcome == PASSED  # fxverify runs it through _transform_do_not_use, as its users do
+
+
 def test_reexport_skips_a_result_that_leaves_the_opset_by_design():
     strict = verification(aten_passes.insert_observer, "edge_conv_bn_head").run("reexport")
     assert strict.outcome == FAILED and "GuardOnDataDependentSymNode" in strict.message, strict.message

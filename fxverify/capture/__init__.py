@@ -89,6 +89,11 @@ class Capture(Protocol):
         """``transform`` called on ``gm`` as its users call it; ``(result, in_place)``."""
         ...
 
+    def input_change(self, original: fx.GraphModule, given: fx.GraphModule) -> str | None:
+        """What a transform of form ``program`` that returned another program changed in the program it was
+        given (an export capture's, kept in ``given``), compared with the capture ``original``; None."""
+        ...
+
     def set_mode(self, module: ModuleT, training: bool) -> ModuleT:
         """``module`` put in train or eval mode where its capture allows it; ``module`` returned."""
         ...

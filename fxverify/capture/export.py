@@ -41,6 +41,8 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
+from fxverify.analysis.graph_text import canonical_text
+from fxverify.analysis.module_state import first_line_difference, tensors_equal
 from fxverify.capture.copies import converted_copy, not_moved, retyped_copy
 from fxverify.engine.transform import Transform
 
@@ -147,6 +149,27 @@ class Export:
         result = returned.module()
         result.meta[PROGRAM] = returned
         return result, in_place
+
+    def input_change(self, original: fx.GraphModule, given: fx.GraphModule) -> str | None:
+        """What a transform of form ``program`` that returned another program changed in the one it was given
+        (``given``'s ``meta[PROGRAM]``): its graph, signature or tensors, against the capture's own program
+        (``original``'s), or None. The subject asks only for form ``program``: a ``lifted`` pass is run through
+        ``_transform_do_not_use``, which changes the program it is called on (measured), as it does for
+        its users."""
+        before, after = program_of(original), program_of(given)
+        if before is None or after is None:
+            return None
+        if canonical_text(before.graph) != canonical_text(after.graph):
+            return "the program's graph changed: " + first_line_difference(canonical_text(before.graph),
+                                                                           canonical_text(after.graph))
+        if str(before.graph_signature) != str(after.graph_signature):
+            return "the program's graph signature changed: " + first_line_difference(
+                str(before.graph_signature), str(after.graph_signature))
+        for name, tensor in {**before.state_dict, **before.constants}.items():
+            now = {**after.state_dict, **after.constants}.get(name)
+            if not isinstance(now, torch.Tensor) or not isinstance(tensor, torch.Tensor) or not tensors_equal(tensor, now):
+                return f"the program's tensor {name!r} changed"
+        return None
 
     def set_mode(self, module: ModuleT, training: bool) -> ModuleT:
         """``module`` as it is: an exported module's mode is fixed when it is exported (its ``train()``

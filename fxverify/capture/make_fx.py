@@ -79,6 +79,10 @@ class MakeFx:
         """``transform(gm)``."""
         return transform.apply(gm, timeout=timeout)
 
+    def input_change(self, original: fx.GraphModule, given: fx.GraphModule) -> None:
+        """None: a make_fx graph is given as it is (the subject's snapshot of the module covers it)."""
+        return None
+
     def set_mode(self, module: ModuleT, training: bool) -> ModuleT:
         """``module`` in the mode (the graph's own behaviour was fixed when it was traced)."""
         return module.train(training)

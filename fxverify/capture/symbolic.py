@@ -98,6 +98,10 @@ class SymbolicTrace:
         finally:
             forget_unpatchable_wraps()  # a transform that re-traces may have left a registration behind
 
+    def input_change(self, original: fx.GraphModule, given: fx.GraphModule) -> None:
+        """None: a symbolic trace is given as it is (the subject's snapshot of the module covers it)."""
+        return None
+
     def set_mode(self, module: ModuleT, training: bool) -> ModuleT:
         """``module.train(training)``."""
         return module.train(training)

@@ -1,8 +1,9 @@
 """purity: the transform leaves its input alone and its outputs behave like the original's.
 
 A transform that returns a new module must not have mutated the GraphModule
-it was given (parameters, buffers, graph, code); one that returns ``None``
-works in place, as allowed. Outputs must not newly alias inputs, and output
+it was given (parameters, buffers, graph, code), nor one of form ``program`` the
+ExportedProgram it was given (graph, signature, tensors); one that returns ``None``
+(or the program it was given) works in place, as allowed. Outputs must not newly alias inputs, and output
 strides and contiguity must be unchanged.
 """
 
@@ -20,6 +21,14 @@ from fxverify.engine.subject import Subject
 def check(v: Subject) -> dict[str, Any]:
     applied = v.applied()
     if applied.input_change is not None:
+        if v.transform.form == "program":
+            raise Finding(
+                f"the transform returned a new ExportedProgram but also mutated the one it was given: "
+                f"{applied.input_change}. Return the program it was given (changed in place) or None to declare an "
+                "in-place pass, or leave it unchanged (torch's ep._transform_do_not_use changes the program it is "
+                "called on)",
+                where="the transform's input program",
+            )
         raise Finding(
             f"the transform returned a new module but also mutated the GraphModule it was given: {applied.input_change}. "
             "Work on a copy (copy.deepcopy) or return None to declare an in-place transform",

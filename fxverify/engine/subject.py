@@ -169,6 +169,8 @@ class Subject:
         before = Snapshot.take(given)
         result, in_place = self.capture.apply(self.transform, given, timeout=self.timeout)
         input_change = None if in_place else before.first_difference(given)
+        if input_change is None and not in_place and self.transform.form == "program":
+            input_change = self.capture.input_change(original, given)
         self.capture.set_mode(result, mode == "train")
         changes = Snapshot.take(original).differences(result)
         fates = tensor_fates(original, result, copies)
