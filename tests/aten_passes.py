@@ -320,6 +320,14 @@ def insert_observer(gm: fx.GraphModule) -> fx.GraphModule:
     return gm
 
 
+def reads_batch_as_int(gm: fx.GraphModule) -> fx.GraphModule:
+    """dynamic: the input's batch read from meta['val'] with int() (to size a buffer, say), the graph left as it
+    is: the ShapeEnv that every copy of the program shares now says the batch is the example's."""
+    (x,) = gm.graph.find_nodes(op="placeholder")
+    int(x.meta["val"].shape[0])
+    return gm
+
+
 def fill_missing_meta(gm: fx.GraphModule) -> fx.GraphModule:
     """A meta repair step (as ExecuTorch's spec propagation): a node without meta['val'] gets its target run
     on its inputs' FakeTensors."""

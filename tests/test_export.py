@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -378,6 +379,21 @@ def test_purity_catches_a_program_pass_that_changes_the_program_it_was_given():
     assert in_place.outcome == PASSED and in_place.details["in_place"]
     lifted = verification(aten_passes.lifted_relu_to_clamp, "edge_conv_bn_head").run("purity")
     assert lifted.outcome == PASSED  # fxverify runs it through _transform_do_not_use, as its users do
+
+
+def test_dynamic_catches_a_pass_that_specialises_the_batch_while_it_runs():
+    found = verification(aten_passes.reads_batch_as_int, "edge_conv_bn_head").run("dynamic")
+    assert found.outcome == FAILED, found.message
+    assert re.search(r"specialised the symbolic size s\d+ \(in \[2, 8\] as captured\)", found.message), found.message
+    assert "statically_known_true" in found.message
+    assert verification(aten_passes.identity, "edge_conv_bn_head").run("dynamic").outcome == PASSED
+    # what the message says, in plain torch: the caller's own program is static after the pass ran on a copy
+    model = fxverify.load_case("edge_conv_bn_head").build()
+    program = torch.export.export(model, (torch.randn(2, 3, 16, 16),),
+                                  dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=8)},))
+    aten_passes.reads_batch_as_int(copy.deepcopy(program.module()))
+    with pytest.raises(Exception, match=r"Guard failed: .*size\(\)\[0\] == 2"):
+        program.run_decompositions().module()(torch.randn(5, 3, 16, 16))
 
 
 def test_reexport_skips_a_result_that_leaves_the_opset_by_design():

@@ -3,8 +3,11 @@
 ``torch.export`` with a dynamic ``Dim`` gives a program valid for a range of sizes; a pass that
 reads a size from ``meta['val']`` and writes it into the graph (a ``view`` to ``[2, -1]``, a
 ``sym_size`` node replaced by its example value) keeps the program right at the example size only,
-and every check torch makes still passes. Two things are checked:
+and every check torch makes still passes. Three things are checked:
 
+- the transform specialised no symbolic size while it ran (an ``int()`` of a size from
+  ``meta['val']`` adds ``Eq(s77, 2)`` to the ShapeEnv every copy of the program shares, making the
+  caller's own program static);
 - no node's arguments hold a symbolic size (``s77``) itself: it is bound while exporting only, and
   the generated code cannot compute it (read sizes at run time, ``aten.sym_size.int(x, dim)``);
 - the result runs and computes what the original computes at the smallest and largest batch of
@@ -35,6 +38,16 @@ SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 def check(v: Subject) -> dict[str, Any]:
     applied = v.applied()
     low, high = _batch_range(applied.original)
+    if applied.specialised:
+        name, (lower, upper) = next(iter(applied.specialised.items()))
+        raise Finding(
+            f"the transform specialised the symbolic size {name} (in [{lower}, {upper}] as captured) while it ran: it "
+            "is a constant now in the ShapeEnv that the program and every copy of it share, so the caller's own "
+            "program is static there too (its placeholders' meta['val'] say the example size; its "
+            "run_decompositions() rejects other sizes). An int(), bool() or == of a size read from meta['val'] adds "
+            "that guard: test sizes with torch.fx.experimental.symbolic_shapes.statically_known_true, or read the "
+            "example value with size.node.hint, neither of which adds a guard",
+            where="the ShapeEnv of the capture")
     result = applied.result
     if isinstance(result, fx.GraphModule):
         for node in result.graph.nodes:

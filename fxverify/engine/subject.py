@@ -26,6 +26,7 @@ from fxverify.analysis.compare import Tolerance
 from fxverify.analysis.module_state import Snapshot, buffers_digest
 from fxverify.analysis.parameters import Fate, rewrites_state, tensor_fates
 from fxverify.capture import Capture
+from fxverify.capture.export import symbol_ranges
 from fxverify.cases.case import ModelCase, load_case
 from fxverify.cases.inputs import InputConfig
 from fxverify.engine.contracts import Contract
@@ -55,7 +56,10 @@ class Applied:
     whether the result holds other parameters or buffers than the original's;
     ``changes`` which aspects of the module the transform changed (empty: none); ``buffers`` the
     checksums of the original's and the result's buffers as the transform left them (a model that
-    updates buffers in forward, run by one check more often than by another, no longer has them).
+    updates buffers in forward, run by one check more often than by another, no longer has them);
+    ``specialised`` the symbolic input sizes that became constants while the transform ran, with their
+    ranges before (an export's copies share one ShapeEnv: an ``int()`` of a size adds ``Eq(s77, 2)``
+    there, for the capture the copy came from too).
     """
 
     mode: str
@@ -67,6 +71,7 @@ class Applied:
     rewrites_state: bool
     changes: list[str]
     buffers: tuple[int, int]
+    specialised: dict[str, tuple[Any, Any]] = dataclasses.field(default_factory=dict)
 
     @property
     def state_advanced(self) -> bool:
@@ -166,8 +171,9 @@ class Subject:
         original = self.capture_fresh(mode)
         copies: dict[int, Any] = {}
         given = copy.deepcopy(original, copies)
-        before = Snapshot.take(given)
+        before, symbols = Snapshot.take(given), symbol_ranges(original)
         result, in_place = self.capture.apply(self.transform, given, timeout=self.timeout)
+        left = symbol_ranges(original)  # its sizes share the ShapeEnv of the copy given
         input_change = None if in_place else before.first_difference(given)
         if input_change is None and not in_place and self.transform.form == "program":
             input_change = self.capture.input_change(original, given)
@@ -176,7 +182,8 @@ class Subject:
         fates = tensor_fates(original, result, copies)
         return Applied(mode, original, result, in_place, input_change, fates,
                        rewrites_state(original, result, copies), changes,
-                       (buffers_digest(original), buffers_digest(result)))
+                       (buffers_digest(original), buffers_digest(result)),
+                       {name: bounds for name, bounds in symbols.items() if name not in left})
 
     def capture_fresh(self, mode: str, dtype: torch.dtype | None = None) -> fx.GraphModule:
         """A fresh graph of a fresh instance of the model, in ``mode`` (with ``dtype``: of the instance
