@@ -61,10 +61,10 @@ def retyped_copy(gm: fx.GraphModule, dtype: torch.dtype) -> tuple[fx.GraphModule
     how the model made it (a plain attribute keeps float32; swin's ``lifted_tensor``, made in forward,
     follows the input). Otherwise every floating tensor comes from a floating input, parameter or
     buffer (which the model in ``dtype`` has in ``dtype``) or from a factory that follows the default
-    dtype, as the model in ``dtype`` does. Which dtype each node
-    then has is found by running the converted copy on FakeTensors of the example shapes (not in the
-    graph's ShapeEnv: a run there adds guards to the original's symbols); the description of a
-    node whose dtype changed is its own, retyped, so symbolic sizes stay as exported.
+    dtype, as the model in ``dtype`` does. Which dtype each node then has is found by running the
+    converted copy on FakeTensors of the example shapes (not in the graph's ShapeEnv: a run there adds
+    guards to the original's symbols); the description of a node whose dtype changed is its own,
+    retyped, so symbolic sizes stay as exported.
 
     >>> ep = torch.export.export(nn.Linear(2, 2), (torch.ones(1, 2),))
     >>> copied, why = retyped_copy(ep.module(), torch.float64)
@@ -83,8 +83,8 @@ def retyped_copy(gm: fx.GraphModule, dtype: torch.dtype) -> tuple[fx.GraphModule
             return None, f"node {node.name} reads the floating tensor constant {node.target}"
     try:
         copied = converted_copy(gm, dtype=dtype)
-        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-            inputs = [_example_like(n.meta.get("val"), dtype, mode) for n in copied.graph.find_nodes(op="placeholder")]
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            inputs = [_example_like(n.meta.get("val"), dtype) for n in copied.graph.find_nodes(op="placeholder")]
             ran = _DtypeRecorder(copied)
             ran.run(*inputs)
     except Exception as exc:  # an op the FakeTensor run cannot do: capture the model again
@@ -119,9 +119,9 @@ class _DtypeRecorder(fx.Interpreter):
         return value
 
 
-def _example_like(val: Any, dtype: torch.dtype, mode: FakeTensorMode) -> Any:
-    """A FakeTensor like the placeholder's ``val`` at the sizes it was exported with, floating in ``dtype``
-    (as :meth:`fxverify.cases.inputs.InputConfig.make` recasts floating inputs)."""
+def _example_like(val: Any, dtype: torch.dtype) -> Any:
+    """Under a FakeTensorMode: a FakeTensor like the placeholder's ``val`` at the sizes it was exported with,
+    floating in ``dtype`` (as :meth:`fxverify.cases.inputs.InputConfig.make` recasts floating inputs)."""
     if not isinstance(val, torch.Tensor):
         return val
     hint = [s.node.hint if isinstance(s, torch.SymInt) else s for s in val.shape]

@@ -282,8 +282,9 @@ def signature_text(module: fx.GraphModule) -> str | None:
 
 
 def symbol_ranges(gm: fx.GraphModule) -> dict[str, tuple[Any, Any]]:
-    """The range of each symbolic size of ``gm``'s inputs as its ShapeEnv records it now (a pass that
-    specialises a symbol narrows it), by symbol name in order (``int_oo`` for no upper bound)."""
+    """The range of each symbolic size of ``gm``'s inputs as its ShapeEnv records it now, by symbol name in
+    order (``int_oo`` for no upper bound); a symbol specialised to a constant (``Eq(s77, 2)``) is no
+    longer among them, one a guard narrowed (``s77 <= 4``) is, narrowed."""
     found: dict[str, tuple[Any, Any]] = {}
     for node in gm.graph.find_nodes(op="placeholder"):
         for value in pytree.tree_leaves(node.meta.get("val")):

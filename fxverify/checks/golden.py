@@ -2,8 +2,7 @@
 
 The file is ``<golden dir>/<transform>/<model>.golden`` (``<model>.<capture>.golden`` under another
 capture than symbolic tracing, with the exported graph's signature and range constraints; see
-:mod:`fxverify.golden`); the golden
-dir is ``--fxverify-golden-dir`` (default ``fxverify_golden`` under pytest's rootdir), or the
+:mod:`fxverify.golden`); the golden dir is ``--fxverify-golden-dir`` (default ``fxverify_golden`` under pytest's rootdir), or the
 ``golden_dir`` given to :class:`fxverify.Verification` (default ``fxverify_golden``
 in the current directory). With ``--fxverify-update-golden`` (``update_golden=True``) the file is
 written or rewritten instead. The check skips while the transform has no golden folder at all,

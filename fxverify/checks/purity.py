@@ -3,8 +3,8 @@
 A transform that returns a new module must not have mutated the GraphModule
 it was given (parameters, buffers, graph, code), nor one of form ``program`` the
 ExportedProgram it was given (graph, signature, tensors); one that returns ``None``
-(or the program it was given) works in place, as allowed. Outputs must not newly alias inputs, and output
-strides and contiguity must be unchanged.
+(or the program it was given) works in place, as allowed. Outputs must not newly
+alias inputs, and output strides and contiguity must be unchanged.
 """
 
 from __future__ import annotations
