@@ -67,7 +67,6 @@ from fxverify.analysis.graph_text import canonical_text
 
 SUFFIX = ".golden"
 OBTAINED_SUFFIX = ".obtained"
-DEFAULT_CAPTURE = "symbolic_trace"  # its files are named after the model alone, others after model and capture
 DEFAULT_DIR = "fxverify_golden"  # under pytest's rootdir (the current directory without pytest)
 LIBRARIES = ("torch", "torchvision", "timm")
 MAX_DIFF_LINES = 80
@@ -92,17 +91,16 @@ class GoldenDirMissing(GoldenMismatch):
 # -- names -----------------------------------------------------------------------------
 
 
-def golden_path(root: str | os.PathLike[str], transform: str, model: str, capture: str = DEFAULT_CAPTURE) -> Path:
-    """Where the golden file of ``model`` under ``transform`` (and a ``capture`` other than symbolic
-    tracing) lives below ``root``.
+def golden_path(root: str | os.PathLike[str], transform: str, model: str) -> Path:
+    """Where the golden file of ``model`` (under another capture than symbolic tracing, ``model.capture``:
+    :func:`fxverify.cases.catalogue.file_label`) under ``transform`` lives below ``root``.
 
     >>> golden_path("g", "src/passes.py:fuse", "my model/v2").as_posix()
     'g/passes.fuse/my_model_v2-5d1c7314.golden'
-    >>> golden_path("g", "pkg.passes:fuse", "resnet18", "export_core").as_posix()
+    >>> golden_path("g", "pkg.passes:fuse", "resnet18.export_core").as_posix()
     'g/pkg.passes.fuse/resnet18.export_core.golden'
     """
-    name = model if capture == DEFAULT_CAPTURE else f"{model}.{capture}"
-    return Path(root) / safe_name(portable_spec(transform).replace(":", ".")) / (safe_name(name) + SUFFIX)
+    return Path(root) / safe_name(portable_spec(transform).replace(":", ".")) / (safe_name(model) + SUFFIX)
 
 
 def portable_spec(spec: str) -> str:
@@ -155,13 +153,13 @@ def versions() -> str:
 
 
 def golden_text(original: fx.GraphModule, result: nn.Module, *, model: str, transform: str,
-                capture: str = DEFAULT_CAPTURE, signature: str | None = None) -> str:
-    """The golden file content for ``original`` (the trace, or another ``capture``'s graph) and ``result``
-    (the transform's GraphModule); ``signature``, what an exported result promises beyond its code
-    (:func:`fxverify.capture.export.signature_text`), follows the code."""
+                capture: str | None = None, signature: str | None = None) -> str:
+    """The golden file content for ``original`` (the trace, or the graph of another ``capture`` than symbolic
+    tracing) and ``result`` (the transform's GraphModule); ``signature``, what an exported result
+    promises beyond its code (:func:`fxverify.capture.export.signature_text`), follows the code."""
     if not isinstance(result, fx.GraphModule):
         raise TypeError(f"golden files hold generated code: expected a GraphModule, got {type(result).__name__}")
-    captured = "traced" if capture == DEFAULT_CAPTURE else f"captured with {capture}"
+    captured = f"captured with {capture}" if capture else "traced"
     header = [
         f"# fxverify golden file: generated code of {model}, {captured}, then transformed by {portable_spec(transform)}",
         f"# model: {model}",
@@ -169,7 +167,7 @@ def golden_text(original: fx.GraphModule, result: nn.Module, *, model: str, tran
         f"# versions: {versions()}",
     ]
     sections = [
-        ("code after tracing" if capture == DEFAULT_CAPTURE else f"code after {capture}", original.code),
+        (f"code after {capture}" if capture else "code after tracing", original.code),
         ("code after the transform", result.code),
         ("graph after the transform (opcode name target users args kwargs)", canonical_text(result.graph)),
     ]

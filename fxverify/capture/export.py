@@ -165,9 +165,10 @@ class Export:
         if str(before.graph_signature) != str(after.graph_signature):
             return "the program's graph signature changed: " + first_line_difference(
                 str(before.graph_signature), str(after.graph_signature))
+        now = {**after.state_dict, **after.constants}
         for name, tensor in {**before.state_dict, **before.constants}.items():
-            now = {**after.state_dict, **after.constants}.get(name)
-            if not isinstance(now, torch.Tensor) or not isinstance(tensor, torch.Tensor) or not tensors_equal(tensor, now):
+            if not isinstance(now.get(name), torch.Tensor) or not isinstance(tensor, torch.Tensor) or \
+                    not tensors_equal(tensor, now[name]):
                 return f"the program's tensor {name!r} changed"
         return None
 
@@ -289,11 +290,20 @@ def symbol_ranges(gm: fx.GraphModule) -> dict[str, tuple[Any, Any]]:
     for node in gm.graph.find_nodes(op="placeholder"):
         for value in pytree.tree_leaves(node.meta.get("val")):
             for size in value.shape if isinstance(value, torch.Tensor) else (value,):
-                symbolic = size.node if isinstance(size, torch.SymInt) else None
-                if symbolic is not None and symbolic.shape_env is not None and isinstance(symbolic.expr, sympy.Symbol):
-                    bounds = symbolic.shape_env.var_to_range[symbolic.expr]
-                    found[str(symbolic.expr)] = (bounds.lower, bounds.upper)
+                ranged = _symbol_range(size)
+                if ranged is not None:
+                    found[ranged[0]] = ranged[1:]
     return dict(sorted(found.items()))
+
+
+def _symbol_range(size: Any) -> tuple[str, Any, Any] | None:
+    """``(symbol, lower, upper)`` for a size that is one symbol of its ShapeEnv, else None (an int, an
+    expression, a symbol specialised to a constant)."""
+    symbolic = size.node if isinstance(size, torch.SymInt) else None
+    if symbolic is None or symbolic.shape_env is None or not isinstance(symbolic.expr, sympy.Symbol):
+        return None
+    bounds = symbolic.shape_env.var_to_range[symbolic.expr]
+    return str(symbolic.expr), bounds.lower, bounds.upper
 
 
 def batch_range(gm: fx.GraphModule) -> tuple[int, int] | None:
@@ -302,8 +312,7 @@ def batch_range(gm: fx.GraphModule) -> tuple[int, int] | None:
     it is static."""
     for node in gm.graph.find_nodes(op="placeholder"):
         val = node.meta.get("val")
-        size = val.shape[0] if isinstance(val, torch.Tensor) and val.dim() else None
-        if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Symbol):
-            bounds = size.node.shape_env.var_to_range[size.node.expr]
-            return int(bounds.lower), int(bounds.upper)
+        ranged = _symbol_range(val.shape[0]) if isinstance(val, torch.Tensor) and val.dim() else None
+        if ranged is not None:
+            return int(ranged[1]), int(ranged[2])
     return None

@@ -38,6 +38,16 @@ def model_label(model: str, capture: str) -> str:
     return model if capture == CAPTURES[0] else f"{model}@{capture}"
 
 
+def file_label(model: str, capture: str) -> str:
+    """``model`` under ``capture`` in file names (golden files, repros): the name alone under the default
+    capture, else ``model.capture``.
+
+    >>> file_label("resnet18", "symbolic_trace"), file_label("resnet18", "export_core")
+    ('resnet18', 'resnet18.export_core')
+    """
+    return model if capture == CAPTURES[0] else f"{model}.{capture}"
+
+
 def split_label(label: str) -> tuple[str, str]:
     """``(model, capture)`` of a :func:`model_label`.
 

@@ -21,7 +21,7 @@ from torch import fx
 
 from fxverify import golden
 from fxverify.capture.export import signature_text
-from fxverify.cases.catalogue import RANDOM_GRAPH_TAG
+from fxverify.cases.catalogue import CAPTURES, RANDOM_GRAPH_TAG, file_label
 from fxverify.engine.results import Finding, Skip
 from fxverify.engine.subject import Subject
 
@@ -35,9 +35,10 @@ def check(v: Subject) -> dict[str, Any]:
         raise Skip(f"the transform returned a {type(applied.result).__name__}, not a GraphModule: no code to compare")
     folder = v.settings.golden_dir
     root = Path(folder) if folder is not None else Path.cwd() / golden.DEFAULT_DIR
-    path = golden.golden_path(root, v.transform.spec, v.case.name, v.capture.name)
+    path = golden.golden_path(root, v.transform.spec, file_label(v.case.name, v.capture.name))
+    other_capture = v.capture.name if v.capture.name != CAPTURES[0] else None
     text = golden.golden_text(applied.original, applied.result, model=v.case.name, transform=v.transform.spec,
-                              capture=v.capture.name, signature=signature_text(applied.result))
+                              capture=other_capture, signature=signature_text(applied.result))
     if v.settings.update_golden:
         return {"golden": golden.update_golden(path, text), "golden_file": str(path)}
     try:

@@ -105,7 +105,7 @@ def minimise_module(
     capture = capture or for_entry("plain")
     predicate = _Predicate(transform, capture, tolerance, timeout, time.monotonic() + budget_s)
     reference = copy.deepcopy(module)  # the minifier writes concrete values into node.meta
-    inputs = _with_defaults(module, tuple(_clone(inputs)))
+    inputs = _with_defaults(module, tuple(cloned(inputs)))
     for placeholder in reference.graph.find_nodes(op="placeholder"):
         placeholder.args = ()  # its default is among the inputs; new placeholders join without one
     reference.recompile()
@@ -260,7 +260,7 @@ class _Predicate:
         for node in given.graph.nodes:  # the minifier's bookkeeping is no business of the transform
             node.meta.pop("concrete_value", None)
         try:
-            expected = candidate(*_clone(inputs))
+            expected = candidate(*cloned(inputs))
         except Exception as exc:
             raise _NotThisFailure(f"the subgraph itself raised {exception_summary(exc)}") from None
         try:
@@ -268,7 +268,7 @@ class _Predicate:
         except TransformFailed as exc:
             raise _NotThisFailure(exc.cause) from None
         try:
-            actual = result(*_clone(inputs))
+            actual = result(*cloned(inputs))
         except Exception as exc:
             raise _ResultRaised(exc) from None
         found = compare_trees(actual, expected, tolerance=self.tolerance,
@@ -293,10 +293,10 @@ class _Differs(Exception):
 
 
 def _in_float64(candidate: fx.GraphModule, inputs: Sequence[Any]) -> Any:
-    double = [t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in _clone(inputs)]
+    double = [t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in cloned(inputs)]
     return copy.deepcopy(candidate).double()(*double)
 
 
-def _clone(inputs: Sequence[Any]) -> list[Any]:
+def cloned(inputs: Sequence[Any]) -> list[Any]:
     """Fresh copies: in-place ops of one run must not reach the next."""
     return [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs]

@@ -24,6 +24,7 @@ import torch
 
 from fxverify.analysis.compare import Tolerance
 from fxverify.capture.export import Export, program_of
+from fxverify.diagnose.minimise import cloned
 from fxverify.diagnose.repro_script import DIFFERS, RAISES, absolute_spec, check_reproduces, script_source
 from fxverify.engine.results import exception_summary
 from fxverify.engine.subject import Subject
@@ -129,14 +130,14 @@ def _failure(v: Subject, gm: Any, inputs: tuple[Any, ...], tolerance: tuple[floa
     program = program_of(gm)
     assert program is not None  # captured with keeps_program
     with torch.no_grad():
-        expected = gm(*_clone(inputs))
+        expected = gm(*cloned(inputs))
     try:
         result, _ = v.capture.apply(v.transform, copy.deepcopy(gm), timeout=v.timeout)
     except TransformFailed:
         return None  # another failure: numerics' is what the repro shows
     try:
         with torch.no_grad():
-            actual = result(*_clone(inputs))
+            actual = result(*cloned(inputs))
     except Exception as exc:
         return _Failing(program, inputs, tolerance, RAISES, f"the transformed module raised {exception_summary(exc)}",
                         type(exc).__qualname__, where)
@@ -146,10 +147,6 @@ def _failure(v: Subject, gm: Any, inputs: tuple[Any, ...], tolerance: tuple[floa
         return _Failing(program, inputs, tolerance, DIFFERS, f"outputs differ: {str(exc).strip().splitlines()[0]}",
                         where=where)
     return None
-
-
-def _clone(inputs: tuple[Any, ...]) -> list[Any]:
-    return [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs]
 
 
 _DOCSTRING = '''"""{title}.

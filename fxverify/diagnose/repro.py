@@ -33,7 +33,7 @@ from torch import fx, nn
 
 from fxverify.analysis.module_state import resolve
 from fxverify.capture.export import Export
-from fxverify.cases.catalogue import CAPTURES
+from fxverify.cases.catalogue import CAPTURES, file_label
 from fxverify.diagnose.minimise import Minimised, minimise_failure
 from fxverify.diagnose.program_repro import write_program_repro
 from fxverify.diagnose.repro_script import absolute_spec, check_reproduces, script_source
@@ -70,8 +70,7 @@ class ReproOnFailure:
         if finding.mode is not None and finding.mode != subject.contract.primary_mode:
             finding.what += f"\nno repro written: only failures in {subject.contract.primary_mode} mode are minimised"
             return
-        model = subject.case.name if not exported else f"{subject.case.name}.{subject.capture.name}"
-        stem = repro_stem(model, check, subject.transform.spec)
+        stem = repro_stem(file_label(subject.case.name, subject.capture.name), check, subject.transform.spec)
         try:
             if exported:
                 path = write_program_repro(subject, self.directory, stem,
