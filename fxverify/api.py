@@ -46,7 +46,10 @@ class Verification(Runner):
     a failing numerics check is minimised and written there as a standalone repro
     (:class:`fxverify.diagnose.repro.ReproOnFailure`); ``capture`` says how the model becomes a
     graph (default: the case's own, see :mod:`fxverify.capture`); ``references`` keeps the
-    original's outputs for other transforms and later runs (:class:`ReferenceStore`).
+    original's outputs for other transforms and later runs (:class:`ReferenceStore`); ``captures`` names
+    the captures the agreement check compares the transform's effect across (this one among them), and
+    ``peer_outputs`` gives it another capture's outputs already made
+    (:func:`fxverify.checks.agreement.capture_outputs`; None: it makes them).
 
     >>> import fxverify
     >>> v = Verification(fxverify.examples.identity, "edge_conv_bn_head")
@@ -57,9 +60,11 @@ class Verification(Runner):
     def __init__(self, transform: TransformLike, case: CaseLike, *, timeout: float | None = DEFAULT_TIMEOUT,
                  cross_process: Callable[[str], str] | None = None, golden_dir: str | os.PathLike[str] | None = None,
                  update_golden: bool = False, repro_dir: str | os.PathLike[str] | None = None,
-                 capture: Capture | None = None, references: ReferenceStore | None = None) -> None:
+                 capture: Capture | None = None, references: ReferenceStore | None = None,
+                 captures: Sequence[str] = (), peer_outputs: Callable[[str], Any] | None = None) -> None:
         super().__init__(transform, case, timeout=timeout, capture=capture,
-                         settings=Settings(cross_process, golden_dir, update_golden, references),
+                         settings=Settings(cross_process, golden_dir, update_golden, references, tuple(captures),
+                                           peer_outputs),
                          after_failure=[ReproOnFailure(repro_dir)] if repro_dir else [])
 
 

@@ -134,7 +134,30 @@ def move_to_cpu(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgra
     return move_to_device_pass(ep, "cpu")
 
 
+# weight-only int8 fake quantization: the outputs move by design, within the declared tolerance
+_WEIGHT_ONLY_INT8 = fxverify.contract(modes=("eval",), changes_parameters=True, range_tol=0.05,
+                                      captures=("export", "export_core"))
+
+
+@_WEIGHT_ONLY_INT8
+def fake_quantize_conv_weights(gm: fx.GraphModule) -> fx.GraphModule:
+    """Each convolution weight rounded to int8 per output channel and back, under both spellings:
+    aten.conv2d (training IR) and aten.convolution (core ATen). (A linear weight takes three spellings
+    in core ATen: addmm, mm without a bias, and an expanded weight into bmm for some 3-d inputs; the
+    agreement check caught a first version of this pass that knew addmm only.)"""
+    _fake_quantize_weights(gm, {aten.conv2d.default, aten.convolution.default})
+    return gm
+
+
 # -- buggy ---------------------------------------------------------------------------------------
+@_WEIGHT_ONLY_INT8
+def fake_quantize_training_ir_weights(gm: fx.GraphModule) -> fx.GraphModule:
+    """agreement: written against the training IR only (aten.conv2d, aten.linear): under core ATen,
+    where they are aten.convolution and aten.addmm, it quantizes nothing, and numerics passes on both."""
+    _fake_quantize_weights(gm, {aten.conv2d.default, aten.linear.default})
+    return gm
+
+
 def relu_to_clamp_min_without_meta(gm: fx.GraphModule) -> fx.GraphModule:
     """meta: the new nodes get no meta['val'] (the export Verifier would reject them; make_fx and
     ep.module() say nothing)."""
@@ -409,3 +432,17 @@ def _fold_conv_bn(gm: fx.GraphModule, *, mean_in_bias: bool) -> None:
             graph.erase_node(bn)
     graph.eliminate_dead_code()
     gm.recompile()
+
+
+def _fake_quantize_weights(gm: fx.GraphModule, targets: set[Any]) -> None:
+    """The weight (second argument) of each node of ``targets`` rounded to symmetric int8 per output
+    channel (its dim 0) and back, in place of the parameter."""
+    for node in gm.graph.nodes:
+        weight = node.args[1] if node.op == "call_function" and node.target in targets else None
+        if not isinstance(weight, fx.Node) or weight.op != "get_attr":
+            continue
+        w = _attr(gm, weight.target).detach()
+        scale = w.abs().amax(dim=tuple(range(1, w.dim())), keepdim=True).clamp_min(1e-12) / 127
+        owner, _, name = weight.target.rpartition(".")
+        setattr(gm.get_submodule(owner) if owner else gm, name,
+                nn.Parameter(torch.round(w / scale).clamp(-127, 127) * scale, requires_grad=False))

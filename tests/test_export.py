@@ -1,6 +1,6 @@
 """The ``export``, ``export_core`` and ``make_fx`` captures: the capture seam, the pass forms
 (``ep.module()``, the ``ExportedProgram``, its lifted graph), the ``meta``, ``dynamic``,
-``stateful``, ``verifier`` and ``opset`` checks, expected failures per capture, and the ATen-level
+``stateful``, ``verifier``, ``opset`` and ``agreement`` checks, expected failures per capture, and the ATen-level
 mutation suite (``tests/aten_passes.py``) through the plugin."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import fxverify
 from fxverify.capture import Export, MakeFx, SymbolicTrace
 from fxverify.capture.copies import retyped_copy
 from fxverify.capture.export import PROGRAM, named_as_exported
+from fxverify.checks.agreement import capture_outputs
 from fxverify.diagnose.repro_script import EXIT_DIFFERS
 from fxverify.engine.results import FAILED, PASSED, SKIPPED, XFAILED
 from tests import aten_passes, mutations
@@ -53,9 +54,12 @@ BUGGY_PER_CAPTURE = {
     "pass_manager_losing_meta": ("meta", "edge_conv_bn_head", "fails after step 2 of 3, ", "export"),
     "relu_times_tensor_literal_on_program": ("serde", "edge_running_statistics", "torch.export.save raised "
                                              "SerializeError: Failed serializing node mul_tensor", "export"),
+    "fake_quantize_training_ir_weights": ("agreement", "edge_conv_bn_head", "It rewrote nothing under export_core",
+                                          "export_core"),
 }
 CORRECT = ("identity", "relu_to_clamp_min", "relu_to_clamp", "swap_add_operands", "decompose_hardtanh",
-           "dead_code_elimination", "conv_bn_fold", "lifted_relu_to_clamp", "relu_to_clamp_on_program", "move_to_cpu")
+           "dead_code_elimination", "conv_bn_fold", "lifted_relu_to_clamp", "relu_to_clamp_on_program", "move_to_cpu",
+           "fake_quantize_conv_weights")
 
 
 def verification(transform, model: str, capture: str = "export") -> fxverify.Verification:
@@ -463,6 +467,39 @@ def test_numerics_on_a_stateful_model_compares_fresh_modules_once_the_shared_one
     assert v.run("numerics").ok
 
 
+def test_agreement_catches_a_pass_whose_change_of_the_outputs_only_one_capture_gets():
+    captures = ("export", "export_core")
+    case = fxverify.load_case("edge_conv_bn_head")
+
+    def run(transform, capture: str, check: str, **kwargs) -> fxverify.CheckResult:
+        return fxverify.Verification(transform, case, capture=case.capture_named(capture), captures=captures,
+                                     **kwargs).run(check)
+
+    buggy = aten_passes.fake_quantize_training_ir_weights
+    assert run(buggy, "export_core", "numerics").ok  # within its range_tol under both: numerics cannot tell
+    found = run(buggy, "export_core", "agreement")
+    assert found.outcome == FAILED
+    assert "changes the outputs differently under export_core than under export" in found.message
+    assert "It rewrote nothing under export_core" in found.message
+    assert found.node == ("under export: %conv2d = aten.conv2d.default, %conv2d_1 = aten.conv2d.default, "
+                          "%linear = aten.linear.default; under export_core: no node rewritten")
+    reference = run(buggy, "export", "agreement")
+    assert reference.outcome == SKIPPED and "the capture the others are compared with" in reference.message
+    alone = fxverify.Verification(buggy, case, capture=case.capture_named("export_core")).run("agreement")
+    assert alone.outcome == SKIPPED and "one capture selected" in alone.message
+
+    correct = run(aten_passes.fake_quantize_conv_weights, "export_core", "agreement")
+    assert correct.outcome == PASSED and correct.details["judged"] == "the transform changes the outputs alike under both"
+    assert correct.details["largest_change"]["export"] > 1e-4  # it did move the outputs, by design
+
+    # outputs handed over from the reference capture's own run are used, not made again
+    handed = fxverify.Verification(buggy, case, capture=case.capture_named("export"))
+    outputs = capture_outputs(handed.subject)
+    asked = []
+    again = run(buggy, "export_core", "agreement", peer_outputs=lambda capture: asked.append(capture) or outputs)
+    assert asked == ["export"] and again.outcome == FAILED and again.message == found.message
+
+
 # -- the mutation suite through the plugin --------------------------------------------------------
 def _records(pytester, passes, *args) -> dict[tuple[str, str, str], dict]:
     report = pytester.path / "report.json"
@@ -500,7 +537,7 @@ def test_every_buggy_aten_pass_is_caught_by_its_check_naming_model_capture_and_n
 @pytest.mark.slow
 def test_passes_for_one_capture_or_form_are_caught_there_by_their_check(pytester):
     result, records = _records(pytester, BUGGY_PER_CAPTURE, "--fxverify-capture=export,export_core,make_fx",
-                               "--fxverify-checks=meta,verifier,opset,serde")
+                               "--fxverify-checks=meta,verifier,opset,serde,agreement")
     assert result.ret == 1
     for name, (check, model, phrase, capture) in BUGGY_PER_CAPTURE.items():
         found = records[name, f"{model}@{capture}", check]

@@ -34,8 +34,8 @@ def test_buggy_transform_fails_its_check_and_exits_1(pytester):
     assert result.ret == 1
     # wrong values also mean wrong gradients
     # cuda, to_folder (annotations), golden (no golden dir), stateful (no buffer changes in forward), meta,
-    # dynamic, verifier, opset, reexport and serde (for ATen graphs)
-    result.assert_outcomes(passed=8, failed=2, skipped=10)
+    # dynamic, verifier, opset, reexport and serde (for ATen graphs), agreement (one capture)
+    result.assert_outcomes(passed=8, failed=2, skipped=11)
     result.stdout.fnmatch_lines([
         "*fxverify numerics check failed*",
         "*model:      edge_conv_bn_head*",

@@ -47,6 +47,8 @@ REGISTRY: tuple[CheckSpec, ...] = (
                                        "computes"),
     CheckSpec("dynamic", "dynamic", "check", "on a dynamic-batch capture, the result takes and computes right "
                                              "every batch size the capture takes"),
+    CheckSpec("agreement", "agreement", "check", "with several captures selected, the transform changes the "
+                                                 "outputs alike under each"),
     CheckSpec("verifier", "verifier", "check", "a program the transform returns still validates: its dialect's "
                                                "rules, and a signature naming the graph's nodes"),
     CheckSpec("opset", "opset", "check", "on ATen graphs, the result keeps the capture's operator set (ATen, "

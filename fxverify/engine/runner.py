@@ -143,8 +143,9 @@ class Runner:
     def _first_failing_prefix(self, check: str) -> tuple[int, CheckResult] | None:
         """The shortest proper prefix of a pipeline on which ``check`` fails, and its result: the check run
         again on the prefixes, shortest first, each on a fresh capture (no post-failure hooks, no
-        cross-process digests); None when every proper prefix passes it."""
-        settings = dataclasses.replace(self.subject.settings, cross_process=None)
+        cross-process digests, no other capture's outputs of the whole pipeline); None when every proper prefix
+        passes it."""
+        settings = dataclasses.replace(self.subject.settings, cross_process=None, peer_outputs=None)
         contract = dataclasses.replace(self.transform.contract, verify_each=False)  # each prefix is judged alone
         for count in range(1, len(self.transform.steps)):
             prefix = Runner(dataclasses.replace(self.transform.prefix(count), contract=contract), self.case,

@@ -84,12 +84,17 @@ class Settings:
     """What single checks need beyond the subject: ``cross_process`` supplies digests of the
     result computed in another process (the determinism check, :mod:`fxverify.checks._digest_server`);
     ``golden_dir`` and ``update_golden`` are the golden check's folder and mode; ``references`` keeps
-    the original's outputs between transforms and runs (:mod:`fxverify.engine.references`)."""
+    the original's outputs between transforms and runs (:mod:`fxverify.engine.references`);
+    ``captures`` are the captures the run selects, which the agreement check compares, and
+    ``peer_outputs`` hands it another capture's outputs the run already has (or None: it makes them;
+    see :mod:`fxverify.checks.agreement`)."""
 
     cross_process: Callable[[str], str] | None = None
     golden_dir: str | os.PathLike[str] | None = None
     update_golden: bool = False
     references: ReferenceStore | None = None
+    captures: tuple[str, ...] = ()
+    peer_outputs: Callable[[str], Any] | None = None
 
 
 class Subject:

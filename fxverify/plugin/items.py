@@ -5,13 +5,15 @@ Imported by the plugin only when ``--fxverify`` is in use. One item per
 (``fxverify[<model>@<capture>-<check>]`` under another capture than the
 default); the items of a model under one capture share one
 :class:`~fxverify.api.Verification` (capture, transform, reference outputs done
-once per worker), and under pytest-xdist they are scheduled together on one
-worker (:mod:`fxverify.plugin.xdist`).
+once per worker), and under pytest-xdist a model's items under every capture are scheduled
+together on one worker (:mod:`fxverify.plugin.xdist`), where the reference capture's outputs are
+handed to the agreement items of the others.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import pytest
@@ -19,6 +21,7 @@ import pytest
 from fxverify.api import Verification
 from fxverify.cases.case import ModelCase
 from fxverify.checks._digest_server import CrossProcessDigests
+from fxverify.checks.agreement import CaptureOutputs, capture_outputs, reference_capture
 from fxverify.engine.memory import release_memory
 from fxverify.engine.references import ReferenceStore
 from fxverify.engine.results import ERROR, FAILED, SKIPPED, XFAILED
@@ -50,11 +53,17 @@ class FxVerifyRun:
         }
         # (transform, model, capture) with a selected determinism item
         self._digest_wanted: set[tuple[str, str, str]] = set()
+        # (transform, model) with a selected agreement item outside its reference capture
+        self._agreement_wanted: set[tuple[str, str]] = set()
+        # the reference capture's outputs, handed to the model's agreement items under its other captures
+        self._handed: dict[tuple[str, str, str], CaptureOutputs] = {}
 
     def verification(self, transform: Transform, case: ModelCase, capture: str) -> Verification:
         """The shared Verification of (transform, case, capture); only the latest is kept in memory."""
         key = (transform.spec, case.name, capture)
         if self._verification is None or self._verification[0] != key:
+            if self._verification is not None:
+                self._hand_over(*self._verification)
             self._verification = None  # release the previous model before building the next
             release_memory()
             digests = self._digests[transform.spec, capture]
@@ -63,9 +72,26 @@ class FxVerifyRun:
             o = self.options
             v = Verification(transform, case, timeout=o.timeout, cross_process=digests, golden_dir=o.golden_dir,
                              update_golden=o.update_golden, repro_dir=o.repro_dir, references=self.references,
-                             capture=case.capture_named(capture))
+                             capture=case.capture_named(capture), captures=o.captures,
+                             peer_outputs=functools.partial(self._handed_outputs, transform.spec, case.name))
             self._verification = (key, v)
         return self._verification[1]
+
+    def _hand_over(self, key: tuple[str, str, str], v: Verification) -> None:
+        """Keep the outputs of a reference capture whose model has agreement items under other captures
+        still to run (one model's at a time), before its Verification is released."""
+        spec, model, capture = key
+        if (spec, model) not in self._agreement_wanted or \
+                capture != reference_capture(v.transform, v.case.entry, self.options.captures):
+            return
+        self._handed = {}
+        try:
+            self._handed[key] = capture_outputs(v.subject)
+        except Exception:  # the agreement items make them again, and report what fails there
+            pass
+
+    def _handed_outputs(self, spec: str, model: str, capture: str) -> CaptureOutputs | None:
+        return self._handed.get((spec, model, capture))
 
     # -- pytest hooks ------------------------------------------------------------
     @pytest.hookimpl(trylast=True)  # after -k, --deselect and --lf have had their say
@@ -73,6 +99,11 @@ class FxVerifyRun:
         self._digest_wanted = {
             (item.transform.spec, item.case.name, item.capture)
             for item in items if isinstance(item, CheckItem) and item.check == "determinism"
+        }
+        self._agreement_wanted = {
+            (item.transform.spec, item.case.name) for item in items
+            if isinstance(item, CheckItem) and item.check == "agreement"
+            and item.capture != reference_capture(item.transform, item.case.entry, self.options.captures)
         }
 
     def pytest_unconfigure(self) -> None:

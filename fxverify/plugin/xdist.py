@@ -1,5 +1,5 @@
-"""pytest-xdist glue: each (transform, model)'s items on one worker, and a model whose transform
-kills its worker reported as errors while the other models go on."""
+"""pytest-xdist glue: each (transform, model)'s items, under every capture, on one worker, and a
+model whose transform kills its worker reported as errors while the other models go on."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from fxverify.cases.catalogue import split_label
 from fxverify.engine.results import ERROR
 from fxverify.plugin.ledger import CRASHED, OUTCOME
 from fxverify.plugin.nodeids import parse_nodeid
@@ -26,13 +27,13 @@ class XdistGrouping:
         from xdist.scheduler import LoadScopeScheduling
 
         class ModelScheduling(LoadScopeScheduling):
-            """xdist's scope scheduling with one scope per (transform, model). Overrides the
-            private ``_split_scope`` (the public ``xdist_group`` mark needs ``--dist loadgroup``,
-            which a user would have to pass)."""
+            """xdist's scope scheduling with one scope per (transform, model), all its captures
+            together (the agreement check compares them). Overrides the private ``_split_scope`` (the
+            public ``xdist_group`` mark needs ``--dist loadgroup``, which a user would have to pass)."""
 
             def _split_scope(self, nodeid: str) -> str:
                 parsed = parse_nodeid(nodeid)
-                return f"{parsed[0]}::{parsed[1]}" if parsed else nodeid
+                return f"{parsed[0]}::{split_label(parsed[1])[0]}" if parsed else nodeid
 
             def drop_scope(self, nodeid: str) -> list[str]:
                 """Take the items of ``nodeid``'s scope out of the queue; return the others not run."""
