@@ -255,6 +255,14 @@ def conv_bn_fold_forgets_mean(gm: fx.GraphModule) -> fx.GraphModule:
     return gm
 
 
+@fxverify.contract(modes=("eval",), changes_parameters=True)
+def conv_bn_fold_to_plain_attributes(gm: fx.GraphModule) -> fx.GraphModule:
+    """devices: the folded weight and bias are set as plain tensor attributes (setattr), which
+    ``module.to(device)`` and ``.to(dtype)`` leave behind: ``ep.module()`` then ``.to("cuda")`` fails."""
+    _fold_conv_bn(gm, mean_in_bias=True, plain=True)
+    return gm
+
+
 def hoist_parameters_in_set_order(gm: fx.GraphModule) -> fx.GraphModule:
     """determinism: get_attr nodes moved to the top in the order of a set of nodes (hashed by id)."""
     first = next(iter(gm.graph.nodes))
@@ -388,9 +396,10 @@ def relu_to_clamp_min_without_recompile(gm: fx.GraphModule) -> fx.GraphModule:
 
 
 # -- the fold, right and wrong ------------------------------------------------------------------------
-def _fold_conv_bn(gm: fx.GraphModule, *, mean_in_bias: bool) -> None:
+def _fold_conv_bn(gm: fx.GraphModule, *, mean_in_bias: bool, plain: bool = False) -> None:
     """Fold eval-mode batch_norm into the convolution feeding it: training IR (conv2d, batch_norm with
-    training=False) and core ATen (convolution, _native_batch_norm_legit_no_training + getitem 0)."""
+    training=False) and core ATen (convolution, _native_batch_norm_legit_no_training + getitem 0); the
+    new weight and bias as parameters, or with ``plain`` as plain tensor attributes."""
     graph = gm.graph
     for index, bn in enumerate(list(graph.nodes)):
         if bn.target == aten.batch_norm.default and not bn.args[5]:
@@ -413,9 +422,13 @@ def _fold_conv_bn(gm: fx.GraphModule, *, mean_in_bias: bool) -> None:
         folded_bias = _attr(gm, bias.target) + (_attr(gm, conv_bias.target) if conv_bias is not None else 0.0) * scale
         if mean_in_bias:
             folded_bias = folded_bias - _attr(gm, mean.target) * scale
-        gm.register_parameter(f"folded{index}_weight", nn.Parameter(
-            (conv_weight * scale.reshape(-1, *[1] * (conv_weight.dim() - 1))).detach()))
-        gm.register_parameter(f"folded{index}_bias", nn.Parameter(folded_bias.detach()))
+        folded = {"weight": (conv_weight * scale.reshape(-1, *[1] * (conv_weight.dim() - 1))).detach(),
+                  "bias": folded_bias.detach()}
+        for name, value in folded.items():
+            if plain:
+                setattr(gm, f"folded{index}_{name}", value)
+            else:
+                gm.register_parameter(f"folded{index}_{name}", nn.Parameter(value))
         with graph.inserting_before(conv):
             new_weight = graph.get_attr(f"folded{index}_weight")
             new_bias = graph.get_attr(f"folded{index}_bias")

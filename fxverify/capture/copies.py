@@ -25,7 +25,7 @@ ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 
 def not_moved(capture: str) -> str:
-    """Why the devices and cuda checks skip on ``capture``'s ATen graphs."""
+    """Why the cuda check skips on ``capture``'s ATen graphs."""
     return (f"ATen nodes bake device= into their arguments: a {capture} graph is moved by capturing it on the "
             "device, which fxverify does not do yet")
 

@@ -19,7 +19,8 @@ it is not specialised to 1); the ``dynamic`` check then checks the result at oth
 What does not carry over from symbolic tracing, and skips saying why: ATen nodes bake ``dtype=``
 and ``device=`` into their arguments, so a float64 copy is what exporting the float64 model gives
 (:meth:`Export.in_dtype`: a retyped copy where no node bakes a floating dtype, else the float64 model
-exported again) and moving a program to another device is not checked; an
+exported again) and running a program on CUDA means exporting it there (the ``cuda`` check skips;
+``devices`` checks what ``.to(device)`` leaves behind and the meta run); an
 exported module's mode is fixed when it is exported (``ep.module().train()`` raises); it does not
 pickle nor write itself to a folder even untouched (``serde`` saves a returned program instead);
 the ``reexport`` check exports a result again where ``retrace`` would trace it.
@@ -56,7 +57,6 @@ _SKIPS = {
     "retrace": "on export captures, the reexport check exports the result again instead",
     "pickle": "a torch.export module does not pickle even untouched (its pytree hooks are local functions)",
     "to_folder": "a torch.export module does not write itself to a folder even untouched",
-    "devices": not_moved("torch.export"),
     "cuda": not_moved("torch.export"),
 }
 

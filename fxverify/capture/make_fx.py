@@ -35,7 +35,6 @@ _SKIPS = {
                 "the rules of torch's Verifier that apply to their nodes)",
     "serde": "make_fx graphs come with no ExportedProgram to save (pickle and to_folder save them)",
     "reexport": "re-exporting is checked on the export captures",
-    "devices": not_moved("make_fx"),
     "cuda": not_moved("make_fx"),
 }
 

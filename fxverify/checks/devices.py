@@ -5,7 +5,10 @@ when the module is moved: fine on CPU in float32, wrong on CUDA or in float64.
 Checked on CPU: the result must hold no tensor that ``.to()`` cannot convert
 (tensors the original already held that way are not blamed on the
 transform), no node may create tensors on a hard-coded device, it must run in
-float64 where the original does, and moved to the meta device it must run there.
+float64 where the original does, and moved to the meta device it must run there. On ATen graphs
+(``torch.export``, ``make_fx``) a literal ``device=`` is no finding: they bake it into every factory
+call, and ``move_to_device_pass`` rewrites it; nor are the constants torch's ``ep.module()`` holds as
+plain attributes.
 
 A result built for one backend by design (mkldnn layouts, an op with CPU
 kernels only, as ``optimize_for_inference`` and dynamic quantization make) is
@@ -25,6 +28,7 @@ from torch.utils import _pytree as pytree
 
 from fxverify.analysis.module_state import tensor_attributes
 from fxverify.analysis.recording import RecordingInterpreter
+from fxverify.capture.export import program_of
 from fxverify.engine.results import Finding, Skip, exception_summary
 from fxverify.engine.subject import Applied, Subject
 from fxverify.errors import CopyFailed
@@ -46,7 +50,7 @@ def check(v: Subject) -> dict[str, Any]:
     moves = contract.moves or contract.supports_dtype("float64")
     if moves:
         _check_unmovable(applied.original, result)
-    if contract.moves:
+    if contract.moves and v.capture.opset is None:  # ATen graphs bake device= into every factory call
         already_pinned = _pinned_devices(applied.original)
         for name, device in _pinned_devices(result).items():
             if already_pinned.get(name) != device:
@@ -65,13 +69,15 @@ def check(v: Subject) -> dict[str, Any]:
 
 def _check_unmovable(original: nn.Module, result: fx.GraphModule) -> None:
     already_stuck = set(_unmovable_tensors(original))
+    program = program_of(result)  # torch's ep.module() holds a program's constants as plain attributes itself
+    already_stuck |= {f"tensor attribute {name!r}" for name in program.constants} if program is not None else set()
     for where, tensor in _unmovable_tensors(result).items():
         if where not in already_stuck:
             raise Finding(
                 f"{where} ({tensor.dtype}, {tensor.device}) is not a registered parameter or buffer, so "
                 "module.to(device) and module.to(dtype) leave it behind. Register it with register_buffer() "
                 "(or as an nn.Parameter)",
-                where=where,
+                where=where, node=_reader(result, where),
             )
 
 
@@ -94,6 +100,15 @@ def _check_float64(v: Subject) -> str:
         "otherwise keep dtypes out of the graph (read them from the inputs)",
         input=f"{v.primary.describe()}, float64",
     )
+
+
+def _reader(gm: fx.GraphModule, where: str) -> str | None:
+    """The node reading the tensor :func:`_unmovable_tensors` describes as ``where``, as text."""
+    for node in gm.graph.nodes:
+        if (node.op == "get_attr" and where == f"tensor attribute {node.target!r}") or \
+                where == f"a tensor literal in the arguments of %{node.name}":
+            return node.format_node() or node.name
+    return None
 
 
 def _pinned_devices(module: fx.GraphModule) -> dict[str, str]:
