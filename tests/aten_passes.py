@@ -255,6 +255,15 @@ def conv_bn_fold_forgets_mean(gm: fx.GraphModule) -> fx.GraphModule:
     return gm
 
 
+@fxverify.contract(changes_parameters=True)
+def conv_bn_fold_in_any_mode(gm: fx.GraphModule) -> fx.GraphModule:
+    """numerics (train stage): folds batch_norm without reading its training flag, so a model exported in
+    train mode computes with the running statistics instead of the batch's; its contract covers both
+    modes (the default)."""
+    _fold_conv_bn(gm, mean_in_bias=True, any_mode=True)
+    return gm
+
+
 @fxverify.contract(modes=("eval",), changes_parameters=True)
 def conv_bn_fold_to_plain_attributes(gm: fx.GraphModule) -> fx.GraphModule:
     """devices: the folded weight and bias are set as plain tensor attributes (setattr), which
@@ -396,13 +405,14 @@ def relu_to_clamp_min_without_recompile(gm: fx.GraphModule) -> fx.GraphModule:
 
 
 # -- the fold, right and wrong ------------------------------------------------------------------------
-def _fold_conv_bn(gm: fx.GraphModule, *, mean_in_bias: bool, plain: bool = False) -> None:
+def _fold_conv_bn(gm: fx.GraphModule, *, mean_in_bias: bool, plain: bool = False, any_mode: bool = False) -> None:
     """Fold eval-mode batch_norm into the convolution feeding it: training IR (conv2d, batch_norm with
     training=False) and core ATen (convolution, _native_batch_norm_legit_no_training + getitem 0); the
-    new weight and bias as parameters, or with ``plain`` as plain tensor attributes."""
+    new weight and bias as parameters, or with ``plain`` as plain tensor attributes; with ``any_mode``
+    a training-IR batch_norm whatever its training flag."""
     graph = gm.graph
     for index, bn in enumerate(list(graph.nodes)):
-        if bn.target == aten.batch_norm.default and not bn.args[5]:
+        if bn.target == aten.batch_norm.default and (any_mode or not bn.args[5]):
             conv, weight, bias, mean, var, eps, outputs = *bn.args[:5], bn.args[7], [bn]
         elif bn.target == aten._native_batch_norm_legit_no_training.default:
             conv, weight, bias, mean, var, eps = *bn.args[:5], bn.args[6]

@@ -43,6 +43,7 @@ BUGGY = {
     "conv_bn_fold_forgets_mean": ("numerics", "edge_conv_bn_head", "outputs differ"),
     "relu_to_clamp_min_without_recompile": ("lint", "edge_conv_bn_head", "did not call gm.recompile()"),
     "copied_into_a_new_graph": ("lint", "edge_conv_bn_head", "new_graph.set_codegen(copy.deepcopy(gm.graph._codegen))"),
+    "conv_bn_fold_in_any_mode": ("numerics", "edge_conv_bn_head", "train mode, captured in it"),
     "conv_bn_fold_to_plain_attributes": ("devices", "edge_conv_bn_head", "_weight' (torch.float32, cpu) is not a "
                                          "registered parameter or buffer"),
 }
@@ -128,7 +129,8 @@ def test_checks_that_do_not_apply_to_exported_modules_skip_saying_why():
     assert all(r.outcome == SKIPPED for r in results.values()), {n: r.message for n, r in results.items()}
     assert "does not pickle even untouched" in results["pickle"].message
     numerics = v.run("numerics")
-    assert numerics.outcome == PASSED and "fixes the mode" in numerics.details["other_modes"]
+    assert numerics.outcome == PASSED and "fixes the mode" in numerics.details["switched_modes"]
+    assert numerics.details["other_modes"] == ["train"]  # the model exported in train mode, compared there
     symbolic = fxverify.check_meta(aten_passes.identity, "edge_conv_bn_head")
     assert symbolic.outcome == SKIPPED and "--fxverify-capture export" in symbolic.message
 
@@ -532,7 +534,9 @@ def test_every_buggy_aten_pass_is_caught_by_its_check_naming_model_capture_and_n
         assert f"model:      {model} (edge, export (torch.export" in found["message"]
         assert found["capture"] == "export" and found["nodeid"].endswith(f"[{model}@export-{check}]")
     for (name, _, check), found in records.items():  # no finding where the pass changed nothing
-        if found["changed"] == []:
+        # (in eval mode, which "changed" describes: erase_unused_nodes also drops the num_batches_tracked
+        # update of a model exported in train mode, and numerics' train stage says so)
+        if found["changed"] == [] and "captured in it" not in (found["input"] or ""):
             assert found["outcome"] != "failed", (name, check, found["message"])
 
 

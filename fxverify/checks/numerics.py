@@ -12,7 +12,9 @@ float64-reference rule, including updated buffers such as BatchNorm running
 statistics. For a contract covering both modes, the result transformed in one
 mode and switched to the other (``.train()`` / ``.eval()``, as a training loop
 does between epochs and validation) must behave as the original trace switched
-the same way: a training flag baked in at transform time shows there.
+the same way: a training flag baked in at transform time shows there. A capture that fixes the
+mode (``torch.export``, ``make_fx``) is not switched: the train stage captures the model in train
+mode and compares that capture with its transformed copy.
 
 A failure names the first node whose float64 value diverges (see
 :mod:`fxverify.analysis.localise`; the result's ``divergence``). With a repro directory
@@ -71,13 +73,16 @@ def check(v: Subject) -> dict[str, Any]:
         raise finding
     for which in ("original", "result"):  # the train stage makes its own copies; gradients makes these again
         v.release_copy(which, torch.float64)
-    modes = [m for m in v.contract.modes if m != v.contract.primary_mode] if v.capture.switches_mode else []
+    modes = [m for m in v.contract.modes if m != v.contract.primary_mode]
     try:
-        switched = []
+        switched: list[str] = []
         for mode in modes:
-            switched.append(_compare_other_mode(v, mode))
-            v.collect_garbage()  # that mode's trace and result
-            switched += _compare_primary_switched(v, mode)
+            if v.capture.switches_mode:
+                switched.append(_compare_other_mode(v, mode))
+                v.collect_garbage()  # that mode's trace and result
+                switched += _compare_primary_switched(v, mode)
+            else:
+                _compare_captured_in(v, mode)
     except Finding as finding:
         finding.mode = modes[0]
         raise
@@ -85,9 +90,9 @@ def check(v: Subject) -> dict[str, Any]:
         "configs": compared,
         "float64": "compared" if located else f"skipped: {v.float64_skip}",
         "kept_nodes_compared": located.compared if located else 0,
-        "other_modes": modes if v.capture.switches_mode else f"not compared: {v.capture.name} fixes the mode "
-                                                                  "when it captures",
-        "switched_modes": switched,
+        "other_modes": modes,
+        "switched_modes": switched if v.capture.switches_mode else f"not compared: {v.capture.name} fixes the mode "
+                                                                    "when it captures",
     }
 
 
@@ -201,18 +206,32 @@ def _localise_into(finding: Finding, located: Localisation, note: str = " [float
         finding.node = NO_KEPT_NODE_DIVERGED
 
 
+def _captured_in(v: Subject, mode: str) -> tuple[nn.Module, nn.Module]:
+    """A fresh capture in ``mode`` and the transform's result of another one."""
+    original = v.capture_fresh(mode)
+    try:
+        return original, v.transformed_fresh(mode)
+    except TransformFailed as exc:
+        raise Finding(f"the transform raised on the model captured in {mode} mode, which the contract covers "
+                      f"(modes={'+'.join(v.contract.modes)}); if it is meant for {v.contract.primary_mode} mode only, "
+                      f"declare @fxverify.contract(modes=({v.contract.primary_mode!r},)):\n{exc}",
+                      input=f"the model captured in {mode} mode") from None
+
+
+def _compare_captured_in(v: Subject, mode: str) -> None:
+    """For a capture that fixes the mode (``torch.export``: ``ep.module().train()`` raises): the model
+    captured in ``mode`` (train) and transformed, against that capture, outputs and buffers after one
+    step, judged against the model captured in float64 in ``mode``."""
+    original, result = _captured_in(v, mode)
+    _compare_runs(v, original, result, f"{mode} mode, captured in it (RNG reseeded per run)",
+                  float64=lambda: v.capture_fresh(mode, torch.float64))
+
+
 def _compare_other_mode(v: Subject, mode: str) -> str:
     """Trace and transform in ``mode`` (train); switch both to the primary mode and compare (see
     :func:`_compare_switched`); switch them back and compare outputs and buffers after one step in
     ``mode``. Returns the switch made, e.g. ``train->eval``."""
-    original = v.capture_fresh(mode)
-    try:
-        result = v.transformed_fresh(mode)
-    except TransformFailed as exc:
-        raise Finding(f"the transform raised on the model traced in {mode} mode, which the contract covers "
-                      f"(modes={'+'.join(v.contract.modes)}); if it is meant for {v.contract.primary_mode} mode only, "
-                      f"declare @fxverify.contract(modes=({v.contract.primary_mode!r},)):\n{exc}",
-                      input=f"the model traced in {mode} mode") from None
+    original, result = _captured_in(v, mode)
     # switched first, as the transform left them: after a step in train mode their running statistics
     # differ by float32 rounding, which a fresh float64 copy of the stepped original cannot judge
     switched = _compare_switched(v, original, result, mode, v.contract.primary_mode)
@@ -254,16 +273,17 @@ def _compare_switched(v: Subject, original: nn.Module, result: nn.Module, source
     return f"{source}->{target}"
 
 
-def _compare_runs(v: Subject, original: nn.Module, result: nn.Module, how: str, *, switched_from: str | None = None) -> None:
+def _compare_runs(v: Subject, original: nn.Module, result: nn.Module, how: str, *, switched_from: str | None = None,
+                  float64: Callable[[], nn.Module] | None = None) -> None:
     """Run ``original`` and ``result`` once on the primary inputs with the RNG reseeded; compare
     outputs and buffers after the run (BatchNorm running statistics), both judged against the
-    original run in float64 with the same seed."""
+    original run in float64 with the same seed (``original`` converted, or what ``float64`` makes)."""
     config = v.primary
     where = f"{config.describe()}, float32, {how}"
     reference = None
     if v.float64_problem is None:
         try:
-            reference = v.capture.convert(original, dtype=torch.float64)
+            reference = float64() if float64 is not None else v.capture.convert(original, dtype=torch.float64)
         except Exception:  # no float64 reference: plain float32 tolerances
             reference = None
     expected = _run_reseeded(v, original, config.make(v.case.seed), where, original=True)
