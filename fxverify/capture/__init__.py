@@ -67,6 +67,11 @@ class Capture(Protocol):
         """This capture set up for ``transform`` (an export keeps its program for a transform that takes one)."""
         ...
 
+    def at_example_shapes(self) -> Capture:
+        """This capture without dynamic dimensions (itself where it has none): for a stage that runs the
+        example inputs only (a static export costs about half a dynamic one)."""
+        ...
+
     def in_dtype(self, gm: fx.GraphModule, dtype: torch.dtype) -> fx.GraphModule | None:
         """``gm``, a fresh capture of a model, as capturing the model in ``dtype`` gives it, made without
         capturing again (a converted copy); None where only capturing the model again gives that."""

@@ -88,6 +88,11 @@ class Export:
         (a program in meta doubles what every copy of a capture costs: 0.27 s more on resnet50)."""
         return dataclasses.replace(self, keeps_program=transform.form != "module")
 
+    def at_example_shapes(self) -> Export:
+        """This capture with a static batch: 0.5-1.9 s against 1.0-4.5 s for a dynamic one (resnet18,
+        mobilenet_v3_small, efficientnet_b0 in train mode)."""
+        return dataclasses.replace(self, dynamic_batch=False)
+
     def program(self, module: nn.Module, *, training: bool, inputs: tuple[Any, ...]) -> torch.export.ExportedProgram:
         """The exported program of ``module`` in the given mode on ``inputs`` (decomposed for ``export_core``)."""
         self.set_mode(module, training)

@@ -53,6 +53,10 @@ class MakeFx:
         """This capture: it needs nothing of the transform."""
         return self
 
+    def at_example_shapes(self) -> MakeFx:
+        """This capture: its graphs have no dynamic dimension."""
+        return self
+
     def capture(self, module: nn.Module, *, training: bool, inputs: tuple[Any, ...] = ()) -> fx.GraphModule:
         """A fresh functionalized ATen graph of ``module`` in the given mode, traced on ``inputs``."""
         from torch.fx.experimental.proxy_tensor import make_fx

@@ -61,6 +61,10 @@ class SymbolicTrace:
         """This capture: it needs nothing of the transform."""
         return self
 
+    def at_example_shapes(self) -> SymbolicTrace:
+        """This capture: its graphs have no dynamic dimension."""
+        return self
+
     def capture(self, module: nn.Module, *, training: bool, inputs: tuple[Any, ...] = ()) -> fx.GraphModule:
         """``module`` put in the given mode and traced into a fresh ``GraphModule`` (what tracing runs
         through, ``if self.training:``, follows the mode); symbolic tracing needs no ``inputs``."""

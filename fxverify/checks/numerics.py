@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 
 from fxverify.analysis.compare import Mismatch, compare_trees, compare_values, leaves_with_paths, rmse_per_leaf
 from fxverify.analysis.localise import Localisation, localise
@@ -206,11 +207,12 @@ def _localise_into(finding: Finding, located: Localisation, note: str = " [float
         finding.node = NO_KEPT_NODE_DIVERGED
 
 
-def _captured_in(v: Subject, mode: str) -> tuple[nn.Module, nn.Module]:
-    """A fresh capture in ``mode`` and the transform's result of another one."""
-    original = v.capture_fresh(mode)
+def _captured_in(v: Subject, mode: str, *, static: bool = False) -> tuple[nn.Module, nn.Module]:
+    """A fresh capture in ``mode`` and the transform's result of another one (``static``: at the example
+    shapes, see :meth:`~fxverify.engine.subject.Subject.capture_fresh`)."""
+    original = v.capture_fresh(mode, static=static)
     try:
-        return original, v.transformed_fresh(mode)
+        return original, v.transformed_fresh(mode, static=static)
     except TransformFailed as exc:
         raise Finding(f"the transform raised on the model captured in {mode} mode, which the contract covers "
                       f"(modes={'+'.join(v.contract.modes)}); if it is meant for {v.contract.primary_mode} mode only, "
@@ -220,11 +222,12 @@ def _captured_in(v: Subject, mode: str) -> tuple[nn.Module, nn.Module]:
 
 def _compare_captured_in(v: Subject, mode: str) -> None:
     """For a capture that fixes the mode (``torch.export``: ``ep.module().train()`` raises): the model
-    captured in ``mode`` (train) and transformed, against that capture, outputs and buffers after one
-    step, judged against the model captured in float64 in ``mode``."""
-    original, result = _captured_in(v, mode)
-    _compare_runs(v, original, result, f"{mode} mode, captured in it (RNG reseeded per run)",
-                  float64=lambda: v.capture_fresh(mode, torch.float64))
+    captured in ``mode`` (train) at the example shapes (only they are run: the dynamic check judges the
+    others) and transformed, against that capture, outputs and buffers after one step, judged against
+    the model captured in float64 in ``mode``."""
+    original, result = _captured_in(v, mode, static=True)
+    _compare_runs(v, original, result, f"{mode} mode, captured in it at the example shapes (RNG reseeded per run)",
+                  float64=lambda: v.capture_fresh(mode, torch.float64, static=True))
 
 
 def _compare_other_mode(v: Subject, mode: str) -> str:
@@ -277,27 +280,40 @@ def _compare_runs(v: Subject, original: nn.Module, result: nn.Module, how: str, 
                   float64: Callable[[], nn.Module] | None = None) -> None:
     """Run ``original`` and ``result`` once on the primary inputs with the RNG reseeded; compare
     outputs and buffers after the run (BatchNorm running statistics), both judged against the
-    original run in float64 with the same seed (``original`` converted, or what ``float64`` makes)."""
+    original run in float64 with the same seed: ``original`` converted before it runs, or what ``float64``
+    makes from a fresh capture, only when a float32 value is not allclose (a train-mode export made
+    again in float64 costs as much as the first)."""
     config = v.primary
     where = f"{config.describe()}, float32, {how}"
-    reference = None
-    if v.float64_problem is None:
+    made: list[nn.Module | None] = []  # the float64 reference once made (None: it could not be)
+    if v.float64_problem is None and float64 is None:
         try:
-            reference = float64() if float64 is not None else v.capture.convert(original, dtype=torch.float64)
+            made.append(v.capture.convert(original, dtype=torch.float64))
         except Exception:  # no float64 reference: plain float32 tolerances
-            reference = None
+            pass
+    has_reference = bool(made) or (v.float64_problem is None and float64 is not None)
     expected = _run_reseeded(v, original, config.make(v.case.seed), where, original=True)
     actual = _run_reseeded(v, result, config.make(v.case.seed), where)
     reference_run: list[Any] = []
 
+    def reference() -> nn.Module | None:
+        if not made:
+            assert float64 is not None  # else made above, or no reference: fp64 is not passed on
+            try:
+                made.append(float64())
+            except Exception:  # no float64 reference: plain float32 tolerances
+                made.append(None)
+        return made[0]
+
     def fp64() -> Any:
         if not reference_run:
+            module = reference()
             inputs = config.make(v.case.seed, dtype=torch.float64)
-            assert reference is not None  # fp64 is passed on only when there is a reference
-            reference_run.append(_run_reseeded(v, reference, inputs, where, original=True))
+            reference_run.append(pytree.tree_map(lambda _: None, expected, is_leaf=lambda x: x is None)
+                                 if module is None else _run_reseeded(v, module, inputs, where, original=True))
         return reference_run[0]
 
-    found = compare_trees(actual, expected, tolerance=v.tolerance, fp64_expected=fp64 if reference is not None else None)
+    found = compare_trees(actual, expected, tolerance=v.tolerance, fp64_expected=fp64 if has_reference else None)
     if found is not None:
         finding = finding_of(found, where)
         if switched_from:
@@ -311,13 +327,13 @@ def _compare_runs(v: Subject, original: nn.Module, result: nn.Module, how: str, 
 
     def fp64_buffer(name: str) -> Any:
         fp64()  # the reference's buffers are updated by its run
-        assert reference is not None  # fp64_buffer is passed on only when there is a reference
-        return tensor_state(reference).get(name)
+        module = reference()
+        return None if module is None else tensor_state(module).get(name)
 
     for name in sorted((before.keys() & after.keys()) - parameters):
         found_buffer = compare_values(after[name], before[name], path=f"buffer {name!r} after the forward pass",
                                       tolerance=v.tolerance,
-                                      fp64=functools.partial(fp64_buffer, name) if reference is not None else None)
+                                      fp64=functools.partial(fp64_buffer, name) if has_reference else None)
         if found_buffer is not None:
             raise Finding(
                 f"buffers updated differently: {found_buffer.describe()}", input=where, where=found_buffer.path

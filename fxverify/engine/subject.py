@@ -115,8 +115,8 @@ class Subject:
         self._float64_exact: bool | None = None  # set by each float64 result made
         self.float64_fallback: str | None = None  # why the transform could not be applied to a float64 copy
         self.uncopyable: dict[str, str] = {}  # "original" / "result" -> why copy.deepcopy of it raised
-        # (mode, dtype) -> the capture copied for each use, when the capture keeps captures; or why it failed
-        self._captured: dict[tuple[str, str], fx.GraphModule | CaptureFailed] = {}
+        # (mode, dtype, static) -> the capture copied for each use, when the capture keeps captures; or why it failed
+        self._captured: dict[tuple[str, str, bool], fx.GraphModule | CaptureFailed] = {}
 
     @property
     def expected_failure(self) -> str | None:
@@ -190,21 +190,23 @@ class Subject:
                        (buffers_digest(original), buffers_digest(result)),
                        {name: bounds for name, bounds in symbols.items() if name not in left})
 
-    def capture_fresh(self, mode: str, dtype: torch.dtype | None = None) -> fx.GraphModule:
+    def capture_fresh(self, mode: str, dtype: torch.dtype | None = None, *, static: bool = False) -> fx.GraphModule:
         """A fresh graph of a fresh instance of the model, in ``mode`` (with ``dtype``: of the instance
-        in ``dtype``, for captures that bake dtypes into their graphs); for a capture that
-        ``keeps_captures``, a copy of the one capture made in that mode and dtype.
+        in ``dtype``, for captures that bake dtypes into their graphs; ``static``: without dynamic
+        dimensions, for a stage that runs the example inputs only); for a capture that
+        ``keeps_captures``, a copy of the one capture made in that mode, dtype and shape.
 
         Raises :class:`CaptureFailed` (a finding against the model, not the transform) when
         building or capturing it raises.
         """
-        key = (mode, str(dtype))
+        key = (mode, str(dtype), static)
         if key not in self._captured:
+            capture = self.capture.at_example_shapes() if static else self.capture
             try:
-                captured = self._retyped(mode, dtype) or \
-                    self.case.trace(training=mode == "train", capture=self.capture, dtype=dtype)
+                captured = self._retyped(mode, dtype, static) or \
+                    self.case.trace(training=mode == "train", capture=capture, dtype=dtype)
             except Exception as exc:
-                failed = CaptureFailed(self.case.name, self.capture.describe(), exc, mode)
+                failed = CaptureFailed(self.case.name, capture.describe(), exc, mode)
                 self._captured[key] = failed
                 raise failed from exc
             if not self.capture.keeps_captures:
@@ -215,17 +217,17 @@ class Subject:
             raise kept
         return copy.deepcopy(kept)
 
-    def _retyped(self, mode: str, dtype: torch.dtype | None) -> fx.GraphModule | None:
-        """The capture kept in ``mode`` as capturing the model in ``dtype`` gives it, made by the capture
-        without capturing again (:meth:`~fxverify.capture.Capture.in_dtype`: exporting again costs 3-13x
-        more), or None."""
-        kept = self._captured.get((mode, "None"))
+    def _retyped(self, mode: str, dtype: torch.dtype | None, static: bool) -> fx.GraphModule | None:
+        """The capture kept in ``mode`` (and ``static``) as capturing the model in ``dtype`` gives it, made by
+        the capture without capturing again (:meth:`~fxverify.capture.Capture.in_dtype`: exporting again
+        costs 3-13x more), or None."""
+        kept = self._captured.get((mode, "None", static))
         return self.capture.in_dtype(kept, dtype) if dtype is not None and isinstance(kept, fx.GraphModule) else None
 
-    def transformed_fresh(self, mode: str) -> nn.Module:
-        """Only the result of the transform applied to a fresh capture in ``mode``, for work that
-        needs no reference or snapshot (train mode, the stateful check)."""
-        result, _ = self.capture.apply(self.transform, self.capture_fresh(mode), timeout=self.timeout)
+    def transformed_fresh(self, mode: str, *, static: bool = False) -> nn.Module:
+        """Only the result of the transform applied to a fresh capture in ``mode`` (``static``: see
+        :meth:`capture_fresh`), for work that needs no reference or snapshot (train mode, the stateful check)."""
+        result, _ = self.capture.apply(self.transform, self.capture_fresh(mode, static=static), timeout=self.timeout)
         return self.capture.set_mode(result, mode == "train")
 
     def transformed_copy(self, original: fx.GraphModule, mode: str) -> nn.Module:
