@@ -49,7 +49,8 @@ class Verification(Runner):
     original's outputs for other transforms and later runs (:class:`ReferenceStore`); ``captures`` names
     the captures the agreement check compares the transform's effect across (this one among them), and
     ``peer_outputs`` gives it another capture's outputs already made
-    (:func:`fxverify.checks.agreement.capture_outputs`; None: it makes them).
+    (:func:`fxverify.checks.agreement.capture_outputs`; None: it makes them); ``train_capture`` runs
+    numerics' train stage on a capture that fixes the mode by capturing the model in train mode too.
 
     >>> import fxverify
     >>> v = Verification(fxverify.examples.identity, "edge_conv_bn_head")
@@ -61,10 +62,11 @@ class Verification(Runner):
                  cross_process: Callable[[str], str] | None = None, golden_dir: str | os.PathLike[str] | None = None,
                  update_golden: bool = False, repro_dir: str | os.PathLike[str] | None = None,
                  capture: Capture | None = None, references: ReferenceStore | None = None,
-                 captures: Sequence[str] = (), peer_outputs: Callable[[str], Any] | None = None) -> None:
+                 captures: Sequence[str] = (), peer_outputs: Callable[[str], Any] | None = None,
+                 train_capture: bool = False) -> None:
         super().__init__(transform, case, timeout=timeout, capture=capture,
                          settings=Settings(cross_process, golden_dir, update_golden, references, tuple(captures),
-                                           peer_outputs),
+                                           peer_outputs, train_capture),
                          after_failure=[ReproOnFailure(repro_dir)] if repro_dir else [])
 
 

@@ -72,7 +72,7 @@ class FxVerifyRun:
             o = self.options
             v = Verification(transform, case, timeout=o.timeout, cross_process=digests, golden_dir=o.golden_dir,
                              update_golden=o.update_golden, repro_dir=o.repro_dir, references=self.references,
-                             capture=case.capture_named(capture), captures=o.captures,
+                             capture=case.capture_named(capture), captures=o.captures, train_capture=o.train_capture,
                              peer_outputs=functools.partial(self._handed_outputs, transform.spec, case.name))
             self._verification = (key, v)
         return self._verification[1]
