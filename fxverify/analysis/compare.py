@@ -55,6 +55,15 @@ class Tolerance:
         rtol, atol = _DEFAULT_TOLERANCES.get(dtype, (0.0, 0.0))
         return max(rtol, self.rtol or 0.0), max(atol, self.atol or 0.0)
 
+    def at_least(self, dtype: torch.dtype) -> Tolerance:
+        """These tolerances, no tighter than ``dtype``'s defaults (a float64 run whose new parameters
+        carry float32 rounding is judged at float32's).
+
+        >>> Tolerance(atol=1e-3).at_least(torch.float32)
+        Tolerance(rtol=1.3e-06, atol=0.001, range_tol=None)
+        """
+        return Tolerance(*self.for_dtype(dtype), self.range_tol)
+
     def atol_for(self, expected: torch.Tensor) -> float:
         """The absolute tolerance for ``expected``: the dtype's (or the declared one), or
         ``range_tol`` of its finite values' range when that is larger."""

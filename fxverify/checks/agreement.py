@@ -37,12 +37,11 @@ from torch.utils import _pytree as pytree
 from fxverify.analysis.compare import Tolerance, compare_trees
 from fxverify.analysis.module_state import tensor_state, tensors_equal
 from fxverify.cases.catalogue import CorpusEntry
-from fxverify.engine.results import CaptureFailed, Finding, ModuleRaised, Skip
+from fxverify.engine.results import CaptureFailed, Finding, ModuleRaised, Skip, rewrites
 from fxverify.engine.subject import Settings, Subject
 from fxverify.engine.transform import Transform
 from fxverify.errors import TransformFailed
 
-REWRITES = ("graph", "state")  # a change that rewrites what the model computes (see Subject.changes)
 aten = torch.ops.aten
 LAYOUT = (aten.permute.default, aten.t.default, aten.transpose.int, aten.view.default, aten.reshape.default,
           aten.expand.default)  # ops that only lay out a weight for the op that reads it
@@ -82,10 +81,7 @@ def rounding(v: Subject, *, exact: bool = True) -> Tolerance:
     """The tolerance of rounding alone in ``v``'s float64 runs: the corpus entry's over float64's defaults,
     or float32's when new parameters were made in float32 (``exact=False``); never the contract's."""
     entry = Tolerance(v.case.entry.rtol, v.case.entry.atol)
-    if exact:
-        return entry
-    rtol, atol = entry.for_dtype(torch.float32)
-    return Tolerance(rtol, atol)
+    return entry if exact else entry.at_least(torch.float32)
 
 
 def capture_outputs(v: Subject) -> CaptureOutputs:
@@ -96,11 +92,12 @@ def capture_outputs(v: Subject) -> CaptureOutputs:
         return CaptureOutputs(v.capture.name, problem=v.float64_skip)
     original = v.outputs("original", dtype=torch.float64)
     result = v.outputs("result", dtype=torch.float64)
-    return CaptureOutputs(
-        v.capture.name, original, result,
-        within_contract=compare_trees(result, original, tolerance=v.float64_tolerance) is None,
-        moved=compare_trees(result, original, tolerance=rounding(v, exact=v.float64_exact)) is not None,
-        exact=v.float64_exact, changes=v.changes, rewritten=rewritten_nodes(applied.original, applied.result))
+    moved = compare_trees(result, original, tolerance=rounding(v, exact=v.float64_exact)) is not None
+    # the contract's tolerance is never tighter than rounding's: unmoved is within it
+    within_contract = not moved or compare_trees(result, original, tolerance=v.float64_tolerance) is None
+    return CaptureOutputs(v.capture.name, original, result, within_contract=within_contract, moved=moved,
+                          exact=v.float64_exact, changes=v.changes,
+                          rewritten=rewritten_nodes(applied.original, applied.result))
 
 
 def rewritten_nodes(original: nn.Module, result: nn.Module) -> tuple[str, ...]:
@@ -208,10 +205,6 @@ def _largest_change(outputs: CaptureOutputs) -> float:
                 and a.shape == b.shape), default=0.0)
 
 
-def _rewrote(outputs: CaptureOutputs) -> bool:
-    return bool(set(REWRITES) & set(outputs.changes or ()))
-
-
 def _rewrites(mine: CaptureOutputs, theirs: CaptureOutputs) -> str:
     """What the transform rewrote under each capture, for the finding's node line."""
     def listed(outputs: CaptureOutputs) -> str:
@@ -228,7 +221,7 @@ def _changed(outputs: CaptureOutputs) -> str:
 
 
 def _advice(mine: CaptureOutputs, theirs: CaptureOutputs) -> str:
-    idle = [o.capture for o in (mine, theirs) if not _rewrote(o)]
+    idle = [o.capture for o in (mine, theirs) if not rewrites(o.changes)]
     if len(idle) == 1:
         return (f"It rewrote nothing under {idle[0]}: what it matches is missing from that graph (the training IR "
                 "of export has aten.conv2d, aten.linear and aten.relu_ where core ATen has aten.convolution, "

@@ -71,13 +71,13 @@ def _check_unmovable(original: nn.Module, result: fx.GraphModule) -> None:
     already_stuck = set(_unmovable_tensors(original))
     program = program_of(result)  # torch's ep.module() holds a program's constants as plain attributes itself
     already_stuck |= {f"tensor attribute {name!r}" for name in program.constants} if program is not None else set()
-    for where, tensor in _unmovable_tensors(result).items():
+    for where, (tensor, reader) in _unmovable_tensors(result).items():
         if where not in already_stuck:
             raise Finding(
                 f"{where} ({tensor.dtype}, {tensor.device}) is not a registered parameter or buffer, so "
                 "module.to(device) and module.to(dtype) leave it behind. Register it with register_buffer() "
                 "(or as an nn.Parameter)",
-                where=where, node=_reader(result, where),
+                where=where, node=(reader.format_node() or reader.name) if reader is not None else None,
             )
 
 
@@ -102,15 +102,6 @@ def _check_float64(v: Subject) -> str:
     )
 
 
-def _reader(gm: fx.GraphModule, where: str) -> str | None:
-    """The node reading the tensor :func:`_unmovable_tensors` describes as ``where``, as text."""
-    for node in gm.graph.nodes:
-        if (node.op == "get_attr" and where == f"tensor attribute {node.target!r}") or \
-                where == f"a tensor literal in the arguments of %{node.name}":
-            return node.format_node() or node.name
-    return None
-
-
 def _pinned_devices(module: fx.GraphModule) -> dict[str, str]:
     """Nodes whose ``device=`` keyword is a literal rather than a value from the graph."""
     return {
@@ -120,15 +111,16 @@ def _pinned_devices(module: fx.GraphModule) -> dict[str, str]:
     }
 
 
-def _unmovable_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+def _unmovable_tensors(module: nn.Module) -> dict[str, tuple[torch.Tensor, fx.Node | None]]:
     """Tensors ``module.to(...)`` does not convert: plain tensor attributes and tensor literals in
-    node arguments, by description."""
-    found = {f"tensor attribute {name!r}": value for name, value in tensor_attributes(module)}
-    if isinstance(module, fx.GraphModule):
-        for node in module.graph.nodes:
-            for value in pytree.tree_leaves((node.args, node.kwargs)):
-                if isinstance(value, torch.Tensor):
-                    found[f"a tensor literal in the arguments of %{node.name}"] = value
+    node arguments, by description, each with the node that reads it (None: none found)."""
+    graph = module.graph if isinstance(module, fx.GraphModule) else fx.Graph()
+    readers = {node.target: node for node in graph.nodes if node.op == "get_attr"}
+    found = {f"tensor attribute {name!r}": (value, readers.get(name)) for name, value in tensor_attributes(module)}
+    for node in graph.nodes:
+        for value in pytree.tree_leaves((node.args, node.kwargs)):
+            if isinstance(value, torch.Tensor):
+                found[f"a tensor literal in the arguments of %{node.name}"] = (value, node)
     return found
 
 

@@ -290,25 +290,25 @@ def _compare_runs(v: Subject, original: nn.Module, result: nn.Module, how: str, 
     again in float64 costs as much as the first)."""
     config = v.primary
     where = f"{config.describe()}, float32, {how}"
-    made: list[nn.Module | None] = []  # the float64 reference once made (None: it could not be)
-    if v.float64_problem is None and float64 is None:
-        try:
-            made.append(v.capture.convert(original, dtype=torch.float64))
+    if v.float64_problem is not None:
+        float64 = None
+    elif float64 is None:
+        try:  # now, before ``original`` runs and steps its buffers
+            converted = v.capture.convert(original, dtype=torch.float64)
+            float64 = lambda: converted
         except Exception:  # no float64 reference: plain float32 tolerances
             pass
-    has_reference = bool(made) or (v.float64_problem is None and float64 is not None)
     expected = _run_reseeded(v, original, config.make(v.case.seed), where, original=True)
     actual = _run_reseeded(v, result, config.make(v.case.seed), where)
     reference_run: list[Any] = []
 
+    @functools.cache
     def reference() -> nn.Module | None:
-        if not made:
-            assert float64 is not None  # else made above, or no reference: fp64 is not passed on
-            try:
-                made.append(float64())
-            except Exception:  # no float64 reference: plain float32 tolerances
-                made.append(None)
-        return made[0]
+        assert float64 is not None  # fp64 is passed on only when there is a reference to make
+        try:
+            return float64()
+        except Exception:  # no float64 reference: plain float32 tolerances
+            return None
 
     def fp64() -> Any:
         if not reference_run:
@@ -318,7 +318,7 @@ def _compare_runs(v: Subject, original: nn.Module, result: nn.Module, how: str, 
                                  if module is None else _run_reseeded(v, module, inputs, where, original=True))
         return reference_run[0]
 
-    found = compare_trees(actual, expected, tolerance=v.tolerance, fp64_expected=fp64 if has_reference else None)
+    found = compare_trees(actual, expected, tolerance=v.tolerance, fp64_expected=fp64 if float64 is not None else None)
     if found is not None:
         finding = finding_of(found, where)
         if switched_from:
@@ -338,7 +338,7 @@ def _compare_runs(v: Subject, original: nn.Module, result: nn.Module, how: str, 
     for name in sorted((before.keys() & after.keys()) - parameters):
         found_buffer = compare_values(after[name], before[name], path=f"buffer {name!r} after the forward pass",
                                       tolerance=v.tolerance,
-                                      fp64=functools.partial(fp64_buffer, name) if has_reference else None)
+                                      fp64=functools.partial(fp64_buffer, name) if float64 is not None else None)
         if found_buffer is not None:
             raise Finding(
                 f"buffers updated differently: {found_buffer.describe()}", input=where, where=found_buffer.path

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from fxverify.errors import CheckFailed
@@ -104,6 +104,19 @@ ORIGINAL_RAISED = (
     "the corpus entry cannot run this configuration; fix its inputs, batch_sizes or spatial_sizes"
 )
 RESULT_RAISED = "the transformed module raised when run: {error}"
+
+
+REWRITES = ("graph", "state")  # the changes of a transform (Subject.changes) that rewrite what a model computes
+
+
+def rewrites(changes: Sequence[str] | None) -> bool:
+    """Whether ``changes`` (what a transform changed on a model: ``state``, ``graph``, ``code``, ...) rewrite
+    what it computes, so that its rewrite is verified there.
+
+    >>> rewrites(["code", "meta"]), rewrites(["graph"]), rewrites(None)
+    (False, True, False)
+    """
+    return bool(set(REWRITES) & set(changes or ()))
 
 
 MAX_SUMMARY = 300  # characters of an exception's message kept in a one-line summary

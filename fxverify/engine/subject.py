@@ -140,10 +140,7 @@ class Subject:
         """Tolerance for float64 runs: tight, unless the transform rewrites parameters and
         could only be applied in float32, so its new parameters carry float32 rounding (as of the
         float64 result last made: a released copy is made again, and a transform may fail only once)."""
-        if self.float64_exact:
-            return self.tolerance
-        rtol, atol = self.tolerance.for_dtype(torch.float32)
-        return Tolerance(rtol, atol, self.tolerance.range_tol)
+        return self.tolerance if self.float64_exact else self.tolerance.at_least(torch.float32)
 
     @property
     def primary(self) -> InputConfig:

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 
 from fxverify.cases.catalogue import split_label
+from fxverify.engine.results import rewrites
 
-REWRITES = ("graph", "state")  # what a transform must change on a model for its rewrite to be verified there
 FEW = 0.1  # a transform that rewrote at most this share of the models "changed almost nothing"
 SHOWN = 5  # models named in a warning
 
@@ -64,7 +64,7 @@ def rewrite_warning(transform: str, changes: Mapping[str, Sequence[str] | None],
     my:pass changed 0 of 1 random graphs (graph or parameters)
     """
     ran = [model for model, changed in changes.items() if changed is not None]
-    rewrote = [model for model in ran if set(REWRITES) & set(changes[model] or ())]
+    rewrote = [model for model in ran if rewrites(changes[model])]
     lines = []
     if ran and not rewrote:
         lines.append(f"WARNING: {transform} changed the graph or parameters of none of the {len(ran)} models it "
@@ -98,7 +98,7 @@ def capture_disagreement(transform: str, changes: Mapping[str, Sequence[str] | N
     for label, changed in changes.items():
         if changed is not None:
             model, capture = split_label(label)
-            rewrote.setdefault(model, {})[capture] = bool(set(REWRITES) & set(changed))
+            rewrote.setdefault(model, {})[capture] = rewrites(changed)
     differing = {model: by_capture for model, by_capture in rewrote.items() if len(set(by_capture.values())) > 1}
     if not differing:
         return None
