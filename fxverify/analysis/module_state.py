@@ -89,15 +89,21 @@ def tensor_state(module: nn.Module) -> dict[str, torch.Tensor]:
 def buffers_digest(module: nn.Module) -> int:
     """A checksum of every buffer's values: whether running the module changed its state since.
 
+    The bytes are read from a copy: ``.numpy()`` of a view of the buffer itself would leave its storage
+    unresizable for good, and an observer that resizes its ``min_val`` on its first call
+    (torchao's ``PerChannelMinMaxObserver``) would then raise.
+
     >>> m = nn.BatchNorm1d(2); before = buffers_digest(m)
     >>> _ = m(torch.randn(4, 2)); buffers_digest(m) == before
     False
+    >>> m.running_mean.untyped_storage().resizable()
+    True
     """
     digest = 0
     for name, buffer in module.named_buffers(remove_duplicate=False):
         digest = zlib.crc32(name.encode(), digest)
         if buffer.device.type != "meta":  # no values
-            data = strided(buffer.detach().cpu()).contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+            data = strided(buffer.detach().cpu()).reshape(-1).view(torch.uint8).clone().numpy().tobytes()
             digest = zlib.crc32(data, digest)
     return digest
 
