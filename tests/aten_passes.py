@@ -51,6 +51,39 @@ def _swap_relu(gm: fx.GraphModule, *, meta: bool, swaps: dict[Any, Any] = _TO_CL
             _replace(gm, node, swaps[node.target], (node.args[0], 0.0), meta=meta)
 
 
+def _fake_value(node: fx.Node) -> Any:
+    """What ``node`` computes, as its target run on its inputs' ``meta['val']`` (FakeTensors) gives it: a new
+    or changed node's ``meta['val']``, as ExecuTorch's spec propagation computes it."""
+    args, kwargs = pytree.tree_map_only(fx.Node, lambda n: n.meta["val"], (node.args, node.kwargs))
+    fake = next(v for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor))
+    with fake.fake_mode:
+        return node.target(*args, **kwargs)
+
+
+_CONVOLUTIONS = (aten.conv2d.default, aten.convolution.default)
+
+
+def _channels_last_inputs(gm: fx.GraphModule, *, meta: bool) -> None:
+    """Each 4-d convolution given its input cloned to channels-last (for a backend whose kernels want NHWC),
+    the clone given its input's meta, or with ``meta`` its own: a clone back to contiguous after the
+    convolution, and the convolution's meta['val'] computed again (it follows its input's layout)."""
+    for conv in list(gm.graph.nodes):
+        if conv.op != "call_function" or conv.target not in _CONVOLUTIONS or conv.args[0].meta["val"].dim() != 4:
+            continue
+        x = conv.args[0]
+        with gm.graph.inserting_before(conv):
+            nhwc = gm.graph.call_function(aten.clone.default, (x,), {"memory_format": torch.channels_last})
+        conv.replace_input_with(x, nhwc)
+        if not meta:
+            nhwc.meta.update(x.meta)
+            continue
+        with gm.graph.inserting_after(conv):
+            back = gm.graph.call_function(aten.clone.default, (conv,), {"memory_format": torch.contiguous_format})
+        conv.replace_all_uses_with(back, delete_user_cb=lambda user, new=back: user is not new)
+        for node in (nhwc, conv, back):
+            node.meta["val"] = _fake_value(node)
+
+
 def _batch_hint(size: Any) -> int:
     """The example value of a (maybe symbolic) size, as a lowering reading meta would take it."""
     return int(size.node.hint) if isinstance(size, torch.SymInt) else int(size)
@@ -112,6 +145,58 @@ def decompose_hardtanh(gm: fx.GraphModule) -> fx.GraphModule:
             _replace(gm, node, aten.clamp.default, (x, low, high))
     gm.recompile()
     return gm
+
+
+def to_channels_last(gm: fx.GraphModule) -> fx.GraphModule:
+    """Each 4-d convolution run in channels-last, its output cloned back to contiguous; the new nodes' and the
+    convolution's meta['val'] computed by their ops on their inputs' FakeTensors."""
+    _channels_last_inputs(gm, meta=True)
+    gm.recompile()
+    return gm
+
+
+def _fast_relu(fake: str) -> Any:
+    """A backend's relu kernel, a ``torch.library`` custom op, with a FakeTensor implementation and a
+    backward (``exact``),
+    one that picks a tile size by branching on the batch (``branching``: it guards the batch), one that says
+    float16 where the kernel gives its input's dtype (``float16``), or none (``none``); defined once a process
+    (a module imported again finds it registered)."""
+    name = f"fast_relu_{fake}_fake"
+    try:
+        return getattr(torch.ops.fxverify_tests, name).default
+    except AttributeError:
+        pass
+
+    def kernel(x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x)
+
+    def tiled(x: torch.Tensor) -> torch.Tensor:
+        tile = 4 if x.shape[0] > 4 else 1  # the tile the kernel would use: a branch on a symbolic size
+        return torch.empty_like(x) if tile else x
+
+    op = torch.library.custom_op(f"fxverify_tests::{name}", kernel, mutates_args=())
+    fakes = {"exact": torch.empty_like, "branching": tiled, "float16": lambda x: torch.empty_like(x, dtype=torch.float16)}
+    if fake in fakes:
+        op.register_fake(fakes[fake])
+    if fake == "exact":
+        op.register_autograd(lambda ctx, grad: grad * (ctx.saved_tensors[0] > 0),
+                             setup_context=lambda ctx, inputs, output: ctx.save_for_backward(output))
+    return getattr(torch.ops.fxverify_tests, name).default
+
+
+def _relu_as(gm: fx.GraphModule, kernel: Any) -> fx.GraphModule:
+    """Each relu swapped for ``kernel``, meta copied (the same value)."""
+    for node in list(gm.graph.nodes):
+        if node.target == aten.relu.default:
+            _replace(gm, node, kernel, node.args)
+    gm.recompile()
+    return gm
+
+
+@fxverify.contract(captures=("export", "make_fx"))  # a custom op is not core ATen
+def relu_as_custom_kernel(gm: fx.GraphModule) -> fx.GraphModule:
+    """Each relu swapped for a backend's kernel, a custom op with a FakeTensor implementation, meta copied."""
+    return _relu_as(gm, _fast_relu("exact"))
 
 
 def dead_code_elimination(gm: fx.GraphModule) -> fx.GraphModule:
@@ -202,6 +287,37 @@ def linear_as_addmm_with_weight_meta(gm: fx.GraphModule) -> fx.GraphModule:
             _replace(gm, node, aten.addmm.default, (b, x, transposed))
     gm.recompile()
     return gm
+
+
+def to_channels_last_with_copied_meta(gm: fx.GraphModule) -> fx.GraphModule:
+    """meta: each 4-d convolution's input cloned to channels-last, the clone given its input's meta: it and
+    the convolution (whose output follows the new layout) say contiguous strides; the values are right, and
+    what reads strides from meta['val'] (ExecuTorch's dim order and memory planning) is wrong."""
+    _channels_last_inputs(gm, meta=False)
+    gm.recompile()
+    return gm
+
+
+def relu_as_custom_kernel_without_fake(gm: fx.GraphModule) -> fx.GraphModule:
+    """meta: each relu swapped for a backend's kernel, a custom op registered without a FakeTensor
+    implementation (no register_fake), meta copied: the module runs right, and whatever traces the program
+    with FakeTensors (run_decompositions, to_edge, export) stops at it."""
+    return _relu_as(gm, _fast_relu("none"))
+
+
+def relu_as_custom_kernel_with_float16_fake(gm: fx.GraphModule) -> fx.GraphModule:
+    """meta: each relu swapped for a backend's kernel whose FakeTensor implementation says float16 (written for
+    a half-precision build) where the kernel gives float32; meta copied from the relu, so it says float32 as
+    the real run does, and every tool that traces the program with FakeTensors sees float16."""
+    return _relu_as(gm, _fast_relu("float16"))
+
+
+def relu_as_custom_kernel_with_branching_fake(gm: fx.GraphModule) -> fx.GraphModule:
+    """dynamic: each relu swapped for a backend's kernel whose FakeTensor implementation picks a tile size
+    with ``if x.shape[0] > 4``: the module runs right at every batch, and re-propagating FakeTensors through
+    it guards the batch (s <= 4 at the example batch 2), so that whatever traces it again with a dynamic
+    batch specialises it."""
+    return _relu_as(gm, _fast_relu("branching"))
 
 
 def flatten_as_view_of_example_batch(gm: fx.GraphModule) -> fx.GraphModule:
@@ -368,15 +484,48 @@ def reads_batch_as_int(gm: fx.GraphModule) -> fx.GraphModule:
     return gm
 
 
+def tests_batch_parity_with_bool(gm: fx.GraphModule) -> fx.GraphModule:
+    """dynamic: the pass asks whether the batch is even (to pick a kernel that packs pairs of rows, say) with
+    bool() of a size read from meta['val'], and leaves the graph as it is: the ShapeEnv every copy of the
+    program shares now holds the guard Eq(Mod(s, 2), 0), and the caller's own program rejects odd batches."""
+    (x,) = gm.graph.find_nodes(op="placeholder")
+    if bool(x.meta["val"].shape[0] % 2 == 0):
+        gm.meta["packs_row_pairs"] = True
+    return gm
+
+
+def _recompute_meta(gm: fx.GraphModule) -> None:
+    """Every node's meta['val'] computed again with torch's FakeTensorProp, in the program's own fake mode."""
+    from torch._guards import detect_fake_mode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    values = [p.meta["val"] for p in gm.graph.find_nodes(op="placeholder")]
+    FakeTensorProp(gm, detect_fake_mode(values)).propagate_dont_convert_inputs(*values)
+
+
+def meta_recomputed_with_fake_tensor_prop(gm: fx.GraphModule) -> fx.GraphModule:
+    """dynamic: meta['val'] recomputed after a rewrite the way passes commonly do it, with torch's
+    FakeTensorProp in the program's fake mode: without the Python dispatcher, aten.upsample_bilinear2d's C++
+    meta kernel specialises the batch in the ShapeEnv every copy of the program shares."""
+    _recompute_meta(gm)
+    return gm
+
+
+def meta_recomputed_with_the_python_dispatcher(gm: fx.GraphModule) -> fx.GraphModule:
+    """meta['val'] recomputed with torch's FakeTensorProp inside enable_python_dispatcher(), as torch.export traces."""
+    from torch._dispatch.python import enable_python_dispatcher
+
+    with enable_python_dispatcher():
+        _recompute_meta(gm)
+    return gm
+
+
 def fill_missing_meta(gm: fx.GraphModule) -> fx.GraphModule:
     """A meta repair step (as ExecuTorch's spec propagation): a node without meta['val'] gets its target run
     on its inputs' FakeTensors."""
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.meta.get("val") is None:
-            args, kwargs = pytree.tree_map_only(fx.Node, lambda n: n.meta["val"], (node.args, node.kwargs))
-            fake = next(v for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor))
-            with fake.fake_mode:
-                node.meta["val"] = node.target(*args, **kwargs)
+            node.meta["val"] = _fake_value(node)
     return gm
 
 

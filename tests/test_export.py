@@ -13,11 +13,15 @@ import sys
 from pathlib import Path
 
 import pytest
+import sympy
 import torch
 from torch import fx, nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from torch.utils import _pytree as pytree
 
 import fxverify
+from fxverify.analysis.repropagation import repropagate, shape_env_of, violation
 from fxverify.capture import Export, MakeFx, SymbolicTrace
 from fxverify.capture.copies import retyped_copy
 from fxverify.capture.export import PROGRAM, named_as_exported
@@ -33,9 +37,18 @@ MODELS = "edge_conv_bn_head,edge_running_statistics,layer_activations"
 BUGGY = {
     "relu_to_clamp_min_without_meta": ("meta", "edge_conv_bn_head", "have no meta['val']"),
     "rebuilt_with_transformer": ("meta", "edge_conv_bn_head", "torch.fx.Transformer"),
-    "relu_in_float64_with_stale_meta": ("meta", "edge_conv_bn_head", "says dtype torch.float32, the node gives "
-                                                                      "torch.float64"),
-    "linear_as_addmm_with_weight_meta": ("meta", "edge_conv_bn_head", "says shape 10x8, the node gives 8x10"),
+    "relu_in_float64_with_stale_meta": ("meta", "edge_conv_bn_head", "says dtype torch.float32, re-propagating "
+                                                                      "FakeTensors gives torch.float64"),
+    "linear_as_addmm_with_weight_meta": ("meta", "edge_conv_bn_head", "says shape 10x8, re-propagating FakeTensors "
+                                                                      "gives 8x10 (and so does a real run)"),
+    "to_channels_last_with_copied_meta": ("meta", "edge_conv_bn_head", "says strides (768, 256, 16, 1), "
+                                                                       "re-propagating FakeTensors gives (768, 1, 48, 3)"),
+    "relu_as_custom_kernel_without_fake": ("meta", "edge_conv_bn_head", "re-propagating FakeTensors through the "
+                                                                        "result raises at %fast_relu_none_fake_default"),
+    "relu_as_custom_kernel_with_float16_fake": ("meta", "edge_conv_bn_head", "The FakeTensor implementation of its "
+                                                                             "target"),
+    "relu_as_custom_kernel_with_branching_fake": ("dynamic", "edge_conv_bn_head", "adds the guard s77 <= 4, false at "
+                                                                                  "s77 = 5"),
     "flatten_as_view_of_example_batch": ("dynamic", "edge_conv_bn_head", "a size of the example inputs was written"),
     "flatten_as_view_of_symbolic_batch": ("dynamic", "edge_conv_bn_head", "holds the symbolic size s"),
     "erase_unused_nodes": ("stateful", "edge_running_statistics", "buffer 'calls' after call 1"),
@@ -62,7 +75,7 @@ BUGGY_PER_CAPTURE = {
 }
 CORRECT = ("identity", "relu_to_clamp_min", "relu_to_clamp", "swap_add_operands", "decompose_hardtanh",
            "dead_code_elimination", "conv_bn_fold", "lifted_relu_to_clamp", "relu_to_clamp_on_program", "move_to_cpu",
-           "fake_quantize_conv_weights")
+           "fake_quantize_conv_weights", "to_channels_last", "relu_as_custom_kernel")
 
 
 def verification(transform, model: str, capture: str = "export") -> fxverify.Verification:
@@ -408,6 +421,97 @@ def test_dynamic_catches_a_pass_that_specialises_the_batch_while_it_runs():
         program.run_decompositions().module()(torch.randn(5, 3, 16, 16))
 
 
+def test_dynamic_catches_a_guard_the_pass_adds_while_it_runs():
+    found = verification(aten_passes.tests_batch_parity_with_bool, "edge_conv_bn_head").run("dynamic")
+    assert found.outcome == FAILED, found.message
+    assert re.search(r"added the guard Eq\(Mod\(s\d+, 2\), 0\) to the ShapeEnv while it ran, false at s\d+ = 3, "
+                     r"inside the range", found.message), found.message
+    assert "statically_known_true" in found.message
+    # in plain torch: the caller's own program rejects an odd batch once the pass ran on a copy of its module
+    model = fxverify.load_case("edge_conv_bn_head").build()
+    program = torch.export.export(model, (torch.randn(2, 3, 16, 16),),
+                                  dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=8)},))
+    aten_passes.tests_batch_parity_with_bool(copy.deepcopy(program.module()))
+    with pytest.raises(Exception, match=r"Guard failed: .*size\(\)\[0\] % 2 == 0"):
+        program.run_decompositions().module()(torch.randn(3, 3, 16, 16))
+
+
+def test_dynamic_names_the_node_whose_kernel_specialised_the_batch_when_a_pass_re_propagated_meta():
+    found = verification(aten_passes.meta_recomputed_with_fake_tensor_prop, "edge_kwargs_heavy").run("dynamic")
+    assert found.outcome == FAILED and "%upsample_bilinear2d" in found.node, found.message
+    assert "without the Python dispatcher, as torch.fx.passes.fake_tensor_prop.FakeTensorProp does, adds it at " \
+           "%upsample_bilinear2d" in found.message
+    fixed = verification(aten_passes.meta_recomputed_with_the_python_dispatcher, "edge_kwargs_heavy")
+    assert fixed.run("dynamic").ok and fixed.run("meta").ok  # what the message advises
+
+
+def test_dynamic_names_the_node_whose_fake_tensors_guard_the_batch():
+    baked = verification(aten_passes.flatten_as_view_of_example_batch, "edge_conv_bn_head").run("dynamic")
+    assert baked.outcome == FAILED and "a size of the example inputs was written" in baked.message
+    assert re.search(r"%view_default adds the guard Eq\(s\d+, 2\), false at s\d+ = 3", baked.message), baked.message
+    v = verification(aten_passes.relu_as_custom_kernel_with_branching_fake, "edge_conv_bn_head")
+    assert v.run("numerics").ok  # the kernel itself is right at every batch
+    tiled = v.run("dynamic")
+    assert tiled.outcome == FAILED and "%fast_relu_branching_fake_default" in tiled.node
+    assert re.search(r"adds the guard s\d+ <= 4, false at s\d+ = 5: traced with symbolic sizes", tiled.message)
+    assert "statically_known_true" in tiled.message
+    # in plain torch: the result exported again with the capture's dynamic batch is rejected
+    result = v.subject.applied().result
+    with pytest.raises(Exception, match="Constraints violated"):
+        torch.export.export(result, (torch.randn(2, 3, 16, 16),),
+                            dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=8)},))
+    assert verification(aten_passes.relu_as_custom_kernel, "edge_conv_bn_head").run("dynamic").ok
+    batch = sympy.Symbol("s77", positive=True, integer=True)
+    assert violation(sympy.Lt(batch, 16), {batch: (2, 8)}) is None  # true over the whole range: not a finding
+    assert violation(sympy.Le(batch, 4), {batch: (2, 8)}) == {"s77": 5}
+
+
+def test_meta_compares_strides_and_symbolic_sizes_with_fake_tensors_re_propagated():
+    for capture in ("export", "make_fx"):
+        v = verification(aten_passes.to_channels_last_with_copied_meta, "edge_conv_bn_head", capture)
+        stale = v.run("meta")
+        assert stale.outcome == FAILED and "%clone_default" in stale.node, stale.message
+        assert "meta['val'] says strides (768, 256, 16, 1), re-propagating FakeTensors gives (768, 1, 48, 3)" in \
+            stale.message
+        assert v.run("numerics").ok  # the values are right: only what reads the layout from meta is misled
+        assert verification(aten_passes.to_channels_last, "edge_conv_bn_head", capture).run("meta").ok
+
+
+def test_meta_catches_a_result_that_does_not_run_on_fake_tensors():
+    v = verification(aten_passes.relu_as_custom_kernel_without_fake, "edge_conv_bn_head")
+    found = v.run("meta")
+    assert found.outcome == FAILED and "%fast_relu_none_fake_default" in found.node, found.message
+    assert "re-propagating FakeTensors through the result raises at %fast_relu_none_fake_default" in found.message
+    assert "register_fake" in found.message and v.run("numerics").ok
+    with pytest.raises(Exception, match="no fake impl registered"):  # in plain torch
+        mode = FakeTensorMode(allow_non_fake_inputs=True)  # the parameters stay real
+        FakeTensorProp(v.subject.applied().result, mode).propagate(torch.randn(2, 3, 16, 16))
+    assert verification(aten_passes.relu_as_custom_kernel, "edge_conv_bn_head").run("meta").ok
+    # meta['val'] and a real run agree, re-propagating does not: the op's FakeTensor implementation is to blame
+    lying = verification(aten_passes.relu_as_custom_kernel_with_float16_fake, "edge_conv_bn_head").run("meta")
+    assert lying.outcome == FAILED and "%fast_relu_float16_fake_default" in lying.node, lying.message
+    assert "meta['val'] says dtype torch.float32, re-propagating FakeTensors gives torch.float16, where a real run " \
+           "gives what meta['val'] says. The FakeTensor implementation of its target" in lying.message
+    assert "kept the old description" not in lying.message
+
+
+def test_re_propagation_touches_neither_the_shape_env_it_copies_nor_the_buffers():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).train()  # updates its buffers in place
+    program = torch.export.export(model, (torch.randn(2, 3, 8, 8),),
+                                  dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=8)},))
+    gm = program.module()
+    out = gm.graph.output_node()
+    with gm.graph.inserting_before(out):
+        pinned = gm.graph.call_function(torch.ops.aten.view.default, (out.args[0][0], [2, -1]))
+    pinned.meta["val"] = out.args[0][0].meta["val"]
+    before = {name: t.clone() for name, t in gm.state_dict().items()}
+    found = repropagate(gm)
+    assert [(g.node, str(g.expr)) for g in found.guards] == [("view_default", f"Eq({next(iter(found.ranges))}, 2)")]
+    shared = shape_env_of(gm)
+    assert not shared.guards and not shared.replacements  # the program's own ShapeEnv is untouched
+    assert all(torch.equal(before[name], t) for name, t in gm.state_dict().items())  # add_ ran on a fake
+
+
 def test_reexport_skips_a_result_that_leaves_the_opset_by_design():
     strict = verification(aten_passes.insert_observer, "edge_conv_bn_head").run("reexport")
     assert strict.outcome == FAILED and "GuardOnDataDependentSymNode" in strict.message, strict.message
@@ -428,7 +532,8 @@ def test_meta_names_the_node_without_meta_and_leaves_out_what_torch_itself_leave
 def test_meta_compares_each_node_with_a_real_run_with_the_dynamic_batch_bound():
     stale = verification(aten_passes.relu_in_float64_with_stale_meta, "edge_conv_bn_head").run("meta")
     assert stale.outcome == FAILED and "%_to_copy_default" in stale.node
-    assert "says dtype torch.float32, the node gives torch.float64" in stale.message
+    assert "says dtype torch.float32, re-propagating FakeTensors gives torch.float64 (and so does a real run)" in \
+        stale.message
     assert verification(aten_passes.relu_to_clamp_min, "edge_conv_bn_head").run("meta").ok
 
 

@@ -3,17 +3,24 @@
 ``torch.export`` with a dynamic ``Dim`` gives a program valid for a range of sizes; a pass that
 reads a size from ``meta['val']`` and writes it into the graph (a ``view`` to ``[2, -1]``, a
 ``sym_size`` node replaced by its example value) keeps the program right at the example size only,
-and every check torch makes still passes. Three things are checked:
+and every check torch makes still passes. Four things are checked:
 
-- the transform specialised no symbolic size while it ran (an ``int()`` of a size from
-  ``meta['val']`` adds ``Eq(s77, 2)`` to the ShapeEnv every copy of the program shares, making the
-  caller's own program static);
+- the transform specialised no symbolic size, and added no guard false somewhere inside the range,
+  while it ran (an ``int()`` of a size from ``meta['val']`` adds ``Eq(s77, 2)`` to the ShapeEnv every
+  copy of the program shares, making the caller's own program static; ``FakeTensorProp`` without the
+  Python dispatcher does that at ``aten.upsample_bilinear2d``, which is then named);
 - no node's arguments hold a symbolic size (``s77``) itself: it is bound while exporting only, and
   the generated code cannot compute it (read sizes at run time, ``aten.sym_size.int(x, dim)``);
 - the result runs and computes what the original computes at the smallest and largest batch of
   the range and at two sizes between (judged as numerics judges outputs; the sizes numerics already
   compared are not run again). A result that is already wrong at the example batch skips: that is
-  numerics' finding, not a dynamic-shape one.
+  numerics' finding, not a dynamic-shape one;
+- FakeTensors re-propagated through the result on a copy of its ShapeEnv
+  (:mod:`fxverify.analysis.repropagation`) add no guard that is false somewhere inside the range
+  (``Eq(s77, 2)`` from an ``expand`` to the example batch, ``s77 < 4`` from a slice ending at 4),
+  but those re-propagating through the original adds too; a guard that holds over the whole range
+  (``s77 < 16``) is not a finding. The node that added it is named, with the sizes' failure when
+  there is one.
 
 Skipped for captures without a dynamic dimension (``symbolic_trace``, a static export).
 """
@@ -23,9 +30,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import fx
+from torch import fx, nn
 from torch.utils import _pytree as pytree
 
+from fxverify.analysis.repropagation import Violation, repropagate
 from fxverify.capture.export import BATCH_RANGE
 from fxverify.cases.inputs import with_batch
 from fxverify.checks.numerics import compare_config, finding_of
@@ -38,16 +46,8 @@ SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 def check(v: Subject) -> dict[str, Any]:
     applied = v.applied()
     low, high = _batch_range(applied.original)
-    if applied.specialised:
-        name, (lower, upper) = next(iter(applied.specialised.items()))
-        raise Finding(
-            f"the transform specialised the symbolic size {name} (in [{lower}, {upper}] as captured) while it ran: it "
-            "is a constant now in the ShapeEnv that the program and every copy of it share, so the caller's own "
-            "program is static there too (its placeholders' meta['val'] say the example size; its "
-            "run_decompositions() rejects other sizes). An int(), bool() or == of a size read from meta['val'] adds "
-            "that guard: test sizes with torch.fx.experimental.symbolic_shapes.statically_known_true, or read the "
-            "example value with size.node.hint, neither of which adds a guard",
-            where="the ShapeEnv of the capture")
+    cut = v.guard_violation
+    _changed_while_running(v, cut)
     result = applied.result
     if isinstance(result, fx.GraphModule):
         for node in result.graph.nodes:
@@ -66,7 +66,7 @@ def check(v: Subject) -> dict[str, Any]:
         raise Skip(f"the result already differs from the original at the example batch "
                    f"({v.primary.describe()}): the numerics check reports that; other batch sizes would say nothing "
                    "more")
-    sizes = sorted({low, high, low + (high - low) // 3, low + 2 * (high - low) // 3})
+    sizes = sorted({low, high, low + (high - low) // 3, low + 2 * (high - low) // 3, *_sizes_at(cut, low, high)})
     compared = {config.specs[0].shape[0] for config in v.configs if config.scale == 1.0}
     for batch in sizes:
         config = with_batch(v.primary, batch)
@@ -86,8 +86,84 @@ def check(v: Subject) -> dict[str, Any]:
                          f"capture at batch {v.primary.specs[0].shape[0]}: a size of the example inputs was written "
                          "into the graph (a view or reshape to a fixed shape, a sym_size node replaced by its "
                          "value); read sizes at run time (aten.sym_size.int) or keep the symbolic expression")
+        if cut is not None:
+            finding.what += f"\nre-propagating FakeTensors through the result, {cut.describe()}"
+            finding.node = finding.node or _node_text(result, cut.guard.node)
         raise finding
+    if cut is not None:
+        raise Finding(
+            f"re-propagating FakeTensors through the result, {cut.describe()}: traced with symbolic sizes, the result "
+            "holds for part of the range the capture was exported for only. It computes the same at the sizes run here "
+            "(that one included), but whatever traces it again with a symbolic batch (re-export, run_decompositions, "
+            "ExecuTorch's to_edge, torch.compile) specialises it or rejects the range (export: 'Constraints violated'). "
+            "Where the node's arguments hold a size the pass wrote, keep it symbolic (aten.sym_size.int); where its "
+            "target's FakeTensor implementation branches on a size (a custom op's register_fake), make it decide "
+            "without a guard (torch.fx.experimental.symbolic_shapes.statically_known_true) or not branch at all",
+            input=f"FakeTensors made from the placeholders' meta['val'], batch in [{low}, {high}]",
+            node=_node_text(result, cut.guard.node))
     return {"batch_range": [low, high], "batch_sizes": [b for b in sizes if b not in compared]}
+
+
+def _changed_while_running(v: Subject, cut: Violation | None) -> None:
+    """Raise a :class:`Finding` where the transform, while it ran, specialised a symbolic size or added a guard
+    false somewhere inside the capture's range to the ShapeEnv every copy of the program shares (``cut``: a
+    guard that re-propagating through the result adds)."""
+    added = v.guard_added_while_running
+    if added is None:
+        return
+    applied = v.applied()
+    if applied.specialised:
+        name, (lower, upper) = next(iter(applied.specialised.items()))
+        what = (f"the transform specialised the symbolic size {name} (in [{lower}, {upper}] as captured) while it "
+                "ran: it is a constant now in the ShapeEnv that the program and every copy of it share, so the "
+                "caller's own program is static there too (its placeholders' meta['val'] say the example size; its "
+                "run_decompositions() rejects other sizes)")
+    else:
+        what = (f"the transform added the guard {added.guard.expr} to the ShapeEnv while it ran, false at {added.at}, "
+                "inside the range the capture was exported for: the program and every copy of it share that "
+                "ShapeEnv, so the caller's own program no longer takes that size (its run_decompositions() fails "
+                "with 'Guard failed')")
+    node, why = _culprit(v, cut, str(added.guard.expr))
+    raise Finding(f"{what}. {why}", where="the ShapeEnv of the capture",
+                  node=_node_text(applied.result, node))
+
+
+def _culprit(v: Subject, cut: Violation | None, guard: str) -> tuple[str | None, str]:
+    """The node that needs ``guard``, which the transform added while it ran, and how to avoid it."""
+    if cut is not None and str(cut.guard.expr) == guard:
+        return cut.guard.node, (f"Re-propagating FakeTensors through the result adds it at %{cut.guard.node}: the graph "
+                                "itself holds for part of the range only; keep the sizes the pass writes symbolic "
+                                "(aten.sym_size.int)")
+    result = v.applied().result
+    unaided = repropagate(result, v.applied().shape_env, python_dispatcher=False) \
+        if isinstance(result, fx.GraphModule) else None
+    found = next((g for g in (unaided.guards if unaided is not None else []) if str(g.expr) == guard), None)
+    if found is not None:
+        return found.node, (f"Running the result's ops on FakeTensors without the Python dispatcher, as "
+                            "torch.fx.passes.fake_tensor_prop.FakeTensorProp does, adds it at "
+                            f"%{found.node} (its C++ kernel specialises sizes): recompute meta['val'] inside "
+                            "torch._dispatch.python.enable_python_dispatcher(), as torch.export traces, which adds "
+                            "no such guard")
+    return None, ("An int(), bool() or == of a size read from meta['val'] adds such a guard: test sizes with "
+                  "torch.fx.experimental.symbolic_shapes.statically_known_true, or read the example value with "
+                  "size.node.hint, neither of which adds one")
+
+
+def _sizes_at(cut: Violation | None, low: int, high: int) -> list[int]:
+    """The batch size where the guard ``cut`` is false, to run the result at (the range's one symbol is the batch)."""
+    if cut is None or len(cut.point) != 1:
+        return []
+    (size,) = cut.point.values()
+    return [size] if low <= size <= high else []
+
+
+def _node_text(gm: nn.Module, name: str | None) -> str | None:
+    """The node ``name`` of ``gm``'s graph as FX prints it (``%name`` where it has no such node; None for no name)."""
+    if name is None:
+        return None
+    graph = gm.graph if isinstance(gm, fx.GraphModule) else None
+    node = next((n for n in graph.nodes if n.name == name), None) if graph is not None else None
+    return (node.format_node() or name) if node is not None else f"%{name}"
 
 
 def _batch_range(original: fx.GraphModule) -> tuple[int, int]:

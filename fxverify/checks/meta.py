@@ -6,22 +6,27 @@ Verifier rejects a program where a node lacks it, lowerings size buffers from it
 nodes without it, or changes what a node computes and leaves the old description, breaks them
 silently, and nothing in torch compares the description with the value.
 
-Two things are checked, on the graphs the transform produced, against the capture's own graph so
-that what torch itself leaves out is not blamed on the pass:
+Three things are checked, on the graphs the transform produced, against the capture's own graph so
+that what torch itself leaves out or gets wrong is not blamed on the pass:
 
 - every ``call_function`` node (and placeholder) has ``meta['val']``, unless the capture's own nodes
   of that target have none either (``aten._assert_tensor_metadata`` in core ATen graphs); a
   ``get_attr`` or ``call_module`` node without one is reported in the details only;
+- FakeTensors re-propagated from the placeholders' ``meta['val']``, on a copy of their ShapeEnv
+  (:mod:`fxverify.analysis.repropagation`), give each node the dtype, device, symbolic shape and
+  strides its ``meta['val']`` says (``s77x6``, not ``2x6``; strides of dimensions of more than one
+  element, compared fake against fake), and run through the whole result where they run through
+  the original. Where the result specialises a symbolic size (the ``dynamic`` check's finding),
+  the nodes from there on are not compared;
 - a real run on the primary inputs gives each node the shape, dtype and device its ``meta['val']``
-  says, with the symbolic sizes (a dynamic batch ``s77``) bound from the inputs. Strides are not
-  compared: real kernels and their fake implementations legitimately disagree on them.
+  says, with the symbolic sizes (a dynamic batch ``s77``) bound from the inputs (strides are not
+  compared there: real kernels and their fake implementations legitimately disagree on them).
 
 Skipped for captures whose graphs carry no ``meta['val']`` (``symbolic_trace``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import sympy
@@ -29,6 +34,7 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
+from fxverify.analysis.repropagation import Mismatch, Repropagation, difference, shape_text
 from fxverify.engine.results import Finding, ModuleRaised, Skip
 from fxverify.engine.subject import Subject
 
@@ -59,35 +65,152 @@ def check(v: Subject) -> dict[str, Any]:
             "node's meta when the value is the same, or compute it with FakeTensorProp / the op on "
             "meta['val'] of its inputs." + hint,
             node=first.format_node() or first.name)
+    details: dict[str, Any] = {}
+    fake, compared, fakes = _fake_mismatches(v, result, original, details)
     where = f"{v.primary.describe()}, float32, {applied.mode} mode"
-    inputs = v.primary.make(v.case.seed)
-    wrong = _disagreements(result, inputs, "result", where)
-    if wrong:  # the original is run only then: an interpreted run of a large graph is not cheap
-        already = {(d.name, d.target) for d in _disagreements(original, inputs, "original", where)}
-        wrong = [d for d in wrong if (d.name, d.target) not in already]
+    real = _real_mismatches(v, result, original, where)
+    wrong = [n for n in result.graph.nodes if n.name in fake or n.name in real]
     if wrong:
-        first = wrong[0]
-        raise Finding(
-            f"{len(wrong)} node(s) of the result compute something other than their meta['val'] says; the first, "
-            f"%{first.name}: {first.what}. A pass changed what the node computes and kept the old description "
-            "(or copied another node's): passes after it would read a wrong shape, dtype or device. Update "
-            "meta['val'] with the node, e.g. by re-running torch.fx.passes.fake_tensor_prop.FakeTensorProp",
-            input=where, node=first.node)
+        raise _finding(wrong, fake, real, compared=compared, fakes=fakes, where=where)
     checked = sum(1 for n in result.graph.nodes if "val" in n.meta)
-    return {"nodes_checked": checked, "without_meta_not_needed": [f"%{n.name}" for n in missing if n.op not in NEEDED]}
+    return {"nodes_checked": checked, "without_meta_not_needed": [f"%{n.name}" for n in missing if n.op not in NEEDED],
+            **details}
 
 
-@dataclasses.dataclass(frozen=True)
-class Disagreement:
-    """A node whose real value differs from its ``meta['val']`` (``what`` says how)."""
+def _fake_mismatches(v: Subject, result: fx.GraphModule, original: fx.GraphModule,
+                     details: dict[str, Any]) -> tuple[dict[str, Mismatch], set[str], str]:
+    """The nodes of ``result`` whose ``meta['val']`` is not what FakeTensors re-propagated through it give (but
+    those the original's re-propagation gets wrong too), the nodes compared, and the inputs of the
+    re-propagation; a :class:`Finding` where it raises in the result and not in the original. What was not
+    compared is said in ``details``."""
+    found = v.repropagated("result")
+    if found is None:
+        details["repropagated"] = "not compared: the placeholders' sizes belong to a ShapeEnv fxverify cannot copy"
+        return {}, set(), ""
+    if v.guard_added_while_running is not None:  # descriptions made since say the specialised sizes
+        details["repropagated"] = (f"not compared: the transform added {v.guard_added_while_running.guard.expr} to the "
+                                   "ShapeEnv while it ran (the dynamic check's finding)")
+        return {}, set(), ""
+    fakes = "FakeTensors made from the placeholders' meta['val']" + (
+        f", on a copy of their ShapeEnv ({', '.join(f'{s} in [{lo}, {hi}]' for s, (lo, hi) in found.ranges.items())})"
+        if found.ranges else "")
+    cut = v.guard_violation  # from there on, sizes are the specialised ones: the dynamic check reports that
+    if cut is not None:
+        details["repropagated_until"] = f"%{cut.guard.node} ({cut.describe()}: the dynamic check's finding)"
+    stop = found.stopped
+    if stop is not None and stop.raised is not None and cut is None:
+        baseline = v.repropagated("original")
+        node, raised = stop.node, stop.raised
+        if baseline is not None and baseline.stopped is None:
+            raise Finding(
+                f"re-propagating FakeTensors through the result raises at %{node}: {raised}. The original's graph "
+                "re-propagates: tools that trace a program with FakeTensors (run_decompositions, re-export, "
+                "ExecuTorch's to_edge, torch.compile) fail on the result. Give the node's target a FakeTensor "
+                "implementation (torch.library.register_fake for a custom op) or keep data-dependent code out of it",
+                input=fakes, node=_node_text(result, node))
+        details["repropagated_until"] = f"%{node} (the capture's own graph does not re-propagate either: {raised})"
+    elif stop is not None and stop.raised is None:
+        details["repropagated_until"] = stop.describe()
+    compared = _compared(result, found, until=cut.guard.node if cut is not None else None)
+    wrong = _described_wrong(result, found, compared)
+    if wrong:
+        baseline = v.repropagated("original")
+        already = set(_keys(original, _described_wrong(original, baseline, _compared(original, baseline)))) \
+            if baseline is not None else set()
+        wrong = {name: m for name, m in wrong.items() if _key(result, name) not in already}
+    return wrong, compared, fakes
 
-    name: str
-    target: Any
-    node: str
-    what: str
+
+def _compared(gm: fx.GraphModule, found: Repropagation, until: str | None = None) -> set[str]:
+    """The nodes of ``gm`` (before ``until``) that ``found`` describes and have a ``meta['val']``; a
+    ``call_module`` node is taken at its description, so it is not among them."""
+    names = set()
+    for node in gm.graph.nodes:
+        if node.name == until:
+            break
+        if node.op != "call_module" and node.meta.get("val") is not None and node.name in found.values:
+            names.add(node.name)
+    return names
 
 
-def _disagreements(gm: fx.GraphModule, inputs: tuple[Any, ...], which: str, where: str) -> list[Disagreement]:
+def _described_wrong(gm: fx.GraphModule, found: Repropagation, names: set[str]) -> dict[str, Mismatch]:
+    """The nodes ``names`` of ``gm`` whose ``meta['val']`` is not what ``found`` describes."""
+    wrong = {}
+    for node in gm.graph.nodes:
+        mismatch = difference(node.meta["val"], found.values[node.name], found.ranges) if node.name in names else None
+        if mismatch is not None:
+            wrong[node.name] = mismatch
+    return wrong
+
+
+def _real_mismatches(v: Subject, result: fx.GraphModule, original: fx.GraphModule, where: str) -> dict[str, Mismatch]:
+    """The nodes of ``result`` whose value in a real run on the primary inputs has another shape, dtype or
+    device than its ``meta['val']`` says (but those of the original's run that do too)."""
+    inputs = v.primary.make(v.case.seed)
+    wrong = _run_wrong(result, inputs, "result", where)
+    if wrong:  # the original is run only then: an interpreted run of a large graph is not cheap
+        already = set(_keys(original, _run_wrong(original, inputs, "original", where)))
+        wrong = {name: m for name, m in wrong.items() if _key(result, name) not in already}
+    return wrong
+
+
+def _finding(wrong: list[fx.Node], fake: dict[str, Mismatch], real: dict[str, Mismatch], *, compared: set[str],
+             fakes: str, where: str) -> Finding:
+    """The finding for the first node of ``wrong``, blaming whoever is to blame: the FakeTensor implementation
+    of the node's target where a real run and re-propagated FakeTensors disagree and one of them agrees with
+    ``meta['val']`` (a custom op's ``register_fake``, say), else a stale ``meta['val']`` (the pass). ``compared``:
+    the nodes re-propagation compared."""
+    node = wrong[0]
+    said, ran = fake.get(node.name), real.get(node.name)
+    if said is not None and ran is None and said.aspect in RUN_COMPARES:
+        return _fake_implementation_wrong(
+            node, said.describe("re-propagating FakeTensors") + ", where a real run gives what meta['val'] says",
+            fakes)
+    if said is None and ran is not None and node.name in compared:
+        return _fake_implementation_wrong(
+            node, ran.describe("a real run") + ", where re-propagating FakeTensors gives what meta['val'] says",
+            where)
+    if said is not None:
+        what = said.describe("re-propagating FakeTensors") + (" (and so does a real run)" if ran else "")
+        how, given = "have a meta['val'] that is not what they compute", fakes
+    else:
+        assert ran is not None
+        what, how, given = ran.describe("a real run"), "compute something other than their meta['val'] says", where
+    return Finding(
+        f"{len(wrong)} node(s) of the result {how}; the first, %{node.name}: {what}. A pass changed what the node "
+        "computes and kept the old description (or copied another node's): passes after it would read a wrong "
+        "shape, dtype, device or layout. Update meta['val'] with the node, e.g. by re-running "
+        "torch.fx.passes.fake_tensor_prop.FakeTensorProp, or by running its target on its inputs' meta['val']",
+        input=given, node=node.format_node() or node.name)
+
+
+def _fake_implementation_wrong(node: fx.Node, what: str, given: str) -> Finding:
+    return Finding(
+        f"%{node.name}: {what}. The FakeTensor implementation of its target ({node.target}) disagrees with its "
+        "kernel: every tool that traces the program with FakeTensors (export, run_decompositions, torch.compile) "
+        "reads a wrong description of the node. Make the op's FakeTensor implementation (register_fake, for a "
+        "custom op) give what its kernel gives, or use an op whose implementations agree",
+        input=given, node=node.format_node() or node.name)
+
+
+RUN_COMPARES = ("dtype", "device")  # what a real run decides regardless of the batch it binds (sizes and strides: not)
+
+
+def _key(gm: fx.GraphModule, name: str) -> tuple[str, Any]:
+    node = next(n for n in gm.graph.nodes if n.name == name)
+    return name, node.target
+
+
+def _keys(gm: fx.GraphModule, wrong: dict[str, Mismatch]) -> list[tuple[str, Any]]:
+    return [_key(gm, name) for name in wrong]
+
+
+def _node_text(gm: fx.GraphModule, name: str) -> str:
+    node = next((n for n in gm.graph.nodes if n.name == name), None)
+    return (node.format_node() or name) if node is not None else f"%{name}"
+
+
+def _run_wrong(gm: fx.GraphModule, inputs: tuple[Any, ...], which: str, where: str) -> dict[str, Mismatch]:
     """The nodes of ``gm`` whose values, in a real run on ``inputs``, differ from their ``meta['val']``."""
     recorder = _Recorder(gm)
     with torch.no_grad():
@@ -95,13 +218,13 @@ def _disagreements(gm: fx.GraphModule, inputs: tuple[Any, ...], which: str, wher
     bindings: dict[sympy.Symbol, int] = {}
     for node in gm.graph.find_nodes(op="placeholder"):
         _bind(node.meta.get("val"), recorder.values.get(node.name), bindings)
-    found = []
+    found = {}
     for node in gm.graph.nodes:
         if node.meta.get("val") is None or node.name not in recorder.values:  # None: no description (torch's
             continue  # Verifier accepts it; move_to_device_pass writes it on nodes that had none)
-        what = _differs(node.meta["val"], recorder.values[node.name], bindings)
-        if what is not None:
-            found.append(Disagreement(node.name, node.target, node.format_node() or node.name, what))
+        mismatch = _differs(node.meta["val"], recorder.values[node.name], bindings)
+        if mismatch is not None:
+            found[node.name] = mismatch
     return found
 
 
@@ -141,25 +264,24 @@ def _concrete(size: Any, bindings: dict[sympy.Symbol, int]) -> int | None:
     return int(expr) if expr.is_number else None
 
 
-def _differs(meta: Any, real: Any, bindings: dict[sympy.Symbol, int]) -> str | None:
+def _differs(meta: Any, real: Any, bindings: dict[sympy.Symbol, int]) -> Mismatch | None:
     """How the real value ``real`` (as :func:`_described` gives it) differs from ``meta``, or None."""
     if isinstance(meta, (int, torch.SymInt)) and not isinstance(meta, bool) and isinstance(real, int):
         size = _concrete(meta, bindings)
-        return None if size is None or size == real else f"meta['val'] says {size}, the node gives {real}"
+        return None if size is None or size == real else Mismatch("size", str(size), str(real))
     metas = pytree.tree_leaves(meta)
     reals = pytree.tree_leaves(real, is_leaf=lambda x: isinstance(x, tuple) and bool(x) and x[0] == "tensor")
     tensors = [m for m in metas if isinstance(m, torch.Tensor)]
     real_tensors = [r for r in reals if isinstance(r, tuple) and r and r[0] == "tensor"]
     if len(tensors) != len(real_tensors):
-        return f"meta['val'] describes {len(tensors)} tensor(s), the node gives {len(real_tensors)}"
+        return Mismatch("tensors", str(len(tensors)), str(len(real_tensors)))
     for i, (m, (_, shape, dtype, device)) in enumerate(zip(tensors, real_tensors, strict=True)):
         label = f"output {i}: " if len(tensors) > 1 else ""
         if m.dtype != dtype:
-            return f"{label}meta['val'] says dtype {m.dtype}, the node gives {dtype}"
+            return Mismatch("dtype", str(m.dtype), str(dtype), label)
         if m.device.type != device:
-            return f"{label}meta['val'] says device {m.device.type}, the node gives {device}"
+            return Mismatch("device", m.device.type, device, label)
         sizes = [_concrete(s, bindings) for s in m.shape]
         if len(sizes) != len(shape) or any(s is not None and s != a for s, a in zip(sizes, shape, strict=False)):
-            said = "x".join("?" if s is None else str(s) for s in sizes)
-            return f"{label}meta['val'] says shape {said or 'scalar'}, the node gives {'x'.join(map(str, shape)) or 'scalar'}"
+            return Mismatch("shape", shape_text(tuple("?" if s is None else s for s in sizes)), shape_text(shape), label)
     return None

@@ -19,12 +19,25 @@ import os
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar, overload
 
+import sympy
 import torch
 from torch import fx, nn
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from fxverify.analysis.compare import Tolerance
 from fxverify.analysis.module_state import Snapshot, buffers_digest
 from fxverify.analysis.parameters import Fate, rewrites_state, tensor_fates
+from fxverify.analysis.repropagation import (
+    AddedGuard,
+    Repropagation,
+    Violation,
+    copied_shape_env,
+    input_ranges,
+    repropagate,
+    shape_env_of,
+    violation,
+    violations,
+)
 from fxverify.capture import Capture
 from fxverify.capture.export import symbol_ranges
 from fxverify.cases.case import ModelCase, load_case
@@ -59,7 +72,9 @@ class Applied:
     updates buffers in forward, run by one check more often than by another, no longer has them);
     ``specialised`` the symbolic input sizes that became constants while the transform ran, with their
     ranges before (an export's copies share one ShapeEnv: an ``int()`` of a size adds ``Eq(s77, 2)``
-    there, for the capture the copy came from too).
+    there, for the capture the copy came from too); ``shape_env`` a copy of that ShapeEnv taken before the
+    transform ran (re-propagations start from it, so that a guard the transform added while it ran is added
+    again by the node that needs it), and ``guards_added`` the guards it added while it ran.
     """
 
     mode: str
@@ -72,6 +87,8 @@ class Applied:
     changes: list[str]
     buffers: tuple[int, int]
     specialised: dict[str, tuple[Any, Any]] = dataclasses.field(default_factory=dict)
+    shape_env: ShapeEnv | None = None
+    guards_added: list[sympy.Basic] = dataclasses.field(default_factory=list)
 
     @property
     def state_advanced(self) -> bool:
@@ -119,6 +136,7 @@ class Subject:
         self.uncopyable: dict[str, str] = {}  # "original" / "result" -> why copy.deepcopy of it raised
         # (mode, dtype, static) -> the capture copied for each use, when the capture keeps captures; or why it failed
         self._captured: dict[tuple[str, str, bool], fx.GraphModule | CaptureFailed] = {}
+        self._repropagated: dict[str, Repropagation | None] = {}
 
     @property
     def expected_failure(self) -> str | None:
@@ -176,8 +194,11 @@ class Subject:
         copies: dict[int, Any] = {}
         given = copy.deepcopy(original, copies)
         before, symbols = Snapshot.take(given), symbol_ranges(original)
+        shared = shape_env_of(original)  # every copy of an export shares it
+        pristine, count = (copied_shape_env(shared), len(shared.guards)) if shared is not None else (None, 0)
         result, in_place = self.capture.apply(self.transform, given, timeout=self.timeout)
         left = symbol_ranges(original)  # its sizes share the ShapeEnv of the copy given
+        added = [g.expr for g in shared.guards[count:]] if shared is not None else []
         input_change = None if in_place else before.first_difference(given)
         if input_change is None and not in_place and self.transform.form == "program":
             input_change = self.capture.input_change(original, given)
@@ -187,7 +208,7 @@ class Subject:
         return Applied(mode, original, result, in_place, input_change, fates,
                        rewrites_state(original, result, copies), changes,
                        (buffers_digest(original), buffers_digest(result)),
-                       {name: bounds for name, bounds in symbols.items() if name not in left})
+                       {name: bounds for name, bounds in symbols.items() if name not in left}, pristine, added)
 
     def capture_fresh(self, mode: str, dtype: torch.dtype | None = None, *, static: bool = False) -> fx.GraphModule:
         """A fresh graph of a fresh instance of the model, in ``mode`` (with ``dtype``: of the instance
@@ -236,6 +257,41 @@ class Subject:
         ``torch.export`` leaves them in the order it made them)."""
         result, _ = self.capture.apply(self.transform, copy.deepcopy(original), timeout=self.timeout)
         return self.capture.set_mode(result, mode == "train")
+
+    def repropagated(self, which: str) -> Repropagation | None:
+        """FakeTensors re-propagated through the primary-mode ``original`` or ``result`` on a copy of its
+        ShapeEnv (:func:`~fxverify.analysis.repropagation.repropagate`, kept: the ``meta`` and ``dynamic``
+        checks both read it); None for a module that is not a GraphModule or carries no ``meta['val']``."""
+        if which not in self._repropagated:
+            applied = self.applied()
+            module = applied.original if which == "original" else applied.result
+            self._repropagated[which] = repropagate(module, applied.shape_env) \
+                if isinstance(module, fx.GraphModule) else None
+        return self._repropagated[which]
+
+    @functools.cached_property
+    def guard_violation(self) -> Violation | None:
+        """The first guard that re-propagating through the result adds which is false somewhere inside the
+        range the capture promises for its symbolic sizes (``Eq(s77, 2)`` for a batch in ``[2, 8]``), and
+        which re-propagating through the original does not add; None."""
+        found = self.repropagated("result")
+        if found is None or not violations(found):
+            return None
+        baseline = self.repropagated("original")
+        exempt = {str(g.expr) for g in baseline.guards} if baseline is not None else set()
+        return next(iter(violations(found, exempt)), None)
+
+    @functools.cached_property
+    def guard_added_while_running(self) -> Violation | None:
+        """The first guard the transform added while it ran to the ShapeEnv that every copy of an export
+        shares which is false somewhere inside the ranges of the input sizes as captured (``Eq(s77, 2)``,
+        a specialisation; ``Eq(Mod(s77, 2), 0)``); None."""
+        applied = self.applied()
+        if applied.shape_env is None or not applied.guards_added:
+            return None
+        ranges = input_ranges(applied.original, applied.shape_env)
+        found = ((guard, violation(guard, ranges)) for guard in applied.guards_added)
+        return next((Violation(AddedGuard(None, g), point) for g, point in found if point is not None), None)
 
     @functools.cached_property
     def changes(self) -> list[str] | None:
