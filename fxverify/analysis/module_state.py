@@ -103,7 +103,7 @@ def buffers_digest(module: nn.Module) -> int:
     for name, buffer in module.named_buffers(remove_duplicate=False):
         digest = zlib.crc32(name.encode(), digest)
         if buffer.device.type != "meta":  # no values
-            data = strided(buffer.detach().cpu()).reshape(-1).view(torch.uint8).clone().numpy().tobytes()
+            data = strided(buffer.detach().cpu()).contiguous().reshape(-1).view(torch.uint8).clone().numpy().tobytes()
             digest = zlib.crc32(data, digest)
     return digest
 
