@@ -476,6 +476,18 @@ def test_meta_compares_strides_and_symbolic_sizes_with_fake_tensors_re_propagate
         assert v.run("numerics").ok  # the values are right: only what reads the layout from meta is misled
         assert verification(aten_passes.to_channels_last, "edge_conv_bn_head", capture).run("meta").ok
 
+    def describes_relu_as_channels_last(gm: fx.GraphModule) -> fx.GraphModule:  # meta['val'] alone changed
+        relu = gm.graph.find_nodes(op="call_function", target=torch.ops.aten.relu.default)[0]
+        with relu.meta["val"].fake_mode:
+            relu.meta["val"] = relu.meta["val"].contiguous(memory_format=torch.channels_last)
+        return gm
+
+    v = verification(describes_relu_as_channels_last, "edge_conv_bn_head")
+    assert v.subject.applied().changes == [] and not v.subject.described_as_captured
+    assert v.run("meta").outcome == FAILED and "%relu" in v.run("meta").node
+    untouched = verification(aten_passes.identity, "edge_conv_bn_head")
+    assert untouched.subject.described_as_captured and "not needed" in untouched.run("meta").details["repropagated"]
+
 
 def test_meta_catches_a_result_that_does_not_run_on_fake_tensors():
     v = verification(aten_passes.relu_as_custom_kernel_without_fake, "edge_conv_bn_head")

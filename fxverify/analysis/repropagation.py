@@ -246,6 +246,17 @@ def violations(found: Repropagation, exempt: Collection[str] = ()) -> list[Viola
     return listed
 
 
+def same_descriptions(a: fx.Graph, b: fx.Graph) -> bool:
+    """Whether the nodes of ``a`` and ``b``, in order, have the same ``meta['val']``: dtypes, devices, sizes and
+    strides as created (cheap: no FakeTensor runs). Re-propagating through two graphs of the same structure
+    and descriptions finds the same."""
+    def described(node: fx.Node) -> Any:
+        return pytree.tree_map(lambda v: describe(v, as_created=True) if isinstance(v, torch.Tensor) else
+                               _expr(v, as_created=True) if isinstance(v, torch.SymInt) else v, node.meta.get("val"))
+
+    return len(a.nodes) == len(b.nodes) and all(described(x) == described(y) for x, y in zip(a.nodes, b.nodes))
+
+
 def describe(tensor: torch.Tensor, *, as_created: bool = False) -> Description:
     """The description of a (fake) tensor, its symbolic sizes as sympy expressions (``as_created``: see
     :func:`_expr`)."""

@@ -34,6 +34,7 @@ from fxverify.analysis.repropagation import (
     copied_shape_env,
     input_ranges,
     repropagate,
+    same_descriptions,
     shape_env_of,
     violation,
     violations,
@@ -270,10 +271,22 @@ class Subject:
         return self._repropagated[which]
 
     @functools.cached_property
+    def described_as_captured(self) -> bool:
+        """Whether the result is a GraphModule of the original's structure, tensors, modules and ``meta['val']``
+        (a transform that did nothing to this model but regenerate code): re-propagating FakeTensors through it
+        would find what re-propagating through the original finds, which is never the transform's doing."""
+        applied = self.applied()
+        return isinstance(applied.result, fx.GraphModule) and not {"graph", "state", "modules"} & set(applied.changes) \
+            and same_descriptions(applied.original.graph, applied.result.graph)
+
+    @functools.cached_property
     def guard_violation(self) -> Violation | None:
         """The first guard that re-propagating through the result adds which is false somewhere inside the
         range the capture promises for its symbolic sizes (``Eq(s77, 2)`` for a batch in ``[2, 8]``), and
-        which re-propagating through the original does not add; None."""
+        which re-propagating through the original does not add; None (also where the result is
+        :attr:`described_as_captured`)."""
+        if self.described_as_captured:
+            return None
         found = self.repropagated("result")
         if found is None or not violations(found):
             return None
