@@ -49,8 +49,8 @@ class Verification(Runner):
     original's outputs for other transforms and later runs (:class:`ReferenceStore`); ``captures`` names
     the captures the agreement check compares the transform's effect across (this one among them), and
     ``peer_outputs`` gives it another capture's outputs already made
-    (:func:`fxverify.checks.agreement.capture_outputs`; None: it makes them); ``train_capture`` runs
-    numerics' train stage on a capture that fixes the mode by capturing the model in train mode too.
+    (:func:`fxverify.checks.agreement.capture_outputs`; None: it makes them); ``train_capture`` (on by
+    default) runs numerics' train stage on a capture that fixes the mode by capturing the model in train mode too.
 
     >>> import fxverify
     >>> v = Verification(fxverify.examples.identity, "edge_conv_bn_head")
@@ -63,7 +63,7 @@ class Verification(Runner):
                  update_golden: bool = False, repro_dir: str | os.PathLike[str] | None = None,
                  capture: Capture | None = None, references: ReferenceStore | None = None,
                  captures: Sequence[str] = (), peer_outputs: Callable[[str], Any] | None = None,
-                 train_capture: bool = False) -> None:
+                 train_capture: bool = True) -> None:
         super().__init__(transform, case, timeout=timeout, capture=capture,
                          settings=Settings(cross_process, golden_dir, update_golden, references, tuple(captures),
                                            peer_outputs, train_capture),

@@ -141,13 +141,13 @@ def test_checks_that_do_not_apply_to_exported_modules_skip_saying_why():
     results = {name: v.run(name) for name in ("pickle", "to_folder", "retrace", "golden", "cuda")}
     assert all(r.outcome == SKIPPED for r in results.values()), {n: r.message for n, r in results.items()}
     assert "does not pickle even untouched" in results["pickle"].message
-    numerics = v.run("numerics")
+    numerics = v.run("numerics")  # the train stage exports the model in train mode: on by default
     assert numerics.outcome == PASSED and "fixes the mode" in numerics.details["switched_modes"]
-    assert "--fxverify-train-capture on" in numerics.details["other_modes"]  # off by default: an export more
+    assert numerics.details["other_modes"] == ["train"]
     case = fxverify.load_case("edge_conv_bn_head")
-    trained = fxverify.Verification(aten_passes.identity, case, capture=case.capture_named("export"),
-                                    train_capture=True).run("numerics")
-    assert trained.outcome == PASSED and trained.details["other_modes"] == ["train"]
+    untrained = fxverify.Verification(aten_passes.identity, case, capture=case.capture_named("export"),
+                                      train_capture=False).run("numerics")
+    assert untrained.outcome == PASSED and "--fxverify-train-capture off" in untrained.details["other_modes"]
     symbolic = fxverify.check_meta(aten_passes.identity, "edge_conv_bn_head")
     assert symbolic.outcome == SKIPPED and "--fxverify-capture export" in symbolic.message
 
@@ -645,7 +645,7 @@ def test_an_unknown_capture_stops_at_start_up_naming_the_option(pytester):
 
 @pytest.mark.slow
 def test_every_buggy_aten_pass_is_caught_by_its_check_naming_model_capture_and_node(pytester):
-    result, records = _records(pytester, BUGGY, "--fxverify-capture=export", "--fxverify-train-capture=on",
+    result, records = _records(pytester, BUGGY, "--fxverify-capture=export",
                                "--fxverify-checks=lint,numerics,stateful,meta,dynamic,devices")
     assert result.ret == 1
     for name, (check, model, phrase) in BUGGY.items():

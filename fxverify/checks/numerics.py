@@ -13,9 +13,9 @@ statistics. For a contract covering both modes, the result transformed in one
 mode and switched to the other (``.train()`` / ``.eval()``, as a training loop
 does between epochs and validation) must behave as the original trace switched
 the same way: a training flag baked in at transform time shows there. A capture that fixes the
-mode (``torch.export``, ``make_fx``) is not switched: with ``train_capture`` (``--fxverify-train-capture
-on``, a capture per model more) the train stage captures the model in train mode and compares that
-capture with its transformed copy.
+mode (``torch.export``, ``make_fx``) is not switched: the train stage captures the model in train mode
+(a capture per model more; ``--fxverify-train-capture off`` leaves it out) and compares that capture with
+its transformed copy.
 
 A failure names the first node whose float64 value diverges (see
 :mod:`fxverify.analysis.localise`; the result's ``divergence``). With a repro directory
@@ -78,8 +78,8 @@ def check(v: Subject) -> dict[str, Any]:
     modes = [m for m in v.contract.modes if m != v.contract.primary_mode]
     unchecked = None
     if modes and not v.capture.switches_mode and not v.settings.train_capture:
-        modes, unchecked = [], (f"not compared: {v.capture.name} fixes the mode when it captures; "
-                                "--fxverify-train-capture on captures the model in train mode too")
+        modes, unchecked = [], (f"not compared: {v.capture.name} fixes the mode when it captures, and "
+                                "--fxverify-train-capture off leaves out capturing the model in train mode too")
     try:
         switched: list[str] = []
         for mode in modes:

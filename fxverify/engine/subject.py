@@ -105,7 +105,7 @@ class Settings:
     the original's outputs between transforms and runs (:mod:`fxverify.engine.references`);
     ``captures`` are the captures the run selects, which the agreement check compares, and
     ``peer_outputs`` hands it another capture's outputs the run already has (or None: it makes them;
-    see :mod:`fxverify.checks.agreement`); ``train_capture``: numerics' train stage captures the model in
+    see :mod:`fxverify.checks.agreement`); ``train_capture`` (on by default): numerics' train stage captures the model in
     train mode where the capture fixes the mode (``torch.export``), which costs a capture per model."""
 
     cross_process: Callable[[str], str] | None = None
@@ -114,7 +114,7 @@ class Settings:
     references: ReferenceStore | None = None
     captures: tuple[str, ...] = ()
     peer_outputs: Callable[[str], Any] | None = None
-    train_capture: bool = False
+    train_capture: bool = True
 
 
 class Subject:

@@ -74,9 +74,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("fxverify_reference_cache", "on/off", "on", "keep the untransformed models' reference outputs in "
            "pytest's cache directory, for the other transforms of the run and for later runs ('off': compute them "
            "for each transform; --cache-clear drops them)"),
-    Option("fxverify_train_capture", "on/off", "off", "numerics' train stage on the captures that fix the mode "
+    Option("fxverify_train_capture", "on/off", "on", "numerics' train stage on the captures that fix the mode "
            "when they capture (export, export_core, make_fx): 'on' also captures each model in train mode, for a "
-           "contract covering it (about a quarter more time under export); 'off' checks the primary mode there"),
+           "contract covering it (a seventh more time under export); 'off' checks the primary mode only there"),
     Option("fxverify_timeout", "SECONDS", "300", "seconds a transform may run on one model before its items fail"),
     Option("fxverify_golden_dir", "DIR", "fxverify_golden", "golden files of the golden check: "
            "DIR/<transform>/<model>.golden", PATH),
@@ -182,7 +182,7 @@ class RunOptions:
             order=_choice("fxverify_order", raw(config, "fxverify_order") or FAST_ORDER, (FAST_ORDER, CATALOGUE_ORDER)),
             reference_cache=_choice("fxverify_reference_cache", (raw(config, "fxverify_reference_cache") or "on").lower(),
                                     ("on", "off")) == "on",
-            train_capture=_choice("fxverify_train_capture", (raw(config, "fxverify_train_capture") or "off").lower(),
+            train_capture=_choice("fxverify_train_capture", (raw(config, "fxverify_train_capture") or "on").lower(),
                                   ("on", "off")) == "on",
             timeout=_number("fxverify_timeout", raw(config, "fxverify_timeout"), float, "a number of seconds > 0",
                             lambda n: n > 0),
