@@ -87,13 +87,13 @@ def _fake_mismatches(v: Subject, result: fx.GraphModule, original: fx.GraphModul
         details["repropagated"] = ("not needed: the result has the capture's graph, tensors and meta['val'], so "
                                    "re-propagating finds what it finds in the capture")
         return {}, set(), ""
-    found = v.repropagated("result")
-    if found is None:
-        details["repropagated"] = "not compared: the placeholders' sizes belong to a ShapeEnv fxverify cannot copy"
-        return {}, set(), ""
     if v.guard_added_while_running is not None:  # descriptions made since say the specialised sizes
         details["repropagated"] = (f"not compared: the transform added {v.guard_added_while_running.guard.expr} to the "
                                    "ShapeEnv while it ran (the dynamic check's finding)")
+        return {}, set(), ""
+    found = v.repropagated("result")
+    if found is None:
+        details["repropagated"] = "not compared: the placeholders' sizes belong to a ShapeEnv fxverify cannot copy"
         return {}, set(), ""
     fakes = "FakeTensors made from the placeholders' meta['val']" + (
         f", on a copy of their ShapeEnv ({', '.join(f'{s} in [{lo}, {hi}]' for s, (lo, hi) in found.ranges.items())})"
