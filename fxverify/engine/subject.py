@@ -68,7 +68,8 @@ class Applied:
     ``fates`` says what became of each parameter and buffer of the original (seen as
     the transform returned, see :mod:`fxverify.analysis.parameters`); ``rewrites_state``
     whether the result holds other parameters or buffers than the original's;
-    ``changes`` which aspects of the module the transform changed (empty: none); ``buffers`` the
+    ``changes`` which aspects of the module the transform changed (empty: none; ``guards``: it added guards to
+    the ShapeEnv an export's copies share); ``buffers`` the
     checksums of the original's and the result's buffers as the transform left them (a model that
     updates buffers in forward, run by one check more often than by another, no longer has them);
     ``specialised`` the symbolic input sizes that became constants while the transform ran, with their
@@ -204,7 +205,7 @@ class Subject:
         if input_change is None and not in_place and self.transform.form == "program":
             input_change = self.capture.input_change(original, given)
         self.capture.set_mode(result, mode == "train")
-        changes = Snapshot.take(original).differences(result)
+        changes = Snapshot.take(original).differences(result) + (["guards"] if added else [])
         fates = tensor_fates(original, result, copies)
         return Applied(mode, original, result, in_place, input_change, fates,
                        rewrites_state(original, result, copies), changes,
