@@ -21,7 +21,7 @@ import copy
 import dataclasses
 import io
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -38,6 +38,7 @@ from fxverify.engine.transform import Transform, as_transform
 from fxverify.errors import FxVerifyError, TransformFailed
 
 DEFAULT_BUDGET = 120.0
+Prepare = Callable[[fx.GraphModule, Sequence[Any]], fx.GraphModule]  # a candidate and its inputs -> what the transform takes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,10 +79,13 @@ def minimise_module(
     capture: Capture | None = None,
     budget_s: float = DEFAULT_BUDGET,
     timeout: float | None = None,
+    prepare: Prepare | None = None,
 ) -> Minimised:
     """Shrink ``module`` (left untouched) to a small subgraph on which ``transform`` still
     fails: its result differs from the subgraph's own outputs on the inputs the subgraph
     sees when ``module`` runs on ``inputs`` (or raises, if it raised on ``module``).
+    ``prepare`` makes each candidate the graph the transform takes (an export capture exports it
+    again, so that the pass gets ``meta['val']`` and the program as it always does; default: a copy).
 
     Raises :class:`FxVerifyError` when the transform does not fail on ``module`` itself.
 
@@ -103,7 +107,7 @@ def minimise_module(
     """
     transform = as_transform(transform)
     capture = capture or for_entry("plain")
-    predicate = _Predicate(transform, capture, tolerance, timeout, time.monotonic() + budget_s)
+    predicate = _Predicate(transform, capture, tolerance, timeout, time.monotonic() + budget_s, prepare)
     reference = copy.deepcopy(module)  # the minifier writes concrete values into node.meta
     inputs = _with_defaults(module, tuple(cloned(inputs)))
     for placeholder in reference.graph.find_nodes(op="placeholder"):
@@ -210,9 +214,9 @@ class _Predicate:
     """``module_fails(gm, inputs)`` for torch's minifier, remembering the smallest failing candidate."""
 
     def __init__(self, transform: Transform, capture: Capture, tolerance: Tolerance,
-                 timeout: float | None, deadline: float) -> None:
+                 timeout: float | None, deadline: float, prepare: Prepare | None) -> None:
         self.transform, self.capture, self.tolerance = transform, capture, tolerance
-        self.timeout, self.deadline = timeout, deadline
+        self.timeout, self.deadline, self.prepare = timeout, deadline, prepare
         self.kind: str | None = None
         self.queries = 0
         self.best: tuple[fx.GraphModule, Sequence[Any]]
@@ -263,6 +267,11 @@ class _Predicate:
             expected = candidate(*cloned(inputs))
         except Exception as exc:
             raise _NotThisFailure(f"the subgraph itself raised {exception_summary(exc)}") from None
+        if self.prepare is not None:
+            try:
+                given = self.prepare(given, cloned(inputs))
+            except Exception as exc:  # whatever capturing the subgraph raises: not a candidate
+                raise _NotThisFailure(f"capturing the subgraph raised {exception_summary(exc)}") from None
         try:
             result, _ = self.capture.apply(self.transform, given, timeout=self.timeout)
         except TransformFailed as exc:

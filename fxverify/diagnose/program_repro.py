@@ -1,9 +1,11 @@
-"""Repros of failures on ``torch.export`` captures: the saved program and the pass call.
+"""Repros of failures on ``torch.export`` captures: a saved program and the pass call.
 
 An exported graph cannot be rebuilt from its code as a symbolic trace can (its ``meta['val']``, its
 signature and its ShapeEnv come from exporting), and torch's minifier does not keep a program's
-signature valid, so the repro of a numerics failure on ``export`` / ``export_core`` is not minimised:
-it is the program fxverify gave the pass, saved with ``torch.export.save`` (``<stem>.pt2``), the
+signature valid. So the repro of a numerics failure on ``export`` / ``export_core`` is shrunk on the
+program's module made flat, each candidate subgraph exported again as the capture exports (at its
+inputs' shapes) and given to the pass as fxverify gives it a capture; the smallest failing one is
+saved with ``torch.export.save`` (``<stem>.pt2``; the whole program where none is smaller), with the
 inputs it fails on (``<stem>.pt``), and ``<stem>.py``, which loads both, calls the transform as
 fxverify does on that capture (on ``program.module()``; on a copy of the program for a pass of form
 ``program``; through ``program._transform_do_not_use`` for form ``lifted``; each step in turn for a
@@ -17,14 +19,16 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import fx
 
 from fxverify.analysis.compare import Tolerance
 from fxverify.capture.export import Export, program_of
-from fxverify.diagnose.minimise import cloned
+from fxverify.diagnose.minimise import DEFAULT_BUDGET, cloned, minimise_module
 from fxverify.diagnose.repro_script import DIFFERS, RAISES, absolute_spec, check_reproduces, script_source
 from fxverify.engine.results import exception_summary
 from fxverify.engine.subject import Subject
@@ -33,32 +37,39 @@ from fxverify.errors import FxVerifyError, TransformFailed
 
 @dataclasses.dataclass(frozen=True)
 class _Failing:
-    """A program on which the transform fails, with its inputs, as the repro will check it."""
+    """A program on which the transform fails, with its inputs, as the repro will check it; ``module`` is the
+    program's ``module()`` as the transform was given it, ``minimised`` how it was shrunk (empty: it was not)."""
 
     program: torch.export.ExportedProgram
+    module: fx.GraphModule
     inputs: tuple[Any, ...]
     tolerance: tuple[float, float]
     kind: str  # RAISES or DIFFERS
     failure: str
     raised: str = ""
     where: str = ""
+    minimised: str = ""
 
 
-def write_program_repro(v: Subject, directory: str | os.PathLike[str], stem: str, *, title: str = "") -> Path:
+def write_program_repro(v: Subject, directory: str | os.PathLike[str], stem: str, *, title: str = "",
+                        budget_s: float = DEFAULT_BUDGET) -> tuple[Path, str]:
     """Write the repro of ``v``'s failing numerics on an export capture into ``directory`` and return
-    the ``.py`` path, once a fresh Python process running it fails as the check did.
+    the ``.py`` path, once a fresh Python process running it fails as the check did, and how the
+    program was minimised (``Minimised.describe()``; empty where the whole program is written).
 
     The program is the model exported as the capture exports it, in the contract's primary mode, in
     float64 first (with the float64 stage's tight tolerance) and then as built at each input
     configuration (with the float32 tolerance): the first on which the result's outputs differ from
-    the program's, or the result raises. Raises :class:`FxVerifyError` when the transform cannot be
-    imported by name, fails on none of them, or the program cannot be saved. For example::
+    the program's, or the result raises; then shrunk within ``budget_s`` seconds to a subgraph on which
+    the transform still fails, exported again as the capture exports (:func:`_minimised`). Raises
+    :class:`FxVerifyError` when the transform cannot be imported by name, fails on none of them, or the
+    program cannot be saved. For example::
 
         from fxverify.diagnose.program_repro import write_program_repro
         from fxverify.engine.subject import Subject
 
         subject = Subject("my_passes:fold_bn", "resnet18", capture=load_case("resnet18").capture_named("export"))
-        write_program_repro(subject, "repros", "resnet18-fold_bn")  # repros/resnet18-fold_bn.py, .pt2, .pt
+        path, how = write_program_repro(subject, "repros", "resnet18-fold_bn")  # repros/resnet18-fold_bn.py, .pt2, .pt
     """
     if not isinstance(v.capture, Export):
         raise FxVerifyError(f"a saved-program repro is written for export captures, not {v.capture.name}")
@@ -66,7 +77,7 @@ def write_program_repro(v: Subject, directory: str | os.PathLike[str], stem: str
         raise FxVerifyError(
             f"transform {v.transform.spec} cannot be imported by name (a lambda, a local function or one defined "
             "in __main__), so a standalone repro cannot call it: define it in an importable module")
-    found = _first_failing(v, v.capture)
+    found = _minimised(v, v.capture, _first_failing(v, v.capture), budget_s)
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
     written = [folder / f"{stem}{suffix}" for suffix in (".py", ".pt2", ".pt")]
@@ -81,6 +92,7 @@ def write_program_repro(v: Subject, directory: str | os.PathLike[str], stem: str
         _DOCSTRING, _BODY,
         title=title or f"transform {v.transform.spec} fails on {v.case.name}",
         where=found.where, capture=v.capture.describe(), failure=found.failure,
+        minimised=f", a subgraph of it ({found.minimised})" if found.minimised else "",
         run_path=os.path.relpath(written[0]), stem=stem, form=v.transform.form,
         spec=absolute_spec(v.transform.spec), rtol=found.tolerance[0], atol=found.tolerance[1],
     ))
@@ -90,7 +102,7 @@ def write_program_repro(v: Subject, directory: str | os.PathLike[str], stem: str
         for path in written:
             path.unlink(missing_ok=True)
         raise
-    return written[0]
+    return written[0], found.minimised
 
 
 def _first_failing(v: Subject, capture: Export) -> _Failing:
@@ -116,6 +128,40 @@ def _first_failing(v: Subject, capture: Export) -> _Failing:
                         f"when its {v.capture.name} program is given to it alone")
 
 
+def _minimised(v: Subject, capture: Export, found: _Failing, budget_s: float) -> _Failing:
+    """``found`` shrunk by torch's minifier (:func:`~fxverify.diagnose.minimise.minimise_module`) to a subgraph on
+    which the transform still fails, each candidate exported again as ``capture`` exports it but at its inputs'
+    shapes (a static batch), so that the pass gets ``meta['val']`` and the program's form as it always does; the
+    smallest such program, judged again as the repro judges it, or ``found`` where none is smaller."""
+    static = dataclasses.replace(capture, dynamic_batch=False, keeps_program=True)
+    training = v.contract.primary_mode == "train"
+
+    def exported(candidate: fx.GraphModule, inputs: Sequence[Any]) -> fx.GraphModule:
+        return static.capture(candidate, training=training, inputs=tuple(inputs))
+
+    try:
+        small = minimise_module(v.transform, flat_copy(found.module), found.inputs, tolerance=Tolerance(*found.tolerance),
+                                capture=v.capture, budget_s=budget_s, timeout=v.timeout, prepare=exported)
+    except FxVerifyError:
+        return found
+    if small.nodes_after >= small.nodes_before:
+        return found
+    failing = _failure(v, exported(small.module, small.inputs), tuple(small.inputs), found.tolerance, found.where)
+    return dataclasses.replace(failing, minimised=small.describe()) if failing is not None else found
+
+
+def flat_copy(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``gm`` (an ``ep.module()``) taking and returning flat tensors, without its pytree code generator
+    and its guards call, which torch's minifier cannot keep valid as it adds and removes placeholders."""
+    flat = copy.deepcopy(gm)
+    flat.graph.set_codegen(fx.graph.CodeGen())
+    for node in list(flat.graph.nodes):
+        if node.op == "call_module" and not node.users and node.target == "_guards_fn":
+            flat.graph.erase_node(node)
+    flat.recompile()
+    return flat
+
+
 def _exported(v: Subject, capture: Export, mode: str, dtype: torch.dtype | None) -> Any:
     """The model exported as ``capture`` exports it, keeping its program (``meta[PROGRAM]``)."""
     module = v.case.build(training=mode == "train")
@@ -139,19 +185,19 @@ def _failure(v: Subject, gm: Any, inputs: tuple[Any, ...], tolerance: tuple[floa
         with torch.no_grad():
             actual = result(*cloned(inputs))
     except Exception as exc:
-        return _Failing(program, inputs, tolerance, RAISES, f"the transformed module raised {exception_summary(exc)}",
-                        type(exc).__qualname__, where)
+        return _Failing(program, gm, inputs, tolerance, RAISES,
+                        f"the transformed module raised {exception_summary(exc)}", type(exc).__qualname__, where)
     try:
         torch.testing.assert_close(actual, expected, rtol=tolerance[0], atol=tolerance[1], equal_nan=True)
     except AssertionError as exc:
-        return _Failing(program, inputs, tolerance, DIFFERS, f"outputs differ: {str(exc).strip().splitlines()[0]}",
+        return _Failing(program, gm, inputs, tolerance, DIFFERS, f"outputs differ: {str(exc).strip().splitlines()[0]}",
                         where=where)
     return None
 
 
 _DOCSTRING = '''"""{title}.
 
-Written by fxverify: the {capture} program of the model ({where}), saved with
+Written by fxverify: the {capture} program of the model{minimised} ({where}), saved with
 torch.export.save in {stem}.pt2, its inputs in {stem}.pt, and the pass call fxverify made (form {form}).
 Failure: {failure}
 

@@ -14,9 +14,8 @@ result raised), any other error exits with 1 as usual. Layers that cannot be reb
 loaded with ``weights_only=False``.
 
 :func:`write_repro` runs the file in a fresh Python process before returning it,
-and deletes it again unless it fails the way the minimised failure did. A failure on an export
-capture is not minimised: its repro is the saved program and the pass call
-(:mod:`fxverify.diagnose.program_repro`).
+and deletes it again unless it fails the way the minimised failure did. The repro of a failure on an
+export capture is a saved program, minimised too, and the pass call (:mod:`fxverify.diagnose.program_repro`).
 """
 
 from __future__ import annotations
@@ -73,10 +72,12 @@ class ReproOnFailure:
         stem = repro_stem(file_label(subject.case.name, subject.capture.name), check, subject.transform.spec)
         try:
             if exported:
-                path = write_program_repro(subject, self.directory, stem,
-                                           title=f"{subject.transform.spec} fails numerics on {subject.case.name}")
+                path, how = write_program_repro(subject, self.directory, stem,
+                                                title=f"{subject.transform.spec} fails numerics on {subject.case.name}")
                 finding.repro = str(path)
-                finding.what += f"\nrepro:      python {path}  (the {subject.capture.name} program and the pass call)"
+                program = f"a subgraph's {subject.capture.name} program, {how}" if how else \
+                    f"the {subject.capture.name} program"
+                finding.what += f"\nrepro:      python {path}  ({program}, and the pass call)"
                 return
             found = minimise_failure(subject)
             path = write_repro(found, self.directory, stem,
