@@ -8,12 +8,14 @@ the way its author would write it, not to trip fxverify.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 from typing import Any
 
 import torch
 from torch import fx, nn
 from torch.export.passes import move_to_device_pass
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.fx.passes.infra.pass_manager import PassManager, pass_result_wrapper
 from torch.utils import _pytree as pytree
 
@@ -51,22 +53,27 @@ def _swap_relu(gm: fx.GraphModule, *, meta: bool, swaps: dict[Any, Any] = _TO_CL
             _replace(gm, node, swaps[node.target], (node.args[0], 0.0), meta=meta)
 
 
-def _fake_value(node: fx.Node) -> Any:
+def _fake_value(node: fx.Node, *, record_guards: bool = False) -> Any:
     """What ``node`` computes, as its target run on its inputs' ``meta['val']`` (FakeTensors) gives it: a new
-    or changed node's ``meta['val']``, as ExecuTorch's spec propagation computes it."""
+    or changed node's ``meta['val']``, as ExecuTorch's spec propagation computes it, with the guards the op's
+    FakeTensor implementation takes kept out of the ShapeEnv every copy of the program shares (a depthwise
+    convolution's asks whether its batch is below 16, which would make the caller's program reject larger
+    ones), unless ``record_guards``."""
     args, kwargs = pytree.tree_map_only(fx.Node, lambda n: n.meta["val"], (node.args, node.kwargs))
     fake = next(v for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor))
-    with fake.fake_mode:
+    shape_env = fake.fake_mode.shape_env
+    quiet = shape_env.suppress_guards() if shape_env is not None and not record_guards else contextlib.nullcontext()
+    with fake.fake_mode, quiet:
         return node.target(*args, **kwargs)
 
 
 _CONVOLUTIONS = (aten.conv2d.default, aten.convolution.default)
 
 
-def _channels_last_inputs(gm: fx.GraphModule, *, meta: bool) -> None:
+def _channels_last_inputs(gm: fx.GraphModule, *, meta: bool, record_guards: bool = False) -> None:
     """Each 4-d convolution given its input cloned to channels-last (for a backend whose kernels want NHWC),
-    the clone given its input's meta, or with ``meta`` its own: a clone back to contiguous after the
-    convolution, and the convolution's meta['val'] computed again (it follows its input's layout)."""
+    the clone given its input's meta, or with ``meta`` its own: a clone back to the layout the convolution
+    gave before after it, and the convolution's meta['val'] computed again (it follows its input's layout)."""
     for conv in list(gm.graph.nodes):
         if conv.op != "call_function" or conv.target not in _CONVOLUTIONS or conv.args[0].meta["val"].dim() != 4:
             continue
@@ -77,11 +84,13 @@ def _channels_last_inputs(gm: fx.GraphModule, *, meta: bool) -> None:
         if not meta:
             nhwc.meta.update(x.meta)
             continue
+        gave = conv.meta["val"]  # channels innermost: channels-last already (a permuted input, say)
+        layout = torch.channels_last if statically_known_true(gave.stride(1) == 1) else torch.contiguous_format
         with gm.graph.inserting_after(conv):
-            back = gm.graph.call_function(aten.clone.default, (conv,), {"memory_format": torch.contiguous_format})
+            back = gm.graph.call_function(aten.clone.default, (conv,), {"memory_format": layout})
         conv.replace_all_uses_with(back, delete_user_cb=lambda user, new=back: user is not new)
         for node in (nhwc, conv, back):
-            node.meta["val"] = _fake_value(node)
+            node.meta["val"] = _fake_value(node, record_guards=record_guards)
 
 
 def _batch_hint(size: Any) -> int:
@@ -148,8 +157,8 @@ def decompose_hardtanh(gm: fx.GraphModule) -> fx.GraphModule:
 
 
 def to_channels_last(gm: fx.GraphModule) -> fx.GraphModule:
-    """Each 4-d convolution run in channels-last, its output cloned back to contiguous; the new nodes' and the
-    convolution's meta['val'] computed by their ops on their inputs' FakeTensors."""
+    """Each 4-d convolution run in channels-last, its output cloned back to the layout it had; the new nodes' and
+    the convolution's meta['val'] computed by their ops on their inputs' FakeTensors."""
     _channels_last_inputs(gm, meta=True)
     gm.recompile()
     return gm
@@ -289,6 +298,15 @@ def linear_as_addmm_with_weight_meta(gm: fx.GraphModule) -> fx.GraphModule:
     return gm
 
 
+def to_channels_last_recording_guards(gm: fx.GraphModule) -> fx.GraphModule:
+    """dynamic: to_channels_last with each new meta['val'] computed by running the op on FakeTensors as they come,
+    in the program's fake mode: a depthwise convolution's FakeTensor implementation asks whether its batch is
+    below 16, and the caller's own program, whose ShapeEnv records the answer, then rejects larger batches."""
+    _channels_last_inputs(gm, meta=True, record_guards=True)
+    gm.recompile()
+    return gm
+
+
 def to_channels_last_with_copied_meta(gm: fx.GraphModule) -> fx.GraphModule:
     """meta: each 4-d convolution's input cloned to channels-last, the clone given its input's meta: it and
     the convolution (whose output follows the new layout) say contiguous strides; the values are right, and
@@ -303,6 +321,22 @@ def relu_as_custom_kernel_without_fake(gm: fx.GraphModule) -> fx.GraphModule:
     implementation (no register_fake), meta copied: the module runs right, and whatever traces the program
     with FakeTensors (run_decompositions, to_edge, export) stops at it."""
     return _relu_as(gm, _fast_relu("none"))
+
+
+def relu_of_shifted_input(gm: fx.GraphModule) -> fx.GraphModule:
+    """numerics: each relu's input shifted by a constant and back, relu((x + 1e4) - 1e4), as a pass folding a bias
+    into a following op might leave it: exact in real arithmetic and right in float64, off by up to 5e-4 in float32."""
+    for node in list(gm.graph.nodes):
+        if node.target == aten.relu.default:
+            x = node.args[0]
+            with gm.graph.inserting_before(node):
+                up = gm.graph.call_function(aten.add.Tensor, (x, 1e4))
+                back = gm.graph.call_function(aten.sub.Tensor, (up, 1e4))
+            for new in (up, back):
+                new.meta["val"] = _fake_value(new)
+            node.replace_input_with(x, back)
+    gm.recompile()
+    return gm
 
 
 def relu_as_custom_kernel_with_float16_fake(gm: fx.GraphModule) -> fx.GraphModule:
