@@ -388,6 +388,27 @@ def test_reexport_exports_the_result_again_as_the_model_was():
     assert symbolic.outcome == SKIPPED and "retrace" in symbolic.message
 
 
+class _LstmKeepingOutputOnly(nn.Module):
+    """An LSTM whose state nothing reads: its export keeps a getitem for each output all the same."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(4, 4, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm(x)
+        return out
+
+
+def test_reexport_does_not_count_the_unused_outputs_dead_code_elimination_removed():
+    case = fxverify.case_from_module("lstm", _LstmKeepingOutputOnly, [(2, 3, 4)], batch_sizes=(2, 4))
+    v = fxverify.Verification(aten_passes.dead_code_elimination, case, capture=case.capture_named("export"))
+    unused = [n for n in v.subject.applied().original.graph.nodes if n.op == "call_function" and not n.users]
+    assert len(unused) == 2 and "graph" in v.subject.changes  # the capture's getitems of h and c, which DCE drops
+    found = v.run("reexport")
+    assert found.outcome == PASSED, found.message  # exporting the result again writes them back: not other operators
+
+
 def test_opset_judges_only_targets_the_capture_did_not_already_have():
     training_ir = verification(aten_passes.relu_to_clamp_min, "edge_running_statistics").run("opset")
     assert training_ir.outcome == PASSED and training_ir.details["new_targets_checked"] >= 1  # clamp_min_ is ATen

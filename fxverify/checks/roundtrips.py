@@ -205,8 +205,11 @@ def _reexport(v: Subject, which: str) -> None:
 
 def _operators(graph: fx.Graph) -> str:
     """The operators a graph calls, in order, one a line: what re-exporting must keep (export itself
-    canonicalises the rest: the order of attribute reads, a device given as a string)."""
-    return "\n".join(str(node.target) for node in graph.nodes if node.op == "call_function")
+    canonicalises the rest: the order of attribute reads, a device given as a string, and a pure node nothing
+    reads, which it writes for every output of a call, as the ``getitem`` of an LSTM's unused state, where a
+    pass's dead-code elimination removed it)."""
+    return "\n".join(str(node.target) for node in graph.nodes
+                     if node.op == "call_function" and (node.users or node.is_impure()))
 
 
 def _to_folder(v: Subject, which: str) -> None:
