@@ -635,6 +635,16 @@ def test_meta_names_the_node_without_meta_and_leaves_out_what_torch_itself_leave
     assert core.run("meta").outcome == PASSED
 
 
+def test_meta_lists_new_nodes_without_provenance_as_information():
+    # to_channels_last's clones have a right meta['val'] and no nn_module_stack, stack_trace or from_node
+    untraced = verification(aten_passes.to_channels_last, "edge_conv_bn_head", "export").run("meta")
+    assert untraced.outcome == PASSED
+    assert untraced.details["without_provenance"] == [f"%clone_default{s}" for s in ("", "_1", "_2", "_3")]
+    # the relu swap copies the replaced node's meta, provenance included
+    copied = verification(aten_passes.relu_to_clamp, "edge_conv_bn_head", "export").run("meta")
+    assert copied.outcome == PASSED and "without_provenance" not in copied.details
+
+
 def test_meta_compares_each_node_with_a_real_run_with_the_dynamic_batch_bound():
     stale = verification(aten_passes.relu_in_float64_with_stale_meta, "edge_conv_bn_head").run("meta")
     assert stale.outcome == FAILED and "%_to_copy_default" in stale.node

@@ -22,6 +22,11 @@ that what torch itself leaves out or gets wrong is not blamed on the pass:
   says, with the symbolic sizes (a dynamic batch ``s77``) bound from the inputs (strides are not
   compared there: real kernels and their fake implementations legitimately disagree on them).
 
+New nodes without provenance (none of ``nn_module_stack``, ``stack_trace``, ``from_node``, where the
+capture's own nodes carry it) are listed in the details, not failed: they compute what they say, but
+tools that map nodes back to the model's modules and source lines (a quantizer configured by module
+name, ExecuTorch's inspector, export's error messages) cannot place them.
+
 Skipped for captures whose graphs carry no ``meta['val']`` (``symbolic_trace``).
 """
 
@@ -74,7 +79,32 @@ def check(v: Subject) -> dict[str, Any]:
         raise _finding(wrong, fake, real, compared=compared, fakes=fakes, where=where)
     checked = sum(1 for n in result.graph.nodes if "val" in n.meta)
     return {"nodes_checked": checked, "without_meta_not_needed": [f"%{n.name}" for n in missing if n.op not in NEEDED],
-            **details}
+            **_provenance(result, original), **details}
+
+
+PROVENANCE = ("nn_module_stack", "stack_trace", "from_node")  # what maps a node back to the model's modules and code
+
+
+def _provenance(result: fx.GraphModule, original: fx.GraphModule) -> dict[str, Any]:
+    """The new ``call_function`` nodes of ``result`` that carry none of :data:`PROVENANCE`, where the
+    original's ``call_function`` nodes all carry some: information, since they compute what they say."""
+    def traced(node: fx.Node) -> bool:
+        return any(node.meta.get(key) for key in PROVENANCE)
+
+    calls = [n for n in original.graph.nodes if n.op == "call_function"]
+    if not calls or not all(traced(n) for n in calls):
+        return {}
+    names = {n.name for n in original.graph.nodes}
+    untraced = [f"%{n.name}" for n in result.graph.nodes
+                if n.op == "call_function" and n.name not in names and not traced(n)]
+    if not untraced:
+        return {}
+    return {"without_provenance": untraced,
+            "without_provenance_note": (
+                "new nodes carrying none of nn_module_stack, stack_trace, from_node: tools mapping nodes back to "
+                "modules and source lines (a quantizer configured by module name, ExecuTorch's inspector) cannot "
+                "place them; copy nn_module_stack and stack_trace from the node each replaces (an fx.Transformer run "
+                "under torch.fx.traceback.preserve_node_meta() records from_node itself)")}
 
 
 def _fake_mismatches(v: Subject, result: fx.GraphModule, original: fx.GraphModule,
