@@ -9,6 +9,7 @@ entries carry ``xfail`` with the reason.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -460,6 +461,45 @@ class ScalarOutput(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(x).pow(2).mean()
+
+
+def _define_scaled_softsign() -> None:
+    """``fxverify_edge::scaled_softsign(x, scale) = x * scale / (1 + |x|)``, a ``torch.library`` custom op
+    with a FakeTensor implementation and a backward; defined once a process."""
+    if hasattr(torch.ops.fxverify_edge, "scaled_softsign"):
+        return
+
+    def kernel(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return x * scale / (1 + x.abs())
+
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, scale = ctx.saved_tensors
+        denominator = 1 + x.abs()
+        grad_scale = (grad * x / denominator).sum_to_size(scale.shape)
+        return grad * scale / denominator**2, grad_scale
+
+    op = torch.library.custom_op("fxverify_edge::scaled_softsign", kernel, mutates_args=())
+    op.register_fake(lambda x, scale: torch.empty_like(x))
+    op.register_autograd(backward, setup_context=lambda ctx, inputs, output: ctx.save_for_backward(*inputs))
+
+
+_define_scaled_softsign()
+
+
+class CustomOp(nn.Module):
+    """A ``torch.library`` custom op (a backend's kernel, as ExecuTorch and TensorRT users register them)
+    between two Linears, reading a parameter: symbolic tracing records it as a ``call_function`` of
+    ``torch.ops.fxverify_edge.scaled_softsign.default``, export keeps it opaque (not core ATen, so
+    ``run_decompositions`` leaves it alone), and FakeTensors run through it by its ``register_fake``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, 8))
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.ops.fxverify_edge.scaled_softsign(self.fc(x), self.scale))
 
 
 # -- layers that fusion and rewriting passes target -------------------------------------------------

@@ -274,6 +274,20 @@ def test_scalar_output_is_zero_dim():
     assert gm(x).shape == ()
 
 
+def test_custom_op_stays_one_opaque_call_under_every_capture_and_has_a_right_backward():
+    case, gm, (x,) = trace_and_inputs("edge_custom_op")
+    op = torch.ops.fxverify_edge.scaled_softsign
+    assert [n.target for n in nodes(gm, "call_function")] == [op]
+    for capture in ("export", "export_core", "make_fx"):
+        captured = case.capture_named(capture).capture(case.build(training=False), training=False, inputs=(x,))
+        targets = [n.target for n in captured.graph.nodes if n.op == "call_function"]
+        assert targets.count(op.default) == 1, capture  # not decomposed, described by its register_fake
+        assert next(n for n in captured.graph.nodes if n.target == op.default).meta["val"].shape == x.shape
+    inputs = (torch.randn(3, 8, dtype=torch.float64, requires_grad=True),
+              torch.rand(8, dtype=torch.float64, requires_grad=True))
+    assert torch.autograd.gradcheck(op, inputs)
+
+
 def test_fusion_targets_are_fused_by_torch_fuse():
     from torch.fx.experimental.optimization import fuse
 
