@@ -106,5 +106,7 @@ def capture_disagreement(transform: str, changes: Mapping[str, Sequence[str] | N
                       f"{', '.join(c for c, yes in by.items() if not yes)}" for model, by in list(differing.items())[:SHOWN])
     more = f"; and {len(differing) - SHOWN} more" if len(differing) > SHOWN else ""
     return (f"WARNING: {transform} rewrote {len(differing)} model(s) under some captures and not under others "
-            f"({shown}{more}): what it matches is missing from the other graphs (the training IR keeps aten.relu_ "
-            "where core ATen has aten.relu), so its items there verify none of its rewrite")
+            f"({shown}{more}): its items under the others verify none of that change. Either what it matches is "
+            "spelled otherwise there (the training IR keeps aten.relu_ where core ATen has aten.relu), or what it "
+            "changed exists under one capture only (the unread outputs of a call, which export writes as getitem "
+            "nodes and a dead-code elimination drops)")
