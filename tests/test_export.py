@@ -306,14 +306,29 @@ def test_verify_each_names_the_step_that_breaks_what_a_later_step_repairs():
     assert verified.run("numerics").outcome == PASSED  # verify-each covers the structural checks only
 
 
-def test_a_numerics_failure_on_make_fx_says_why_no_repro_is_written(tmp_path):
-    case = fxverify.load_case("layer_activations")
-    v = fxverify.Verification(aten_passes.gelu_without_approximate, case, capture=case.capture_named("make_fx"),
+def test_a_numerics_failure_on_make_fx_is_repro_d_by_a_minimised_graph_traced_again_with_make_fx(tmp_path):
+    # the pass reads its inputs' meta['val'] (relu(x + 1e4 - 1e4), each new node described by its op on FakeTensors):
+    # every candidate subgraph, and the file, give it a graph traced with make_fx again
+    case = fxverify.load_case("edge_conv_bn_head")
+    v = fxverify.Verification(aten_passes.relu_of_shifted_input, case, capture=case.capture_named("make_fx"),
                               repro_dir=tmp_path)
     found = v.run("numerics")
-    assert found.outcome == FAILED and "no repro written: repros are written for symbolic_trace and export" in \
-        found.message
-    assert not list(tmp_path.iterdir())
+    assert found.outcome == FAILED and found.repro, found.message
+    assert re.search(r"\(3 nodes, minimised from \d+ in \d+ s", found.message), found.message
+    script = Path(found.repro)
+    assert script.name == "edge_conv_bn_head.make_fx-numerics-tests.aten_passes.relu_of_shifted_input.py"
+    source = script.read_text()
+    assert re.search(r"def forward\(self, \w+\):\n +relu\w* = torch.ops.aten.relu.default\(", source), source
+    assert "make_fx(torch.func.functionalize(Repro(saved)), tracing_mode=\"fake\"" in source
+    root = Path(__file__).resolve().parents[1]  # where tests.aten_passes imports
+    run = subprocess.run([sys.executable, str(script)], cwd=root, capture_output=True, text=True, timeout=300)
+    assert run.returncode == EXIT_DIFFERS and "outputs differ" in run.stderr, run.stderr[-2000:]
+    fixed = script.with_name("fixed.py")  # the same graph and call with a correct pass: no failure
+    assert "TRANSFORM = 'tests.aten_passes:relu_of_shifted_input'\n" in source
+    fixed.write_text(source.replace("TRANSFORM = 'tests.aten_passes:relu_of_shifted_input'",
+                                    "TRANSFORM = 'tests.aten_passes:relu_to_clamp'"))
+    run = subprocess.run([sys.executable, str(fixed)], cwd=root, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "no failure" in run.stdout, run.stderr[-2000:]
 
 
 def test_determinism_reruns_copy_the_capture_so_the_exporters_own_order_is_not_blamed():

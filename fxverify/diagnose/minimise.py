@@ -29,7 +29,7 @@ from torch import fx
 from torch._functorch.fx_minifier import minifier
 
 from fxverify.analysis.compare import Mismatch, Tolerance, compare_trees
-from fxverify.capture import Capture, for_entry
+from fxverify.capture import Capture, MakeFx, for_entry
 from fxverify.cases.inputs import InputConfig
 from fxverify.diagnose.repro_script import DIFFERS, RAISES
 from fxverify.engine.results import exception_summary
@@ -62,6 +62,7 @@ class Minimised:
     seconds: float
     complete: bool
     raised: str = ""
+    recaptured: str | None = None  # "make_fx": each candidate was traced again so before the transform took it
 
     def describe(self) -> str:
         """e.g. ``4 nodes, minimised from 70 in 12 s, 31 tries``."""
@@ -145,7 +146,9 @@ def minimise_module(
 def minimise_failure(v: Subject, *, budget_s: float = DEFAULT_BUDGET) -> Minimised:
     """Minimise a failing numerics check of a :class:`~fxverify.engine.subject.Subject`: the
     first input configuration at which the transform fails (float64 first, with its tight
-    tolerance, then as built with the check's), on the primary-mode original.
+    tolerance, then as built with the check's), on the primary-mode original. On a ``make_fx``
+    capture each candidate subgraph is traced again with ``make_fx`` at its inputs, so that the
+    transform gets ``meta['val']`` on every node as it always does (``Minimised.recaptured``).
 
     Raises :class:`FxVerifyError` when the transform fails at none of them. For example
     (``my_passes.fold_bn`` is the transform)::
@@ -163,14 +166,20 @@ def minimise_failure(v: Subject, *, budget_s: float = DEFAULT_BUDGET) -> Minimis
         (config, torch.float64, v.float64_tolerance) for config in v.configs
     ]
     attempts += [(config, None, v.tolerance) for config in v.configs]  # None: as built
+    recaptured = v.capture if isinstance(v.capture, MakeFx) else None
+    training = v.contract.primary_mode == "train"
+    prepare: Prepare | None = None
+    if recaptured is not None:
+        prepare = lambda candidate, inputs: recaptured.capture(candidate, training=training, inputs=tuple(inputs))
     for config, dtype, tolerance in attempts:
         inputs = config.make(v.case.seed, dtype=dtype)
         try:
-            return minimise_module(v.transform, v.module("original", dtype), inputs, tolerance=tolerance,
-                                   capture=v.capture, budget_s=max(0.0, deadline - time.monotonic()),
-                                   timeout=v.timeout)
+            found = minimise_module(v.transform, v.module("original", dtype), inputs, tolerance=tolerance,
+                                    capture=v.capture, budget_s=max(0.0, deadline - time.monotonic()),
+                                    timeout=v.timeout, prepare=prepare)
         except FxVerifyError:
             continue
+        return dataclasses.replace(found, recaptured=recaptured.name if recaptured is not None else None)
     raise FxVerifyError(f"transform {v.transform.spec} fails on none of {v.case.name}'s input configurations")
 
 

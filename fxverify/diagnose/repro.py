@@ -5,7 +5,8 @@ written as one Python file that needs torch and the user's transform alone.
 from their constructors, the generated ``forward`` of the ``GraphModule``, its
 ``torch.fx.wrap`` registrations at module level); ``<stem>.pt`` beside it its
 state and inputs, loaded with ``torch.load(weights_only=True)``. Running it traces
-the module (every submodule kept a leaf, so the graph is the minimised one), calls
+the module (every submodule kept a leaf, so the graph is the minimised one; on a ``make_fx``
+capture, traces it again with ``make_fx`` as the minimiser did each candidate), calls
 the transform on it as fxverify does, and runs the result: while the bug is there
 it prints the traceback and exits with :data:`~fxverify.diagnose.repro_script.EXIT_DIFFERS` (the
 ``torch.testing.assert_close`` failure) or :data:`~fxverify.diagnose.repro_script.EXIT_RAISES` (the
@@ -62,9 +63,8 @@ class ReproOnFailure:
         if check != "numerics":
             return
         exported = isinstance(subject.capture, Export)
-        if not exported and subject.capture.name != CAPTURES[0]:
-            finding.what += (f"\nno repro written: repros are written for {CAPTURES[0]} and export graphs (torch "
-                             f"does not save a {subject.capture.name} graph)")
+        if not exported and subject.capture.name not in _GIVEN:
+            finding.what += f"\nno repro written: repros are not written for {subject.capture.name} graphs yet"
             return
         if finding.mode is not None and finding.mode != subject.contract.primary_mode:
             finding.what += f"\nno repro written: only failures in {subject.contract.primary_mode} mode are minimised"
@@ -131,6 +131,7 @@ def write_repro(found: Minimised, directory: str | os.PathLike[str], stem: str =
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
     gm = found.module
+    given_import, given = _GIVEN[found.recaptured or CAPTURES[0]]
     code = gm.graph.python_code(root_module="self")
     wraps, forward = _split_wraps(code.src)
     pickled: dict[str, nn.Module] = {}
@@ -145,8 +146,9 @@ def write_repro(found: Minimised, directory: str | os.PathLike[str], stem: str =
         title=title or f"transform {found.transform.spec} fails",
         failure=found.failure,
         size=found.describe(),
-        imports="\n".join(_import_line(name, value) for name, value in sorted(code.globals.items())
-                           if name != "torch" and re.search(rf"\b{re.escape(name)}\b", code.src)),
+        imports="\n".join([_import_line(name, value) for name, value in sorted(code.globals.items())
+                            if name != "torch" and re.search(rf"\b{re.escape(name)}\b", code.src)]
+                           + ([given_import] if given_import else [])),
         wrapped="".join(f"{n}, " for n, v in sorted(code.globals.items()) if isinstance(v, types.FunctionType)),
         pickled=f'PICKLED = torch.load(HERE / "{stem}.modules.pt", weights_only=False)  # not torch.nn layers\n'
         if pickled else "",
@@ -160,6 +162,7 @@ def write_repro(found: Minimised, directory: str | os.PathLike[str], stem: str =
         run_path=os.path.relpath(folder / f"{stem}.py"),
         spec=absolute_spec(found.transform.spec),
         tracer_arg=", LeafTracer" if found.transform.takes_tracer_class else "",
+        given=given,
         rtol=found.tolerance[0],
         atol=found.tolerance[1],
     )
@@ -244,6 +247,14 @@ def _import_line(name: str, value: Any) -> str:
     return f"{name} = _resolve({module!r}, {qualname!r})"
 
 
+# the graph the script gives the transform, as the minimiser gave it each candidate: (import, expression)
+_GIVEN = {
+    CAPTURES[0]: ("", "trace(Repro(saved))"),
+    "make_fx": ("from torch.fx.experimental.proxy_tensor import make_fx",
+                'make_fx(torch.func.functionalize(Repro(saved)), tracing_mode="fake", _allow_non_fake_inputs=True)'
+                '(*_clone(saved["inputs"]))'),
+}
+
 _DOCSTRING = '''"""{title}.
 
 Written by fxverify: {size}.
@@ -302,7 +313,7 @@ def trace(module):
 
 def main():
     saved = torch.load(HERE / "{stem}.pt", weights_only=True)
-    reference, given = trace(Repro(saved)), trace(Repro(saved))
+    reference, given = trace(Repro(saved)), {given}
     transform = _load_transform(TRANSFORM)
     with torch.no_grad():
         expected = reference(*_clone(saved["inputs"]))
