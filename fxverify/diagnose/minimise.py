@@ -62,7 +62,7 @@ class Minimised:
     seconds: float
     complete: bool
     raised: str = ""
-    recaptured: str | None = None  # "make_fx": each candidate was traced again so before the transform took it
+    recaptured: str | None = None  # the capture that traced each candidate again for the transform ("make_fx")
 
     def describe(self) -> str:
         """e.g. ``4 nodes, minimised from 70 in 12 s, 31 tries``."""
