@@ -262,6 +262,19 @@ def test_a_transform_that_kills_its_worker_fails_that_model_as_errors_and_the_ru
     assert all("died while running" in r["message"] and "'layer_root_attention'" in r["message"] for r in died)
 
 
+@pytest.mark.slow
+def test_a_worker_dying_after_it_finished_other_models_does_not_hang_the_run(pytester):
+    """xdist queues again every scope a dead worker was given, those it finished too, and hands each to a worker as
+    an empty list: a worker holding its last item then waits for ever. The worker that dies here has finished
+    other models first (catalogue order, the attention model last)."""
+    finished = "edge_conv_bn_head,edge_static_config_flow,edge_concrete_flag,edge_wrapped_function,edge_nested_sequential"
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-n", "2", "--fxverify", spec("aborts_on_attention"), "--fxverify-order=catalogue",
+        f"--fxverify-corpus={finished},layer_root_attention", "--fxverify-checks=lint,purity,pickle", timeout=120)
+    assert result.ret == 1
+    result.assert_outcomes(passed=15, errors=3)
+
+
 def test_a_bad_timeout_in_the_ini_file_is_a_usage_error(pytester):
     pytester.makeini(f"[pytest]\nfxverify = {spec('normalize_args')}\nfxverify_timeout = abc\n")
     result = pytester.runpytest("-p", "no:cacheprovider", EDGE)

@@ -29,15 +29,48 @@ class XdistGrouping:
         class ModelScheduling(LoadScopeScheduling):
             """xdist's scope scheduling with one scope per (transform, model), all its captures
             together (the agreement check compares them). Overrides the private ``_split_scope`` (the
-            public ``xdist_group`` mark needs ``--dist loadgroup``, which a user would have to pass)."""
+            public ``xdist_group`` mark needs ``--dist loadgroup``, which a user would have to pass)
+            and ``remove_node``, whose xdist version hangs the run after a worker dies (below)."""
+
+            def __init__(self, config: pytest.Config, log: Any = None) -> None:
+                super().__init__(config, log)
+                self.crashed: dict[str, dict[str, bool]] = {}  # the scope each dead worker was running
 
             def _split_scope(self, nodeid: str) -> str:
                 parsed = parse_nodeid(nodeid)
                 return f"{parsed[0]}::{split_label(parsed[1])[0]}" if parsed else nodeid
 
+            def remove_node(self, node: Any) -> str | None:
+                """Forget a worker that finished or died; for a dead one, return the item it was running.
+
+                xdist (3.8) queues every scope the dead worker was given again, those it had run to the end
+                too: each is later handed to a worker as an empty list of items, and a worker holding its
+                last item (it runs one only once it has the next, or is told to stop) then waits for ever
+                while such scopes stay queued. Over `default` a transform that aborted the process on one
+                model hung the run with 50 of them left. Here only scopes with items still to run go back to
+                the queue, and the scope of an fxverify item that killed the worker is kept aside for
+                :meth:`drop_scope`, so that no other worker runs that model again and dies too (another
+                test's scope goes back without the item that killed the worker)."""
+                workload = self.assigned_work.pop(node)
+                unfinished = {scope: work for scope, work in workload.items() if not all(work.values())}
+                if not unfinished:
+                    return None
+                scope, work = next(iter(unfinished.items()))  # xdist runs the scopes, and their items, in order
+                crashitem = next(nodeid for nodeid, done in work.items() if not done)
+                if parse_nodeid(crashitem) is not None:
+                    self.crashed[scope] = unfinished.pop(scope)
+                else:
+                    work[crashitem] = True
+                    if all(work.values()):
+                        del unfinished[scope]
+                self.workqueue.update(unfinished)
+                for other in self.assigned_work:
+                    self._reschedule(other)
+                return crashitem
+
             def drop_scope(self, nodeid: str) -> list[str]:
-                """Take the items of ``nodeid``'s scope out of the queue; return the others not run."""
-                work = self.workqueue.pop(self._split_scope(nodeid), {})
+                """The items of ``nodeid``'s scope, whose worker died running ``nodeid``, that were not run."""
+                work = self.crashed.pop(self._split_scope(nodeid), {})
                 return [other for other, done in work.items() if not done and other != nodeid]
 
         return ModelScheduling(config, log)
