@@ -68,6 +68,17 @@ class XdistGrouping:
                     self._reschedule(other)
                 return crashitem
 
+            def _reschedule(self, node: Any) -> None:
+                """xdist's, then more scopes while the worker would hold a single item: it runs an item only
+                once it has the next or is told to stop, so a worker given one single-item scope (a replacement
+                worker, under one check and one capture) waits for ever otherwise (xdist issue 1327); one
+                holding its last item is told to stop."""
+                super()._reschedule(node)
+                while self.workqueue and not node.shutting_down and self._pending_of(self.assigned_work[node]) < 2:
+                    self._assign_work_unit(node)
+                if not self.workqueue and not node.shutting_down and self._pending_of(self.assigned_work[node]) < 2:
+                    node.shutdown()
+
             def drop_scope(self, nodeid: str) -> list[str]:
                 """The items of ``nodeid``'s scope, whose worker died running ``nodeid``, that were not run."""
                 work = self.crashed.pop(self._split_scope(nodeid), {})
