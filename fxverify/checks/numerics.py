@@ -140,13 +140,24 @@ def _agrees_in_float64(v: Subject, result64: Any, original64: Any, original32: A
     by leaf, by less than half of what float32 rounding alone moves the original (its float32 run against its
     float64 one; an ill-conditioned model, efficientvit in train mode, moves by 1e-4 in float64 between two
     memory layouts). A difference in what the result computes that small cannot put its float32 run twice as
-    far from float64 as the original's (the triangle inequality): its own float32 rounding does."""
+    far from float64 as the original's (the triangle inequality): its own float32 rounding does. Leaves that
+    are not floating (an integer buffer such as ``num_batches_tracked``) must be equal."""
     if compare_trees(result64, original64, tolerance=v.float64_tolerance) is None:
         return True
     if pytree.tree_structure(result64) != pytree.tree_structure(original64):
         return False
+    if not all(_equal_unless_floating(ours, theirs) for ours, theirs in zip(pytree.tree_leaves(result64),
+                                                                           pytree.tree_leaves(original64))):
+        return False  # rounding moves no integer: a counter left at 0 is no rounding error
     return all(ours <= 0.5 * noise for ours, noise in zip(rmse_per_leaf(result64, original64),
                                                           rmse_per_leaf(original32, original64), strict=True))
+
+
+def _equal_unless_floating(ours: Any, theirs: Any) -> bool:
+    """Whether two leaves are equal, or both floating tensors (which rounding may move)."""
+    if isinstance(ours, torch.Tensor) and isinstance(theirs, torch.Tensor):
+        return (ours.is_floating_point() and theirs.is_floating_point()) or torch.equal(ours, theirs)
+    return type(ours) is type(theirs) and bool(ours == theirs)
 
 
 def _rounding(max_abs: float | None) -> str:
