@@ -704,6 +704,11 @@ def test_stateful_compares_the_buffers_a_model_updates_in_forward_on_every_captu
 
     found = fxverify.check_stateful(drops_the_counter, "edge_running_statistics")
     assert found.outcome == FAILED and "buffer 'calls'" in found.message
+    assert "the original updates it at %add_ (add_), which the result no longer has" in found.message, found.message
+    assert found.node and found.node.startswith("%add_ : "), found.node  # the update the pass dropped
+    for capture, writer in (("export", "%add_ (aten.add_.Tensor)"), ("export_core", "(aten.copy_.default)")):
+        dropped = verification(aten_passes.erase_unused_nodes, "edge_running_statistics", capture).run("stateful")
+        assert dropped.outcome == FAILED and writer in dropped.message and dropped.node, dropped.message
     assert fxverify.check_stateful(fxverify.examples.identity, "edge_conv_bn_head").outcome == SKIPPED
 
 

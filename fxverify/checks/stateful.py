@@ -17,6 +17,7 @@ import functools
 from typing import Any
 
 import torch
+from torch import fx
 
 from fxverify.analysis.compare import compare_trees, compare_values
 from fxverify.analysis.module_state import tensor_state
@@ -53,11 +54,46 @@ def check(v: Subject) -> dict[str, Any]:
             found_buffer = compare_values(after[name], before[name], path=f"buffer {name!r} after call {call}",
                                           tolerance=v.tolerance)
             if found_buffer is not None:
+                writers = _writers(original, name)
+                kept = {node.name for node in _writers(result, name)}
+                lost = [node for node in writers if node.name not in kept]
+                at = (f"; the original updates it at %{lost[0].name} ({lost[0].target}), which the result no longer "
+                      "has" if lost else "")
+                first = next(iter(lost or writers), None)
                 raise Finding(f"buffers updated differently: {found_buffer.describe()}; the result does not "
                               "update the state the original updates in forward (an in-place update whose result "
-                              "nothing reads was dropped, or its write-back copy_)", input=where,
-                              where=found_buffer.path)
+                              f"nothing reads was dropped, or its write-back copy_){at}", input=where,
+                              where=found_buffer.path, node=first.format_node() if first is not None else None)
     if not updated:
         raise Skip(f"the corpus entry is tagged {TAG!r}, but no buffer of the original changed in {CALLS} calls "
                    f"in {mode} mode")
     return {"calls": CALLS, "updated_buffers": sorted(updated)}
+
+
+def _writers(module: torch.nn.Module, buffer: str) -> list[fx.Node]:
+    """The nodes of ``module``'s graph that write ``buffer`` in place: an in-place ATen op or ``copy_``
+    (its schema writes its first argument), or an in-place method (``add_``), on the buffer's
+    ``get_attr``; none when ``module`` is not a GraphModule.
+
+    >>> class Counter(torch.nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.register_buffer("calls", torch.zeros(()))
+    ...     def forward(self, x):
+    ...         self.calls.add_(x.sum())
+    ...         return x
+    >>> [node.name for node in _writers(fx.symbolic_trace(Counter()), "calls")]
+    ['add_']
+    """
+    graph = getattr(module, "graph", None)
+    if not isinstance(graph, fx.Graph):
+        return []
+    return [user for node in graph.nodes if node.op == "get_attr" and node.target == buffer
+            for user in node.users if user.args and user.args[0] is node and _writes_first_argument(user)]
+
+
+def _writes_first_argument(node: fx.Node) -> bool:
+    if isinstance(node.target, torch._ops.OpOverload):
+        arguments = node.target._schema.arguments
+        return bool(arguments and arguments[0].alias_info is not None and arguments[0].alias_info.is_write)
+    return node.op == "call_method" and str(node.target).endswith("_")
