@@ -721,6 +721,14 @@ def test_a_dropped_integer_counter_is_never_explained_as_float32_rounding():
     assert "float32 rounding" not in found.message and "atol" not in found.message, found.message
 
 
+def test_a_result_that_raises_names_the_node_it_raises_at_and_dynamic_the_node_that_caused_it():
+    v = verification(aten_passes.flatten_as_view_of_example_batch, "edge_conv_bn_head")
+    raised = v.run("numerics")  # at batch 1, the view the pass wrote still says 2
+    assert raised.outcome == FAILED and "mat1 and mat2 shapes cannot be multiplied" in raised.message
+    assert raised.node and raised.node.startswith("%linear : "), raised.node
+    assert v.run("dynamic").node.startswith("%view_default : "), "the guard's node, not where a run raised"
+
+
 def test_numerics_on_a_stateful_model_compares_fresh_modules_once_the_shared_ones_ran_unequally():
     v = fxverify.Verification(fxverify.examples.identity, "edge_running_statistics")
     assert v.run("lint").ok  # runs the result, not the original: their buffers part

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Set
 from typing import Any
 
@@ -72,3 +73,23 @@ def _mutable(value: Any) -> Any:
     if type(value) is dict:
         return {k: _mutable(v) for k, v in value.items()}
     return value
+
+
+def raising_node(module: fx.GraphModule, inputs: tuple[Any, ...]) -> fx.Node | None:
+    """The node at which a copy of ``module`` run under the Interpreter on ``inputs`` raises (the module's
+    own state is left as it is), or None where it does not raise there or cannot be copied.
+
+    >>> gm = fx.symbolic_trace(torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(3, 2)))
+    >>> raising_node(gm, (torch.ones(1, 4),)).name
+    '_1'
+    """
+    try:
+        interpreter = RecordingInterpreter(copy.deepcopy(module))
+    except Exception:  # a module that cannot be copied: no node named, the finding stands without it
+        return None
+    try:
+        with torch.no_grad():
+            interpreter.run(*inputs)
+    except Exception:
+        return interpreter.current
+    return None

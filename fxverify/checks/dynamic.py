@@ -94,7 +94,7 @@ def check(v: Subject) -> dict[str, Any]:
                          "value); read sizes at run time (aten.sym_size.int) or keep the symbolic expression")
         if cut is not None:
             finding.what += f"\nre-propagating FakeTensors through the result, {cut.describe()}"
-            finding.node = finding.node or _node_text(result, cut.guard.node)
+            finding.node = _node_text(result, cut.guard.node)  # the cause, before where a run raised
         raise finding
     if cut is not None:
         raise Finding(

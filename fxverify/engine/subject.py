@@ -27,6 +27,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from fxverify.analysis.compare import Tolerance
 from fxverify.analysis.module_state import Snapshot, buffers_digest
 from fxverify.analysis.parameters import Fate, rewrites_state, tensor_fates
+from fxverify.analysis.recording import raising_node
 from fxverify.analysis.repropagation import (
     AddedGuard,
     Repropagation,
@@ -388,6 +389,7 @@ class Subject:
     def _run(self, which: str, config: InputConfig, dtype: torch.dtype | None, threads: int | None) -> Any:
         """What :meth:`outputs` computes: the outputs, or the :class:`ModuleRaised` of the module."""
         now = torch.get_num_threads()
+        module: nn.Module | None = None
         try:
             module = self.module(which, dtype)
             torch.set_num_threads(threads or now)
@@ -395,7 +397,11 @@ class Subject:
                 return module(*config.make(self.case.seed, dtype=dtype))
         except Exception as exc:
             where = f"{config.describe()}, {str(dtype or 'float32').removeprefix('torch.')}, {self.applied().mode} mode"
-            return ModuleRaised(which, exc, where)
+            raised = ModuleRaised(which, exc, where)
+            at = raising_node(module, config.make(self.case.seed, dtype=dtype)) \
+                if which == "result" and isinstance(module, fx.GraphModule) else None
+            raised.node = at.format_node() if at is not None else None
+            return raised
         finally:
             torch.set_num_threads(now)
 
