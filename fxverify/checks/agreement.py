@@ -53,7 +53,7 @@ class CaptureOutputs:
     """What one capture contributes: the float64 outputs of the ``original`` and the ``result`` on the
     primary input, whether the result stays ``within_contract`` of the original (numerics' float64 rule)
     and ``moved`` beyond rounding, whether its new parameters were made in float64 (``exact``), and what
-    the transform ``changes``; or ``problem``, why there are none.
+    the transform ``changes`` in the primary mode; or ``problem``, why there are none.
 
     >>> CaptureOutputs("export", problem="the model does not capture").problem
     'the model does not capture'
@@ -96,7 +96,7 @@ def capture_outputs(v: Subject) -> CaptureOutputs:
     # the contract's tolerance is never tighter than rounding's: unmoved is within it
     within_contract = not moved or compare_trees(result, original, tolerance=v.float64_tolerance) is None
     return CaptureOutputs(v.capture.name, original, result, within_contract=within_contract, moved=moved,
-                          exact=v.float64_exact, changes=v.changes,
+                          exact=v.float64_exact, changes=applied.changes,
                           rewritten=rewritten_nodes(applied.original, applied.result))
 
 

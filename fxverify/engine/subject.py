@@ -140,6 +140,7 @@ class Subject:
         # (mode, dtype, static) -> the capture copied for each use, when the capture keeps captures; or why it failed
         self._captured: dict[tuple[str, str, bool], fx.GraphModule | CaptureFailed] = {}
         self._repropagated: dict[str, Repropagation | None] = {}
+        self._changed_in: dict[str, list[str]] = {}  # another mode a check applied it in -> what it changed there
 
     @property
     def expected_failure(self) -> str | None:
@@ -249,8 +250,13 @@ class Subject:
 
     def transformed_fresh(self, mode: str, *, static: bool = False) -> nn.Module:
         """Only the result of the transform applied to a fresh capture in ``mode`` (``static``: see
-        :meth:`capture_fresh`), for work that needs no reference or snapshot (train mode, the stateful check)."""
-        result, _ = self.capture.apply(self.transform, self.capture_fresh(mode, static=static), timeout=self.timeout)
+        :meth:`capture_fresh`), for work that needs no reference (train mode, the stateful check). The first
+        in a mode other than the primary one records what the transform changed there (see :attr:`changes`)."""
+        given = self.capture_fresh(mode, static=static)
+        before = Snapshot.take(given) if mode != self.contract.primary_mode and mode not in self._changed_in else None
+        result, _ = self.capture.apply(self.transform, given, timeout=self.timeout)
+        if before is not None:
+            self._changed_in[mode] = before.differences(result)
         return self.capture.set_mode(result, mode == "train")
 
     def transformed_copy(self, original: fx.GraphModule, mode: str) -> nn.Module:
@@ -308,17 +314,20 @@ class Subject:
         found = ((guard, violation(guard, ranges)) for guard in applied.guards_added)
         return next((Violation(AddedGuard(None, g), point) for g, point in found if point is not None), None)
 
-    @functools.cached_property
+    @property
     def changes(self) -> list[str] | None:
-        """Which aspects of the model the transform changed in its primary mode (``state``, ``graph``,
-        ``code``, ``modules``, ``meta``): empty for a no-op; None if the transform failed, the model
+        """Which aspects of the model the transform changed (``state``, ``graph``, ``code``, ``modules``,
+        ``meta``) in its primary mode and in every other mode a check has applied it in so far (a dead-code
+        elimination that drops BatchNorm's ``num_batches_tracked.add_`` changes only the train-mode capture
+        of ``torch.export``): empty for a no-op; None if the transform failed in its primary mode, the model
         did not capture, or the transform is not run on this capture (never called then)."""
         if self.transform.skips_capture(self.capture.name):  # not run here: its contract or form
             return None
         try:
-            return self.applied().changes
+            primary = self.applied().changes
         except (TransformFailed, CaptureFailed):  # the transform's failure, or the model's
             return None
+        return list(dict.fromkeys([*primary, *(c for found in self._changed_in.values() for c in found)]))
 
     @property
     def no_op(self) -> bool | None:

@@ -20,7 +20,7 @@ from fxverify.engine.transform import Transform
 from fxverify.golden import format_updates
 from fxverify.plugin.nodeids import parse_nodeid
 from fxverify.reports.records import record
-from fxverify.reports.summary import format_table, rewrite_warning
+from fxverify.reports.summary import format_table, merged_changes, rewrite_warning
 
 # the user_properties keys an item attaches to its report
 RECORD = "fxverify_record"  # its report record (only when a JSON or HTML report is wanted)
@@ -70,8 +70,8 @@ class Ledger:
         outcome = item_outcome(report)
         self.outcomes[spec][(model, check)] = outcome
         attached: dict[str, Any] = dict(report.user_properties)
-        if CHANGED in attached:
-            self.changes[spec][model] = attached[CHANGED]
+        if CHANGED in attached:  # what each item saw it change: a later check may have run it in another mode
+            self.changes[spec][model] = merged_changes(self.changes[spec].get(model), attached[CHANGED])
         if GOLDEN in attached:
             status, path = attached[GOLDEN]
             self.golden_updates[status].append(path)

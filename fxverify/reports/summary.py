@@ -33,6 +33,18 @@ def changed_cell(changes: Sequence[str] | None) -> str:
     return "+".join(changes) if changes else "no-op"
 
 
+def merged_changes(seen: Sequence[str] | None, more: Sequence[str] | None) -> list[str] | None:
+    """What a transform changed on a model as its items report it, each what it has seen so far (a check
+    that runs the transform in another mode sees more): the union, None while none knows.
+
+    >>> merged_changes(None, []), merged_changes(["code"], ["code", "graph"]), merged_changes(None, None)
+    ([], ['code', 'graph'], None)
+    """
+    if seen is None or more is None:
+        return None if seen is None and more is None else list(seen or more or ())
+    return list(dict.fromkeys([*seen, *more]))
+
+
 def format_table(
     transform: str,
     contract: str,
