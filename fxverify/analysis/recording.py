@@ -75,6 +75,24 @@ def _mutable(value: Any) -> Any:
     return value
 
 
+def run_recorded(module: torch.nn.Module, inputs: tuple[Any, ...]) -> tuple[Exception | None, fx.Node | None]:
+    """Run ``module`` on ``inputs`` without gradients (a GraphModule under :class:`RecordingInterpreter`):
+    the exception it raised and, for a GraphModule, the node it raised at; ``(None, None)`` when it ran.
+
+    >>> gm = fx.symbolic_trace(torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(3, 2)))
+    >>> error, node = run_recorded(gm, (torch.ones(1, 4),))
+    >>> type(error).__name__, node.name
+    ('RuntimeError', '_1')
+    """
+    interpreter = RecordingInterpreter(module) if isinstance(module, fx.GraphModule) else None
+    try:
+        with torch.no_grad():
+            interpreter.run(*inputs) if interpreter else module(*inputs)
+    except Exception as exc:
+        return exc, interpreter.current if interpreter else None
+    return None, None
+
+
 def raising_node(module: fx.GraphModule, inputs: tuple[Any, ...]) -> fx.Node | None:
     """The node at which a copy of ``module`` run under the Interpreter on ``inputs`` raises (the module's
     own state is left as it is), or None where it does not raise there or cannot be copied.
@@ -84,12 +102,7 @@ def raising_node(module: fx.GraphModule, inputs: tuple[Any, ...]) -> fx.Node | N
     '_1'
     """
     try:
-        interpreter = RecordingInterpreter(copy.deepcopy(module))
+        copied = copy.deepcopy(module)
     except Exception:  # a module that cannot be copied: no node named, the finding stands without it
         return None
-    try:
-        with torch.no_grad():
-            interpreter.run(*inputs)
-    except Exception:
-        return interpreter.current
-    return None
+    return run_recorded(copied, inputs)[1]

@@ -27,7 +27,7 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from fxverify.analysis.module_state import tensor_attributes
-from fxverify.analysis.recording import RecordingInterpreter
+from fxverify.analysis.recording import run_recorded
 from fxverify.capture.export import program_of
 from fxverify.engine.results import Finding, Skip, exception_summary
 from fxverify.engine.subject import Applied, Subject
@@ -136,13 +136,7 @@ def _run_on_meta(v: Subject, applied: Applied) -> str:
             raise
         except Exception as exc:  # the module's tensors do not move to meta
             return exc, None
-        interpreter = RecordingInterpreter(moved) if isinstance(moved, fx.GraphModule) else None
-        try:
-            with torch.no_grad():
-                interpreter.run(*inputs) if interpreter else moved(*inputs)
-        except Exception as exc:
-            return exc, interpreter.current if interpreter else None
-        return None, None
+        return run_recorded(moved, inputs)
 
     try:
         error, _ = run("original", applied.original)

@@ -37,7 +37,7 @@ from torch.utils import _pytree as pytree
 
 from fxverify.analysis.compare import Mismatch, compare_trees, compare_values, leaves_with_paths, rmse_per_leaf
 from fxverify.analysis.localise import Localisation, localise
-from fxverify.analysis.module_state import tensor_state
+from fxverify.analysis.module_state import tensor_state, tensors_equal
 from fxverify.cases.inputs import InputConfig
 from fxverify.engine.results import Finding, ModuleRaised, exception_summary
 from fxverify.engine.subject import Subject
@@ -155,9 +155,9 @@ def _agrees_in_float64(v: Subject, result64: Any, original64: Any, original32: A
 
 def _equal_unless_floating(ours: Any, theirs: Any) -> bool:
     """Whether two leaves are equal, or both floating tensors (which rounding may move)."""
-    if isinstance(ours, torch.Tensor) and isinstance(theirs, torch.Tensor):
-        return (ours.is_floating_point() and theirs.is_floating_point()) or torch.equal(ours, theirs)
-    return type(ours) is type(theirs) and bool(ours == theirs)
+    if all(isinstance(leaf, torch.Tensor) and leaf.is_floating_point() for leaf in (ours, theirs)):
+        return True
+    return type(ours) is type(theirs) and tensors_equal(ours, theirs)
 
 
 def _rounding(max_abs: float | None) -> str:
