@@ -59,7 +59,7 @@ class Verification(Runner):
     """
 
     def __init__(self, transform: TransformLike, case: CaseLike, *, timeout: float | None = DEFAULT_TIMEOUT,
-                 cross_process: Callable[[str], str] | None = None, golden_dir: str | os.PathLike[str] | None = None,
+                 cross_process: Callable[..., str] | None = None, golden_dir: str | os.PathLike[str] | None = None,
                  update_golden: bool = False, repro_dir: str | os.PathLike[str] | None = None,
                  capture: Capture | None = None, references: ReferenceStore | None = None,
                  captures: Sequence[str] = (), peer_outputs: Callable[[str], Any] | None = None,

@@ -436,6 +436,15 @@ def conv_bn_fold_to_plain_attributes(gm: fx.GraphModule) -> fx.GraphModule:
     return gm
 
 
+def hoist_parameters_in_name_set_order(gm: fx.GraphModule) -> fx.GraphModule:
+    """determinism: get_attr nodes moved to the top in the order of a set of their names (by PYTHONHASHSEED)."""
+    first, named = next(iter(gm.graph.nodes)), {n.name: n for n in gm.graph.nodes if n.op == "get_attr"}
+    for name in set(named):
+        first.prepend(named[name])
+    gm.recompile()
+    return gm
+
+
 def hoist_parameters_in_set_order(gm: fx.GraphModule) -> fx.GraphModule:
     """determinism: get_attr nodes moved to the top in the order of a set of nodes (hashed by id)."""
     first = next(iter(gm.graph.nodes))

@@ -25,8 +25,11 @@ from fxverify.analysis.repropagation import repropagate, shape_env_of, violation
 from fxverify.capture import Export, MakeFx, SymbolicTrace
 from fxverify.capture.copies import retyped_copy
 from fxverify.capture.export import PROGRAM, named_as_exported
+from fxverify.checks._digest_server import CrossProcessDigests
 from fxverify.checks.agreement import capture_outputs
+from fxverify.checks.determinism import cross_process_capture
 from fxverify.diagnose.repro_script import EXIT_DIFFERS
+from fxverify.engine.contracts import Contract
 from fxverify.engine.results import FAILED, PASSED, SKIPPED, XFAILED
 from tests import aten_passes, mutations
 
@@ -335,6 +338,38 @@ def test_determinism_reruns_copy_the_capture_so_the_exporters_own_order_is_not_b
     assert verification(aten_passes.identity, "edge_conv_bn_head", "export_core").run("determinism").ok
     found = verification(aten_passes.hoist_parameters_in_set_order, "edge_conv_bn_head").run("determinism")
     assert found.outcome == FAILED and "order of a set or dict of nodes" in found.message
+
+
+@pytest.mark.slow
+def test_the_cross_process_run_of_a_dynamic_export_transforms_the_static_train_capture_numerics_makes_anyway():
+    # the other process exports the model in train mode at the example shapes, half what a dynamic eval export costs
+    case = fxverify.load_case("edge_conv_bn_head")
+    assert cross_process_capture(Contract(), case.capture_named("export"), train_capture=True) == ("train", True)
+    for transform, caught in ((aten_passes.identity, False), (aten_passes.hoist_parameters_in_name_set_order, True)):
+        transform = fxverify.Transform.from_callable(transform)
+        digests = CrossProcessDigests(transform, [case], timeout=120, capture="export")
+        try:
+            v = fxverify.Verification(transform, case, capture=case.capture_named("export"), cross_process=digests)
+            found = v.run("determinism")
+        finally:
+            digests.close()
+        assert (found.outcome == FAILED) == caught, found.message
+        assert v.subject._captured.keys() == {("eval", "None", False), ("train", "None", True)}  # no other export
+        if caught:
+            assert "PYTHONHASHSEED (on the model captured in train mode at the example shapes)" in found.message
+        else:
+            assert found.details["cross_process"] == "same digest (on the model captured in train mode at the example shapes)"
+    # where numerics makes no train-mode capture, the other process exports what lint judges
+    transform = fxverify.Transform.from_callable(aten_passes.hoist_parameters_in_name_set_order)
+    digests = CrossProcessDigests(transform, [case], timeout=120, capture="export")
+    try:
+        v = fxverify.Verification(transform, case, capture=case.capture_named("export"), cross_process=digests,
+                                  train_capture=False)
+        found = v.run("determinism")
+    finally:
+        digests.close()
+    assert found.outcome == FAILED and "PYTHONHASHSEED (node order" in found.message, found.message
+    assert v.subject._captured.keys() == {("eval", "None", False)}
 
 
 # -- pass forms -------------------------------------------------------------------------------------

@@ -11,8 +11,8 @@ collects the answer.
     python -m fxverify.checks._digest_server SPEC TIMEOUT    # the server, started by CrossProcessDigests
 
 Protocol: one request per line on the server's stdin (a base64 pickle of
-``(entry, seed, capture)``), one JSON answer ``[name, digest]`` per line on the file
-descriptor that was its stdout; the transform's own prints go to stderr.
+``(key, entry, seed, capture, mode, static)``), one JSON answer ``[key, digest]`` per line on the file
+descriptor that was its stdout (``key``: ``[name, mode, static]``); the transform's own prints go to stderr.
 """
 
 from __future__ import annotations
@@ -42,12 +42,15 @@ from fxverify.engine.transform import Transform
 from fxverify.errors import TransformFailed
 
 SERVER_START_SECONDS = 120.0  # imports, on a loaded machine
+Key = tuple[str, str, bool]  # what a digest is of: the model's name, the mode it is captured in, whether static
 
 
 class CrossProcessDigests:
-    """Callable: ``digests(model_name) -> digest | 'skip: why' | 'error: why'``. The server captures
-    each model with ``capture`` (default: the entry's own; a name: the model's capture of that name,
-    :meth:`~fxverify.cases.case.ModelCase.capture_named`), as the :class:`Subject` it serves must.
+    """Callable: ``digests(model_name, mode=None, static=False) -> digest | 'skip: why' | 'error: why'``,
+    the digest of the transform applied to the model captured in ``mode`` (default: the contract's primary
+    mode; ``static``: at the example shapes, see :meth:`~fxverify.engine.subject.Subject.capture_fresh`). The
+    server captures each model with ``capture`` (default: the entry's own; a name: the model's capture of that
+    name, :meth:`~fxverify.cases.case.ModelCase.capture_named`), as the :class:`Subject` it serves must.
 
     >>> from fxverify.engine.transform import as_transform
     >>> digests = CrossProcessDigests(as_transform(lambda gm: gm), [], timeout=10)
@@ -62,36 +65,38 @@ class CrossProcessDigests:
         name = capture if isinstance(capture, str) else capture.name if capture is not None else CAPTURES[0]
         self.cases = {c.name: c for c in cases if not c.entry.expected_failure(name)}  # known failures get no check
         self.timeout = timeout
-        self._digests: dict[str, str] = {}
-        self._pending: list[str] = []
+        self._digests: dict[Key, str] = {}
+        self._pending: list[Key] = []
         self._server: _Server | None = None
 
-    def request(self, name: str) -> None:
-        """Have the server start on ``name`` now, without waiting for the answer."""
-        if name in self._digests or name in self._pending:
+    def request(self, name: str, *, mode: str | None = None, static: bool = False) -> None:
+        """Have the server start on ``name`` captured in ``mode`` now, without waiting for the answer."""
+        key = (name, mode or self.transform.contract.primary_mode, static)
+        if key in self._digests or key in self._pending:
             return
         problem = self._cannot_send(name)
         if problem is not None:
-            self._digests[name] = problem
+            self._digests[key] = problem
             return
         case = self.cases[name]
         if self._server is None:
             try:
                 self._server = _Server(self.transform.spec, self.timeout)
             except OSError as exc:
-                self._digests[name] = f"error: could not start the cross-process server: {exc}"
+                self._digests[key] = f"error: could not start the cross-process server: {exc}"
                 return
         try:
-            self._server.send((case.entry, case.seed, self.capture))
+            self._server.send((key, case.entry, case.seed, self.capture, key[1], static))
         except OSError:  # the server died; the answer says why
             pass
-        self._pending.append(name)
+        self._pending.append(key)
 
-    def __call__(self, name: str) -> str:
-        self.request(name)
-        if name in self._pending:
-            self._collect(name)
-        return self._digests[name]
+    def __call__(self, name: str, *, mode: str | None = None, static: bool = False) -> str:
+        key = (name, mode or self.transform.contract.primary_mode, static)
+        self.request(name, mode=mode, static=static)
+        if key in self._pending:
+            self._collect(key)
+        return self._digests[key]
 
     def close(self) -> None:
         """Stop the server (it also stops by itself when this process exits)."""
@@ -110,13 +115,13 @@ class CrossProcessDigests:
             return f"skip: corpus entry cannot be sent to another process ({type(exc).__name__}: {exc})"
         return None
 
-    def _collect(self, name: str) -> None:
-        """Read answers until ``name``'s arrives; on a timeout or a dead server every pending
-        model gets the error, and the next request starts a fresh server."""
+    def _collect(self, key: Key) -> None:
+        """Read answers until ``key``'s arrives; on a timeout or a dead server every pending
+        request gets the error, and the next request starts a fresh server."""
         assert self._server is not None
-        ahead = self._pending.index(name) + 1
+        ahead = self._pending.index(key) + 1
         deadline = time.monotonic() + SERVER_START_SECONDS + self.timeout * ahead
-        while name in self._pending:
+        while key in self._pending:
             answer = self._server.receive(deadline - time.monotonic())
             if isinstance(answer, str):  # the server is gone or too slow
                 for pending in self._pending:
@@ -158,8 +163,8 @@ class _Server:
         self.process.stdin.write(base64.b64encode(pickle.dumps(request)).decode() + "\n")
         self.process.stdin.flush()
 
-    def receive(self, seconds: float) -> tuple[str, str] | str:
-        """The next ``(name, digest)``, or why none will come."""
+    def receive(self, seconds: float) -> tuple[Key, str] | str:
+        """The next ``(key, digest)``, or why none will come."""
         try:
             line = self._answers.get(timeout=max(seconds, 0.0))
         except queue.Empty:
@@ -169,8 +174,8 @@ class _Server:
             self._stderr.seek(0)
             tail = self._stderr.read().decode(errors="replace").strip()[-2000:]
             return f"the cross-process server exited {code}: {tail}"
-        name, digest = json.loads(line)
-        return name, digest
+        (name, mode, static), digest = json.loads(line)
+        return (name, mode, static), digest
 
     def close(self, grace: float = 5.0) -> None:
         """Close its stdin and give it ``grace`` seconds to finish, then kill it."""
@@ -192,20 +197,19 @@ def _serve(spec: str, timeout: float) -> None:
 
     transform = Transform.load(spec)
     for line in sys.stdin:
-        entry, seed, capture = pickle.loads(base64.b64decode(line))
+        key, entry, seed, capture, mode, static = pickle.loads(base64.b64decode(line))
         case = ModelCase(entry, seed)
         subject = Subject(transform, case, timeout=timeout,
                           capture=case.capture_named(capture) if isinstance(capture, str) else capture)
-        try:
-            mode = transform.contract.primary_mode  # the transform given a copy, as the subject's result was made
-            answer = digest(subject.transformed_copy(subject.capture_fresh(mode), mode))
+        try:  # the transform given a copy, as the subject's result was made
+            answer = digest(subject.transformed_copy(subject.capture_fresh(mode, static=static), mode))
         except TransformFailed as exc:
             answer = f"error: {exc}"
         except Skip as exc:
             answer = f"skip: {exc}"
         except Exception as exc:  # a model that fails to build or capture must not cost the others their digest
             answer = f"error: {exc if isinstance(exc, CaptureFailed) else exception_summary(exc)}"
-        protocol.write(json.dumps([entry.name, answer]) + "\n")
+        protocol.write(json.dumps([key, answer]) + "\n")
         protocol.flush()
         del subject
         release_memory()

@@ -101,8 +101,8 @@ class Applied:
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """What single checks need beyond the subject: ``cross_process`` supplies digests of the
-    result computed in another process (the determinism check, :mod:`fxverify.checks._digest_server`);
+    """What single checks need beyond the subject: ``cross_process(name, mode=..., static=...)`` supplies digests
+    of the result computed in another process (the determinism check, :mod:`fxverify.checks._digest_server`);
     ``golden_dir`` and ``update_golden`` are the golden check's folder and mode; ``references`` keeps
     the original's outputs between transforms and runs (:mod:`fxverify.engine.references`);
     ``captures`` are the captures the run selects, which the agreement check compares, and
@@ -110,7 +110,7 @@ class Settings:
     see :mod:`fxverify.checks.agreement`); ``train_capture`` (on by default): numerics' train stage captures the model in
     train mode where the capture fixes the mode (``torch.export``), which costs a capture per model."""
 
-    cross_process: Callable[[str], str] | None = None
+    cross_process: Callable[..., str] | None = None
     golden_dir: str | os.PathLike[str] | None = None
     update_golden: bool = False
     references: ReferenceStore | None = None

@@ -22,6 +22,7 @@ from fxverify.api import Verification
 from fxverify.cases.case import ModelCase
 from fxverify.checks._digest_server import CrossProcessDigests
 from fxverify.checks.agreement import CaptureOutputs, capture_outputs, reference_capture
+from fxverify.checks.determinism import cross_process_capture
 from fxverify.engine.memory import release_memory
 from fxverify.engine.references import ReferenceStore
 from fxverify.engine.results import ERROR, FAILED, SKIPPED, XFAILED
@@ -67,8 +68,9 @@ class FxVerifyRun:
             self._verification = None  # release the previous model before building the next
             release_memory()
             digests = self._digests[transform.spec, capture]
-            if key in self._digest_wanted:
-                digests.request(case.name)  # the server works on it while the other checks run
+            if key in self._digest_wanted:  # the server works on it while the other checks run
+                mode, static = cross_process_capture(transform.contract, case.capture_named(capture), self.options.train_capture)
+                digests.request(case.name, mode=mode, static=static)
             o = self.options
             v = Verification(transform, case, timeout=o.timeout, cross_process=digests, golden_dir=o.golden_dir,
                              update_golden=o.update_golden, repro_dir=o.repro_dir, references=self.references,
