@@ -96,9 +96,9 @@ def cross_process_capture(contract: Contract, capture: Capture, train_capture: b
     """The mode of the capture the cross-process run transforms, and whether it is made at the example shapes
     (static): the primary mode's capture, except where that one has a dynamic dimension (``torch.export`` with a
     dynamic batch) and numerics' stage in the other mode captures the model at the example shapes anyway (a capture
-    that fixes the mode, ``train_capture`` on). The other process then exports that one, in half the time
-    (train mode at the example shapes against eval mode with a dynamic batch: 0.5x over ``default``, measured
-    2026-12-03), and this process has it already.
+    that fixes the mode, ``train_capture`` on). The other process then exports that one, at 0.63x the cost
+    (train mode at the example shapes against eval mode with a dynamic batch: 85 s against 134 s over ``default``,
+    one thread, measured 2026-12-03), and this process has it already.
 
     >>> from fxverify.capture import Export
     >>> cross_process_capture(Contract(), Export(), train_capture=True)
