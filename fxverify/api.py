@@ -40,8 +40,8 @@ class Verification(Runner):
     """Runs checks of ``transform`` on ``case`` (a :class:`ModelCase` or a corpus name), sharing the
     expensive work (``subject``): ``run(check)``, ``run_all()``.
 
-    ``cross_process`` supplies digests of the transform's result computed in another process
-    (see :mod:`fxverify.checks.determinism`; give :class:`CrossProcessDigests` the same ``capture``);
+    ``cross_process(name, mode=..., static=...)`` supplies digests of the transform's result computed in another
+    process (see :mod:`fxverify.checks.determinism`; give :class:`CrossProcessDigests` the same ``capture``);
     ``golden_dir`` and ``update_golden`` are the golden check's folder and mode; with ``repro_dir``,
     a failing numerics check is minimised and written there as a standalone repro
     (:class:`fxverify.diagnose.repro.ReproOnFailure`); ``capture`` says how the model becomes a

@@ -715,9 +715,13 @@ def test_memory_an_aten_graph_fills_later_is_not_compared_as_it_was_before():
 
 
 def test_dynamic_runs_the_result_across_the_batch_range_and_skips_what_numerics_reports():
-    ok = verification(aten_passes.identity, "edge_conv_bn_head").run("dynamic")
+    ok = verification(aten_passes.relu_to_clamp_min, "edge_conv_bn_head").run("dynamic")
     # torch.export assumes a dynamic size is not 0 or 1: the range it records starts at 2
     assert ok.outcome == PASSED and ok.details["batch_range"] == [2, 8] and 8 in ok.details["batch_sizes"]
+    # a transform that changed nothing: its result is the capture as made, and running it proves nothing
+    unchanged = verification(aten_passes.identity, "edge_conv_bn_head")
+    assert unchanged.run("dynamic").details["batch_sizes"].startswith("not run: the transform changed nothing")
+    assert not any(key[1].startswith("b8") for key in unchanged.subject._outputs)
     wrong = verification(aten_passes.gelu_without_approximate, "layer_activations").run("dynamic")
     assert wrong.outcome == SKIPPED and "already differs" in wrong.message
     static = fxverify.case_from_module("one_batch", lambda: torch.nn.Linear(3, 3), [(2, 3)], batch_sizes=(2,))
