@@ -11,7 +11,7 @@ collects the answer.
     python -m fxverify.checks._digest_server SPEC TIMEOUT    # the server, started by CrossProcessDigests
 
 Protocol: one request per line on the server's stdin (a base64 pickle of
-``(key, entry, seed, capture, mode, static)``), one JSON answer ``[key, digest]`` per line on the file
+``(key, entry, seed, capture)``), one JSON answer ``[key, digest]`` per line on the file
 descriptor that was its stdout (``key``: ``[name, mode, static]``); the transform's own prints go to stderr.
 """
 
@@ -71,7 +71,7 @@ class CrossProcessDigests:
 
     def request(self, name: str, *, mode: str | None = None, static: bool = False) -> None:
         """Have the server start on ``name`` captured in ``mode`` now, without waiting for the answer."""
-        key = (name, mode or self.transform.contract.primary_mode, static)
+        key = self._key(name, mode, static)
         if key in self._digests or key in self._pending:
             return
         problem = self._cannot_send(name)
@@ -86,13 +86,13 @@ class CrossProcessDigests:
                 self._digests[key] = f"error: could not start the cross-process server: {exc}"
                 return
         try:
-            self._server.send((key, case.entry, case.seed, self.capture, key[1], static))
+            self._server.send((key, case.entry, case.seed, self.capture))
         except OSError:  # the server died; the answer says why
             pass
         self._pending.append(key)
 
     def __call__(self, name: str, *, mode: str | None = None, static: bool = False) -> str:
-        key = (name, mode or self.transform.contract.primary_mode, static)
+        key = self._key(name, mode, static)
         self.request(name, mode=mode, static=static)
         if key in self._pending:
             self._collect(key)
@@ -103,6 +103,9 @@ class CrossProcessDigests:
         if self._server is not None:
             self._server.close()
             self._server = None
+
+    def _key(self, name: str, mode: str | None, static: bool) -> Key:
+        return name, mode or self.transform.contract.primary_mode, static
 
     def _cannot_send(self, name: str) -> str | None:
         if not self.transform.reloadable:
@@ -197,7 +200,8 @@ def _serve(spec: str, timeout: float) -> None:
 
     transform = Transform.load(spec)
     for line in sys.stdin:
-        key, entry, seed, capture, mode, static = pickle.loads(base64.b64decode(line))
+        key, entry, seed, capture = pickle.loads(base64.b64decode(line))
+        _, mode, static = key
         case = ModelCase(entry, seed)
         subject = Subject(transform, case, timeout=timeout,
                           capture=case.capture_named(capture) if isinstance(capture, str) else capture)
