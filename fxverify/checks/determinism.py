@@ -120,7 +120,7 @@ def check(v: Subject) -> dict[str, Any]:
     if v.settings.cross_process is None:
         return {**in_process, "cross_process": "not run (no cross-process runner)"}
     mode, static = cross_process_capture(v.contract, v.capture, v.settings.train_capture)
-    captured = "" if not static else f" (on the model captured in {mode} mode at the example shapes)"
+    captured = _captured_at_example_shapes(mode, static)
     primary = (mode, static) == (v.contract.primary_mode, False)
     try:  # before the other process's answer: the transform failing here is not the other process's failure
         result = v.applied().result if primary else v.transformed_copy(v.capture_fresh(mode, static=static), mode)
@@ -153,7 +153,7 @@ def _rerun_in_hash_orders(v: Subject, mode: str, static: bool, first: str) -> No
         with hash_ordered(order):
             result = v.transformed_copy(original, mode)
         runs[order] = fingerprint(result)
-    captured = "" if not static else f" (the model captured in {mode} mode at the example shapes)"
+    captured = _captured_at_example_shapes(mode, static)
     for order, again in runs.items():
         if again != first:
             raise Finding(
@@ -163,3 +163,8 @@ def _rerun_in_hash_orders(v: Subject, mode: str, static: bool, first: str) -> No
                 "node list, or sort)",
                 where=first_line_difference(first, again),
             )
+
+
+def _captured_at_example_shapes(mode: str, static: bool) -> str:
+    """What the findings and details add where the capture compared is not the primary one (``static``)."""
+    return f" (on the model captured in {mode} mode at the example shapes)" if static else ""

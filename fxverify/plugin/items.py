@@ -67,14 +67,13 @@ class FxVerifyRun:
                 self._hand_over(*self._verification)
             self._verification = None  # release the previous model before building the next
             release_memory()
-            digests = self._digests[transform.spec, capture]
+            digests, captured, o = self._digests[transform.spec, capture], case.capture_named(capture), self.options
             if key in self._digest_wanted:  # the server works on it while the other checks run
-                mode, static = cross_process_capture(transform.contract, case.capture_named(capture), self.options.train_capture)
+                mode, static = cross_process_capture(transform.contract, captured, o.train_capture)
                 digests.request(case.name, mode=mode, static=static)
-            o = self.options
             v = Verification(transform, case, timeout=o.timeout, cross_process=digests, golden_dir=o.golden_dir,
                              update_golden=o.update_golden, repro_dir=o.repro_dir, references=self.references,
-                             capture=case.capture_named(capture), captures=o.captures, train_capture=o.train_capture,
+                             capture=captured, captures=o.captures, train_capture=o.train_capture,
                              peer_outputs=functools.partial(self._handed_outputs, transform.spec, case.name))
             self._verification = (key, v)
         return self._verification[1]
