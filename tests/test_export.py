@@ -21,6 +21,7 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from torch.utils import _pytree as pytree
 
 import fxverify
+from fxverify.analysis.graph_text import canonical_text
 from fxverify.analysis.repropagation import repropagate, shape_env_of, violation
 from fxverify.capture import Export, MakeFx, SymbolicTrace
 from fxverify.capture.copies import retyped_copy
@@ -338,6 +339,14 @@ def test_determinism_reruns_copy_the_capture_so_the_exporters_own_order_is_not_b
     assert verification(aten_passes.identity, "edge_conv_bn_head", "export_core").run("determinism").ok
     found = verification(aten_passes.hoist_parameters_in_set_order, "edge_conv_bn_head").run("determinism")
     assert found.outcome == FAILED and "order of a set or dict of nodes" in found.message
+
+
+def test_the_reruns_transform_copies_of_the_kept_capture_and_leave_it_as_exported():
+    v = verification(aten_passes.hoist_parameters_in_set_order, "edge_conv_bn_head")  # it moves nodes in place
+    kept = v.subject.capture_source("eval")
+    exported = canonical_text(kept.graph)
+    assert v.run("determinism").outcome == FAILED
+    assert v.subject.capture_source("eval") is kept and canonical_text(kept.graph) == exported
 
 
 @pytest.mark.slow

@@ -206,7 +206,7 @@ def _serve(spec: str, timeout: float) -> None:
         subject = Subject(transform, case, timeout=timeout,
                           capture=case.capture_named(capture) if isinstance(capture, str) else capture)
         try:  # the transform given a copy, as the subject's result was made
-            answer = digest(subject.transformed_copy(subject.capture_fresh(mode, static=static), mode))
+            answer = digest(subject.transformed_copy(subject.capture_source(mode, static=static), mode))
         except TransformFailed as exc:
             answer = f"error: {exc}"
         except Skip as exc:

@@ -123,7 +123,7 @@ def check(v: Subject) -> dict[str, Any]:
     captured = _captured_at_example_shapes(mode, static)
     primary = (mode, static) == (v.contract.primary_mode, False)
     try:  # before the other process's answer: the transform failing here is not the other process's failure
-        result = v.applied().result if primary else v.transformed_copy(v.capture_fresh(mode, static=static), mode)
+        result = v.applied().result if primary else v.transformed_copy(v.capture_source(mode, static=static), mode)
     except TransformFailed as exc:  # numerics' stage in that mode reports it
         return {**in_process, "cross_process": f"not compared: the transform raised{captured}: {exc.cause}"}
     other = v.settings.cross_process(v.case.name, mode=mode, static=static)
@@ -149,7 +149,7 @@ def _rerun_in_hash_orders(v: Subject, mode: str, static: bool, first: str) -> No
     fingerprint than ``first``, what it gave with the nodes hashing by address."""
     runs = {}
     for order in ORDERS:
-        original = v.capture_fresh(mode, static=static)  # outside: the capture's own order is not the transform's doing
+        original = v.capture_source(mode, static=static)  # outside: the capture's own order is not the transform's doing
         with hash_ordered(order):
             result = v.transformed_copy(original, mode)
         runs[order] = fingerprint(result)
