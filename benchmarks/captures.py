@@ -1,6 +1,7 @@
 """What a capture costs a whole run: pytest with ``-n 2`` over a corpus, one transform, under each
 capture (``--fxverify-capture``), run side by side in rounds (symbolic_trace, export, export_core,
-make_fx, then again), with wall and CPU time, the median ratio of each capture to ``symbolic_trace`` in the
+make_fx, then the other way round, so that a machine whose speed drifts during the rounds favours
+neither), with wall and CPU time, the median ratio of each capture to ``symbolic_trace`` in the
 same round, seconds per model (the items' durations summed per model, from the JSON report) and
 the failures, which for a correct transform must be none.
 
@@ -56,7 +57,7 @@ def main() -> None:
     figures: dict[str, list[dict]] = collections.defaultdict(list)
     with tempfile.TemporaryDirectory() as cwd:
         for index in range(args.rounds):
-            for capture in captures:
+            for capture in captures if index % 2 == 0 else captures[::-1]:  # ABBA: a drift in speed cancels
                 found = run(capture, args, cwd)
                 figures[capture].append(found)
                 print(f"round {index + 1}, {capture}: {found['wall']:.0f} s wall, {found['cpu']:.0f} s CPU, "
