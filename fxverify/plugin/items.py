@@ -67,7 +67,8 @@ class FxVerifyRun:
                 self._hand_over(*self._verification)
             self._verification = None  # release the previous model before building the next
             release_memory()
-            digests, captured, o = self._digests[transform.spec, capture], case.capture_named(capture), self.options
+            o = self.options
+            digests, captured = self._digests[transform.spec, capture], case.capture_named(capture)
             if key in self._digest_wanted:  # the server works on it while the other checks run
                 mode, static = cross_process_capture(transform.contract, captured, o.train_capture)
                 digests.request(case.name, mode=mode, static=static)
