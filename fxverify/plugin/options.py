@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -112,8 +112,10 @@ def add_options(parser: pytest.Parser) -> None:
         else:
             group.addoption(option.flag, dest=option.name, default=None, metavar=option.metavar, help=text)
         if option.ini:
-            parser.addini(option.name, type="linelist" if option.kind == LINES else "string", default=(
-                [] if option.kind == LINES else option.default), help=option.help)
+            # named and typed: mypy reads a bare string in addini's type= as a type form (pytest 9.2's stubs)
+            ini_type: Literal["linelist", "string"] = "linelist" if option.kind == LINES else "string"
+            parser.addini(option.name, type=ini_type, default=([] if option.kind == LINES else option.default),
+                          help=option.help)
 
 
 def _usage(option: str, problem: str) -> pytest.UsageError:
