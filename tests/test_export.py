@@ -16,6 +16,7 @@ import pytest
 import sympy
 import torch
 from torch import fx, nn
+from torch._export.verifier import SpecViolationError
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from torch.utils import _pytree as pytree
@@ -33,6 +34,7 @@ from fxverify.diagnose.repro_script import EXIT_DIFFERS
 from fxverify.engine.contracts import Contract
 from fxverify.engine.results import FAILED, PASSED, SKIPPED, XFAILED
 from tests import aten_passes, mutations
+from tests.pinned import tied_to_pins
 
 ATEN = Path(__file__).with_name("aten_passes.py")
 MODELS = "edge_conv_bn_head,edge_running_statistics,layer_activations"
@@ -73,8 +75,8 @@ BUGGY_PER_CAPTURE = {
     "clamp_min_in_core": ("opset", "edge_conv_bn_head", "aten.clamp_min.default, which is not a core ATen", "export_core"),
     "forgets_meta_in_make_fx": ("meta", "edge_conv_bn_head", "have no meta['val']", "make_fx"),
     "pass_manager_losing_meta": ("meta", "edge_conv_bn_head", "fails after step 2 of 3, ", "export"),
-    "relu_times_tensor_literal_on_program": ("serde", "edge_running_statistics", "torch.export.save raised "
-                                             "SerializeError: Failed serializing node mul_tensor", "export"),
+    "relu_times_tensor_literal_on_program": ("serde", "edge_running_statistics", "torch.export.save raised ",
+                                             "export"),
     "fake_quantize_training_ir_weights": ("agreement", "edge_conv_bn_head", "It rewrote nothing under export_core",
                                           "export_core"),
 }
@@ -416,11 +418,12 @@ def test_a_pipeline_names_the_first_step_after_which_a_check_fails():
         fxverify.Transform.from_callable([aten_passes.identity, aten_passes.relu_to_clamp_on_program])
 
 
+@tied_to_pins("torch", regenerate="if copy.deepcopy(program) now validates, fxverify's renaming is no longer needed")
 def test_a_program_is_copied_for_the_pass_with_the_names_its_signature_gives():
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())  # forward(input): a builtin's name
     program = torch.export.export(model, (torch.randn(2, 3),), strict=False)
     copied = copy.deepcopy(program)
-    with pytest.raises(Exception, match="does not match node name input_1"):
+    with pytest.raises(SpecViolationError, match="does not match node name input_1"):
         copied.validate()  # torch renames the placeholder as it copies the graph
     named_as_exported(copied).validate()
 

@@ -26,6 +26,7 @@ from fxverify.cases import catalogue
 from fxverify.cases.case import load_case
 from fxverify.engine.transform import Transform
 from tests import aten_passes, mutations
+from tests.pinned import pins, tied_to_pins
 
 CORPUS_GOLDEN = Path(__file__).parents[1] / "corpus" / "golden"
 BASELINE = "fxverify.examples:identity"
@@ -261,6 +262,19 @@ def _baseline_cases() -> list:
     return [entry.name for entry in catalogue.choose(profiles) if not entry.xfail]
 
 
+REGENERATE = ("check the new code is right, then regenerate corpus/golden with the command in tests/test_golden.py's "
+              "docstring and move the pins in .ci/constraints.txt")
+
+
+def test_the_project_golden_files_were_written_with_the_pinned_versions():
+    """The baseline below runs only on the pinned versions: the two must name the same ones."""
+    pinned = {name: pins()[name] for name in golden.LIBRARIES}
+    written = {path.name: golden._versions(path.read_text()) for path in CORPUS_GOLDEN.rglob("*.golden")}
+    assert len(written) > 100, CORPUS_GOLDEN
+    assert {name: found for name, found in written.items() if found != pinned} == {}
+
+
+@tied_to_pins(*golden.LIBRARIES, regenerate=REGENERATE)
 @pytest.mark.parametrize("model", _baseline_cases())
 def test_corpus_traces_match_the_project_golden_files(model):
     """torch's codegen for a corpus model changed unexpectedly when this fails: see the diff; if the change is
