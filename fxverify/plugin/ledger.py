@@ -19,7 +19,7 @@ from fxverify.engine.results import ERROR, FAILED, PASSED, SKIPPED, XFAILED, Che
 from fxverify.engine.transform import Transform
 from fxverify.golden import format_updates
 from fxverify.plugin.nodeids import parse_nodeid
-from fxverify.reports.records import record
+from fxverify.reports.records import record, sorted_records
 from fxverify.reports.summary import format_table, merged_changes, rewrite_warning
 
 # the user_properties keys an item attaches to its report
@@ -100,9 +100,7 @@ class Ledger:
 
     def sorted_records(self) -> list[dict[str, Any]]:
         """The records by transform, model and the checks' order."""
-        order = {name: i for i, name in enumerate(self.checks)}
-        return sorted(self.records.values(),
-                      key=lambda r: (r["transform"], r["model"], order.get(r["check"], len(order))))
+        return sorted_records(self.records.values(), self.checks)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.outcomes:

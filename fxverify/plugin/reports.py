@@ -14,9 +14,12 @@ from typing import Any
 
 import pytest
 
+from fxverify.cases import catalogue
 from fxverify.engine.results import CheckResult
 from fxverify.engine.subject import Subject
 from fxverify.plugin.ledger import RECORD, Ledger
+from fxverify.plugin.nodeids import model_label
+from fxverify.plugin.options import RunOptions
 from fxverify.reports.figures import figures_of
 from fxverify.reports.html import write_html
 from fxverify.reports.records import header, record, write_json
@@ -30,6 +33,16 @@ def report_properties(result: CheckResult, subject: Subject | None, *, html: boo
     return [(RECORD, record(result, figures=figures, changed=changed))]
 
 
+def run_header(options: RunOptions, ledger: Ledger) -> dict[str, Any]:
+    """The header's ``run``: the checks in their order, each transform's contract, the shard, and the
+    models (labels, in catalogue order) of the whole selection and of this run, which
+    :mod:`fxverify.reports.merge` needs to merge the shards' reports as one run."""
+    whole = catalogue.select(options.corpus, exclude=options.exclude, tags=options.tags)
+    return {"checks": list(ledger.checks), "contracts": {t.spec: t.contract.describe() for t in ledger.transforms},
+            "shard": options.shard or None, "selection": [model_label(e.name, c) for e in whole for c in options.captures],
+            "models": list(ledger.models)}
+
+
 @dataclasses.dataclass(eq=False)  # pytest plugins must be hashable
 class ReportWriter:
     """Writes the JSON and HTML reports from the ledger's records at the end of the session."""
@@ -37,10 +50,11 @@ class ReportWriter:
     ledger: Ledger
     json_path: Path | None
     html_path: Path | None
+    run: dict[str, Any]  # the header's run (:func:`run_header`)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self) -> None:
-        records, head = self.ledger.sorted_records(), header(self.ledger.random_graphs)
+        records, head = self.ledger.sorted_records(), header(self.ledger.random_graphs, self.run)
         if self.json_path:
             self.ledger.written.append(write_json(self.json_path, records, head))
         if self.html_path:

@@ -13,15 +13,23 @@ import datetime
 import importlib.metadata
 import json
 import platform
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from fxverify.cases.catalogue import CAPTURES, model_label
 from fxverify.engine.results import CheckResult
+from fxverify.errors import FxVerifyError
 
 SCHEMA_VERSION = 1
 FIGURES = "figures"  # the key of a record's pictures and code (HTML only, left out of the JSON)
+R = TypeVar("R", bound=Mapping[str, Any])
+
+
+class ReportError(FxVerifyError):
+    """A JSON report that cannot be read, or reports that cannot be merged; the message says why
+    and what to give instead."""
+
 
 def record(result: CheckResult, *, duration: float | None = None, nodeid: str | None = None,
            figures: Mapping[str, Any] | None = None, changed: list[str] | None = None) -> dict[str, Any]:
@@ -52,9 +60,10 @@ def record(result: CheckResult, *, duration: float | None = None, nodeid: str | 
     return found
 
 
-def header(random_graphs: Iterable[str] = ()) -> dict[str, Any]:
-    """Versions of fxverify, Python and the libraries that decide results, the time (UTC), and which
-    models are random graphs (``--fxverify-random-graphs``)."""
+def header(random_graphs: Iterable[str] = (), run: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Versions of fxverify, Python and the libraries that decide results, the time (UTC), which
+    models are random graphs (``--fxverify-random-graphs``) and, from pytest, what the ``run``
+    selected (its checks, the transforms' contracts, its shard and models: see docs/reports.md)."""
     versions: dict[str, str | None] = {"python": platform.python_version()}
     for package in ("fxverify", "torch", "torchvision", "timm"):
         try:
@@ -62,7 +71,18 @@ def header(random_graphs: Iterable[str] = ()) -> dict[str, Any]:
         except importlib.metadata.PackageNotFoundError:
             versions[package] = None
     created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    return {"schema": SCHEMA_VERSION, "created": created, "versions": versions, "random_graphs": sorted(random_graphs)}
+    return {"schema": SCHEMA_VERSION, "created": created, "versions": versions, "random_graphs": sorted(random_graphs),
+            "run": dict(run) if run is not None else None}
+
+
+def sorted_records(records: Iterable[R], checks: Sequence[str]) -> list[R]:
+    """``records`` by transform, model and the order of ``checks`` (the reports' order).
+
+    >>> [r["check"] for r in sorted_records([{"transform": "t", "model": "m", "check": c} for c in "ab"], "ba")]
+    ['b', 'a']
+    """
+    order = {name: i for i, name in enumerate(checks)}
+    return sorted(records, key=lambda r: (r["transform"], r["model"], order.get(r["check"], len(order))))
 
 
 def json_report(records: Iterable[Mapping[str, Any]], head: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -86,3 +106,26 @@ def write_json(path: str | Path, records: Iterable[Mapping[str, Any]], head: Map
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(json_report(records, head), indent=1, default=str) + "\n", encoding="utf-8")
     return path
+
+
+def read_json(path: str | Path) -> dict[str, Any]:
+    """The JSON report at ``path`` (written by :func:`write_json`); :class:`ReportError` saying what
+    is wrong with it otherwise.
+
+    >>> import tempfile
+    >>> read_json(write_json(tempfile.mkdtemp() + "/r.json", []))["records"]
+    []
+    """
+    try:
+        report = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ReportError(f"cannot read {path}: {exc.strerror or exc}; give a report --fxverify-json wrote") from None
+    except ValueError as exc:
+        raise ReportError(f"{path} is not JSON ({exc}); give a report --fxverify-json wrote") from None
+    if not isinstance(report, dict) or not isinstance(report.get("header"), dict) or not isinstance(
+            report.get("records"), list):
+        raise ReportError(f"{path} is not an fxverify report (no header and records); give one --fxverify-json wrote")
+    if report["header"].get("schema") != SCHEMA_VERSION:
+        raise ReportError(f"{path} has schema {report['header'].get('schema')!r}, this fxverify reads "
+                          f"{SCHEMA_VERSION}: write it again with this version")
+    return report
