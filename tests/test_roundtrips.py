@@ -189,3 +189,52 @@ def test_a_result_torch_fx_cannot_load_is_failed_with_the_torch_defect_explained
         assert result.finding.endswith("declare serializable=False")
     assert fxverify.check_pickle(fxverify.examples.identity, case).ok  # the original's own trip is fine
     assert fxverify.check_lint(split, plain_mlp()).ok  # and tracing works again
+
+
+def folds_constants(gm: fx.GraphModule) -> nn.Module:
+    """torch's constant folding: a FoldedGraphModule, which runs, recompiles, pickles, switches mode and runs
+    after .to(torch.float64), but whose copy.deepcopy loses has_folding_been_run and raises when run."""
+    from torch.fx.experimental.const_fold import split_const_subgraphs
+
+    return split_const_subgraphs(gm)
+
+
+class Uncopyable(fx.GraphModule):
+    """A GraphModule that copy.deepcopy cannot copy."""
+
+    def __deepcopy__(self, memo: dict[int, object]) -> Uncopyable:
+        raise TypeError("Uncopyable cannot be copied")
+
+
+def returns_uncopyable(gm: fx.GraphModule) -> nn.Module:
+    return Uncopyable(gm, gm.graph)
+
+
+def test_a_result_whose_deepcopy_is_broken_fails_pickle_alone_naming_the_copy():
+    gm = fx.symbolic_trace(nn.Sequential(nn.Linear(3, 3), nn.ReLU()))
+    folded, x = folds_constants(gm), torch.randn(2, 3)
+    torch.testing.assert_close(folded.to(torch.float64)(x.double()), gm.double()(x.double()))  # plain torch: it runs
+    with pytest.raises(AttributeError, match="has_folding_been_run"):
+        copy.deepcopy(folded)(x.double())  # the copy does not
+    checks = ["numerics", "gradients", "devices", *ROUND_TRIPS]
+    results = {r.check: r for r in fxverify.verify(folds_constants, "edge_conv_bn_head", checks=checks)}
+    assert [c for c, r in results.items() if not r.ok] == ["pickle"], [r.message for r in results.values()]
+    assert ("running the module copy.deepcopy made raised AttributeError: 'GraphModule' object has no attribute "
+            "'has_folding_been_run'; the copy lacks") in results["pickle"].finding
+    assert "unless a subclass overrides _deepcopy_init (a torch defect" in results["pickle"].finding
+    for check in ("numerics", "gradients", "devices", "recompile"):
+        assert results[check].outcome == "passed", results[check].message
+        assert results[check].details["result_copies"].startswith(
+            "fxverify's copies of the result are the transform applied to fresh captures: the module "
+            "copy.deepcopy(result) makes raises AttributeError")
+    assert results["devices"].details["float64"] == "runs" and results["devices"].details["meta_run"] == "runs"
+    assert results["numerics"].details["float64"] == "compared"
+    assert results["numerics"].details["switched_modes"] == ["train->eval", "eval->train"]
+
+
+def test_a_result_deepcopy_cannot_copy_is_recompiled_and_switched_on_a_fresh_result():
+    results = {r.check: r for r in fxverify.verify(returns_uncopyable, "edge_conv_bn_head",
+                                                   checks=["numerics", "recompile", "pickle"])}
+    assert results["numerics"].outcome == results["recompile"].outcome == "passed", results
+    assert results["numerics"].details["switched_modes"] == ["train->eval", "eval->train"]
+    assert results["pickle"].finding == "copy.deepcopy raised TypeError: Uncopyable cannot be copied"

@@ -188,17 +188,3 @@ def forget_unpatchable_wraps() -> None:
         if name not in frame_dict and not hasattr(builtins, name):
             del registry[key]
 
-
-def unpatchable_wrap_hint(exc: BaseException) -> str | None:
-    """Why ``exc`` was raised, when it is the ``KeyError`` of such a registration (see
-    :func:`forget_unpatchable_wraps`): a torch.fx defect, not the code that happened to trace next.
-
-    >>> unpatchable_wrap_hint(KeyError("x")) is None
-    True
-    """
-    name = exc.args[0] if isinstance(exc, KeyError) and exc.args else None
-    if not isinstance(name, str) or name not in {key[1] for key in _symbolic_trace._wrapped_fns_to_patch}:
-        return None
-    return (f"a torch.fx defect (torch 2.14): code generated for a trace with a None concrete arg runs "
-            f"torch.fx.wrap({name!r}), a dotted name no module's globals hold, and every trace after it in the "
-            "process raises this KeyError")

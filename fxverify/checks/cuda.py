@@ -29,14 +29,11 @@ def check(v: Subject) -> dict[str, Any]:
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     try:
         try:
-            module = v.convert("result", result, device="cuda")
-        except CopyFailed as exc:  # no copy, no verdict (lint reports a result that cannot be copied)
-            raise Skip(f"not judged: {exc}") from None
-        try:
-            with torch.no_grad():
-                actual = module(*config.make(v.case.seed, device="cuda"))
-        except Exception as exc:
-            raise Finding(f"the result moved to CUDA raised {exception_summary(exc)}", input=where) from None
+            actual = _run_on_cuda(v, result, where)
+        except Finding:
+            if not v.renew_result_copies():
+                raise
+            actual = _run_on_cuda(v, result, where)  # the copy raised, not the result: a fresh one, moved
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
     actual = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.cpu(), actual)
@@ -49,3 +46,16 @@ def check(v: Subject) -> dict[str, Any]:
     if found is not None:
         raise Finding(f"CUDA outputs differ from the CPU reference: {found.describe()}", input=where, where=found.path)
     return {"device": torch.cuda.get_device_name()}
+
+
+def _run_on_cuda(v: Subject, result: torch.nn.Module, where: str) -> Any:
+    """The outputs of a copy of ``result`` moved to CUDA on the primary inputs there (a finding where it raises)."""
+    try:
+        module = v.convert("result", result, device="cuda")
+    except CopyFailed as exc:  # no copy, no verdict (lint reports a result that cannot be copied)
+        raise Skip(f"not judged: {exc}") from None
+    try:
+        with torch.no_grad():
+            return module(*v.primary.make(v.case.seed, device="cuda"))
+    except Exception as exc:
+        raise Finding(f"the result moved to CUDA raised {exception_summary(exc)}", input=where) from None

@@ -143,6 +143,8 @@ def _run_on_meta(v: Subject, applied: Applied) -> str:
         if error is not None:
             return "not judged: the original does not run on meta either"  # data-dependent ops, say
         error, node = run("result", applied.result)
+        if error is not None and v.renew_result_copies():  # the copy raised, not the result: a fresh one, moved
+            error, node = run("result", applied.result)
     except CopyFailed as exc:
         return f"not judged: {exc} (fxverify cannot copy the module; the lint check reports a result that cannot be)"
     if error is None:

@@ -57,10 +57,11 @@ from torch.fx.operator_schemas import normalize_function
 
 from fxverify.analysis.compare import compare_trees
 from fxverify.analysis.graph_text import canonical_text
+from fxverify.analysis.known_errors import known_cause, unpatchable_wrap
 from fxverify.analysis.module_state import first_line_difference, resolve
 from fxverify.analysis.recording import RecordingInterpreter
 from fxverify.capture.export import PROGRAM, named_as_exported, program_of
-from fxverify.capture.symbolic import forget_unpatchable_wraps, unpatchable_wrap_hint
+from fxverify.capture.symbolic import forget_unpatchable_wraps
 from fxverify.checks.verifier import validation_error
 from fxverify.engine.results import Finding, Skip, exception_summary
 from fxverify.engine.subject import Subject
@@ -129,13 +130,12 @@ def check_serde(v: Subject) -> dict[str, Any]:
 
 def _round_trip(v: Subject, trip: Trip, *, retraces: bool = False) -> dict[str, Any]:
     """Run ``trip`` on the result; when it fails, run it on the original to see whose fault it is (each
-    in a process that can trace: a failed trip may leave torch.fx unable to, see ``unpatchable_wrap_hint``)."""
+    in a process that can trace: a failed trip may leave torch.fx unable to, see ``forget_unpatchable_wraps``)."""
     result = v.applied().result
     if not isinstance(result, fx.GraphModule):
         raise Skip(f"the transform returned a {type(result).__name__}, not a GraphModule: no graph to round-trip")
     try:
-        forget_unpatchable_wraps()
-        trip(v, "result")
+        _trip_result(v, trip)
     except Finding as finding:
         try:
             forget_unpatchable_wraps()
@@ -149,6 +149,20 @@ def _round_trip(v: Subject, trip: Trip, *, retraces: bool = False) -> dict[str, 
             raise Finding(finding.what + "; " + lost, input=finding.input, where=finding.where) from None
         raise
     return {"mode": v.applied().mode}
+
+
+def _trip_result(v: Subject, trip: Trip) -> None:
+    """``trip`` on the result; again on fresh copies of it where it failed on a copy ``copy.deepcopy`` made that
+    raises where the result runs (:meth:`~fxverify.engine.subject.Subject.renew_result_copies`): fxverify's copy
+    failed, not the result, and only the pickle check, whose round trip that copy is, reports it."""
+    forget_unpatchable_wraps()
+    try:
+        trip(v, "result")
+    except Finding:
+        if not v.renew_result_copies():
+            raise
+        forget_unpatchable_wraps()
+        trip(v, "result")
 
 
 def _lost_wraps(v: Subject) -> str | None:
@@ -172,7 +186,8 @@ def _lost_wraps(v: Subject) -> str | None:
 
 def _recompile(v: Subject, which: str) -> None:
     module = _graph_module(v, which)
-    copied = _step("copy.deepcopy", lambda: copy.deepcopy(module))
+    copied = _step("copying the module", lambda: v.copy_of(which))
+    assert isinstance(copied, fx.GraphModule), type(copied)
     _step("recompile()", copied.recompile)
     _same_code(module, copied, "recompile() changes the generated code: the graph was edited without calling "
                                "gm.recompile() afterwards")
@@ -245,7 +260,8 @@ def _pickle(v: Subject, which: str) -> None:
     module = _graph_module(v, which)
     copied = _step("copy.deepcopy", lambda: copy.deepcopy(module))
     _same_code(module, copied, "copy.deepcopy generates different code")
-    _same_outputs(v, which, copied, "copy.deepcopy computes something else")
+    _same_outputs(v, which, copied, "copy.deepcopy computes something else",
+                  running="running the module copy.deepcopy made", note=_lost_in_copy(module, copied))
     data = _step("pickle.dumps", functools.partial(pickle.dumps, copied))  # not the module: pickling recompiles it
     del copied  # one extra copy of a big model in memory at a time
     loaded = _step("pickle.loads", functools.partial(pickle.loads, data), saving=True)  # re-traces the pickled code
@@ -267,19 +283,37 @@ def _interpreter(v: Subject, which: str) -> None:
         )
 
 
+def _lost_in_copy(module: fx.GraphModule, copied: fx.GraphModule) -> str:
+    """What ``copied``, ``copy.deepcopy(module)``, lacks of a GraphModule subclass's own state, and why, as
+    "; the copy lacks ...", or "". ``GraphModule.__deepcopy__`` builds the copy with ``GraphModule.__init__``
+    unless the subclass overrides ``_deepcopy_init``, so the attributes and submodules its own ``__init__``
+    sets are lost (torch 2.14's ``FoldedGraphModule``, which ``split_const_subgraphs`` returns, loses
+    ``has_folding_been_run``)."""
+    lost = sorted((set(vars(module)) | set(module._modules)) - (set(vars(copied)) | set(copied._modules)))
+    own = next((c for c in type(module).__mro__ if c is not fx.GraphModule and issubclass(c, fx.GraphModule)
+                and "__init__" in vars(c)), None)
+    if not lost or own is None or type(module)._deepcopy_init is not fx.GraphModule._deepcopy_init:
+        return ""
+    fix = (f"a torch defect ({own.__module__}.{own.__name__}); declare serializable=False if the pass does not "
+           "promise copies" if own.__module__.startswith("torch.") else f"override _deepcopy_init in {own.__name__}")
+    return (f"; the copy lacks {', '.join(lost[:4])}{' ...' if len(lost) > 4 else ''}, which {own.__name__}.__init__ "
+            f"sets: GraphModule.__deepcopy__ builds copies with GraphModule.__init__ unless a subclass overrides "
+            f"_deepcopy_init ({fix})")
+
+
 # -- helpers ---------------------------------------------------------------------------------
 
 
-def _step(what: str, fn: Callable[[], Any], *, saving: bool = False) -> Any:
+def _step(what: str, fn: Callable[[], Any], *, saving: bool = False, note: str = "") -> Any:
     try:
         return fn()
     except Exception as exc:
-        hint = unpatchable_wrap_hint(exc)
-        if hint and saving:
+        hint = known_cause(exc)
+        if hint and saving and unpatchable_wrap(exc):
             hint += ("; loading what was saved runs such code, then traces GraphModules again (submodules saved "
                      "with torch.save are traced when loaded). The result cannot be saved this way until torch fixes "
                      "it: if the pass does not promise that, declare serializable=False")
-        raise Finding(f"{what} raised {exception_summary(exc)}" + (f": {hint}" if hint else "")) from None
+        raise Finding(f"{what} raised {exception_summary(exc)}" + (f": {hint}" if hint else "") + note) from None
 
 
 def _same_code(module: fx.GraphModule, other: fx.GraphModule, what: str) -> None:
@@ -350,8 +384,11 @@ def _reads_before_first_use(graph: fx.Graph) -> None:
                 placed.add(read)
 
 
-def _same_outputs(v: Subject, which: str, other: nn.Module, what: str) -> None:
-    actual = _step("running the round-tripped module", lambda: _run(v, other))
+def _same_outputs(v: Subject, which: str, other: nn.Module, what: str, *,
+                  running: str = "running the round-tripped module", note: str = "") -> None:
+    """``other`` gives the outputs of ``v``'s ``which`` module, or a finding saying ``what`` (``running`` it
+    raised, with ``note``)."""
+    actual = _step(running, lambda: _run(v, other), note=note)
     found = compare_trees(actual, _reference(v, which), tolerance=v.tolerance)
     if found is not None:
         raise Finding(f"{what}: {found.describe()}", input=_where(v), where=found.path)
@@ -368,7 +405,11 @@ def _runnable(v: Subject, which: str) -> fx.GraphModule:
     """The module to run: in train mode a copy, since a run updates state (BatchNorm running
     statistics) that later checks read from the shared module."""
     module = _graph_module(v, which)
-    return module if v.applied().mode == "eval" else copy.deepcopy(module)
+    if v.applied().mode == "eval":
+        return module
+    copied = v.copy_of(which)
+    assert isinstance(copied, fx.GraphModule), type(copied)
+    return copied
 
 
 def _graph_module(v: Subject, which: str) -> fx.GraphModule:

@@ -120,11 +120,15 @@ class Runner:
                                    f"the whole pipeline passes (a later step repairs it):\n{result.finding}",
                                    input=result.input, where=result.where, node=result.node)
                 return self._failed(check, repaired, step=self._step_line(check, count))
+        if self.subject.fresh_copies is not None:
+            details = {**details, "result_copies": self.subject.fresh_copies_note}
         return self._result(check, PASSED, details=details)
 
     def _failed(self, check: str, finding: Finding, *, step: str | None = None) -> CheckResult:
         if len(self.transform.steps) > 1:
             finding.what += f"\n{step or self.first_failing_step(check)}"
+        if self.subject.fresh_copies is not None:
+            finding.what += f"\n{self.subject.fresh_copies_note}"
         for hook in self.after_failure:
             try:
                 hook(self.subject, check, finding)

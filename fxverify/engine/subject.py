@@ -17,7 +17,7 @@ import functools
 import gc
 import os
 from collections.abc import Callable
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Literal, TypeVar, cast, overload
 
 import sympy
 import torch
@@ -47,7 +47,7 @@ from fxverify.cases.inputs import InputConfig
 from fxverify.engine.contracts import Contract
 from fxverify.engine.memory import trim_heap
 from fxverify.engine.references import ReferenceStore
-from fxverify.engine.results import CaptureFailed, ModuleRaised
+from fxverify.engine.results import CaptureFailed, ModuleRaised, exception_summary
 from fxverify.engine.transform import Transform, as_transform
 from fxverify.errors import CopyFailed, TransformFailed
 
@@ -137,6 +137,7 @@ class Subject:
         self._float64_exact: bool | None = None  # set by each float64 result made
         self.float64_fallback: str | None = None  # why the transform could not be applied to a float64 copy
         self.uncopyable: dict[str, str] = {}  # "original" / "result" -> why copy.deepcopy of it raised
+        self.fresh_copies: str | None = None  # why copies of the result are made anew (see renew_result_copies)
         # (mode, dtype, static) -> the capture copied for each use, when the capture keeps captures; or why it failed
         self._captured: dict[tuple[str, str, bool], fx.GraphModule | CaptureFailed] = {}
         self._repropagated: dict[str, Repropagation | None] = {}
@@ -268,6 +269,68 @@ class Subject:
             self._changed_in[mode] = before.differences(result)
         return self.capture.set_mode(result, mode == "train")
 
+    def copy_of(self, which: str) -> nn.Module:
+        """A copy of the primary-mode ``original`` or ``result`` to change or run (recompile it, switch its mode,
+        step its buffers): ``copy.deepcopy`` of it; for a result that ``copy.deepcopy`` cannot copy, or whose
+        copy is known not to run where it does (:meth:`renew_result_copies`), the transform applied to a fresh
+        capture, as its users make another one. Raises :class:`TransformFailed` when that fails."""
+        applied = self.applied()
+        if which == "original":
+            return copy.deepcopy(applied.original)
+        if self.fresh_copies is None:
+            try:
+                return copy.deepcopy(applied.result)
+            except Exception:  # the pickle check reports it; the checks that need a copy take another one
+                pass
+        return self.transformed_fresh(applied.mode)
+
+    @functools.cached_property
+    def result_copy_problem(self) -> str | None:
+        """Why the module ``copy.deepcopy`` makes of the primary-mode result is not a working copy of it: it
+        raises on the primary inputs, where the result runs (torch's ``FoldedGraphModule``, whose
+        ``has_folding_been_run`` the copy lacks); None where it runs, where the result raises too (the
+        result's own finding), and where ``copy.deepcopy`` itself raises (:attr:`uncopyable`)."""
+        try:
+            copied = copy.deepcopy(self.applied().result)
+            self.outputs("result")
+        except Exception:  # deepcopy raised (no copy to judge), or the result raised (no copy is to blame)
+            return None
+        try:
+            with torch.random.fork_rng(devices=[]), torch.no_grad():
+                copied(*self.primary.make(self.case.seed))
+        except Exception as exc:
+            return (f"the module copy.deepcopy(result) makes raises {exception_summary(exc)} on "
+                    f"{self.primary.describe()}, where the result itself runs")
+        return None
+
+    def renew_result_copies(self) -> bool:
+        """Whether a failure seen running fxverify's copies of the result is their doing, not the result's:
+        ``copy.deepcopy`` gives a copy that raises where the result runs (:attr:`result_copy_problem`). From
+        then on the converted and plain copies of the result (:meth:`convert`, :meth:`copy_of`) are the
+        transform applied to fresh captures, converted in place (:attr:`fresh_copies` says why), and those made
+        so far are forgotten: the caller runs again. False where copies are already made so, or the copy
+        works: the failure stands. The pickle check reports the broken copy."""
+        if self.fresh_copies is not None or self.result_copy_problem is None:
+            return False
+        self.fresh_copies = self.result_copy_problem
+        for copied in [k for k in self._float64 if k.startswith("result-")]:
+            del self._float64[copied]
+        for ran in [k for k in self._outputs if k[0] == "result" and k[2] != "None"]:
+            del self._outputs[ran]
+        return True
+
+    @property
+    def fresh_copies_note(self) -> str:
+        """One line for the checks' messages where copies of the result are made anew (:attr:`fresh_copies`)."""
+        return (f"fxverify's copies of the result are the transform applied to fresh captures: {self.fresh_copies}. "
+                "That is fxverify's copy failing, not the result; the pickle check reports it")
+
+    @property
+    def converts_result(self) -> bool:
+        """Whether the result's dtype copies are converted copies of it (:meth:`module`), not the transform
+        applied again to a copy of the original in that dtype (a result with new tensors; an ATen graph)."""
+        return not (self.applied().rewrites_state or self.capture.bakes_dtypes)
+
     def transformed_copy(self, original: fx.GraphModule, mode: str) -> nn.Module:
         """The result of the transform applied to a ``copy.deepcopy`` of ``original``, a capture in
         ``mode`` (from :meth:`capture_source`, left as it is), as :meth:`apply_fresh` makes the result the
@@ -396,6 +459,9 @@ class Subject:
             found = store.load(stored) if store is not None else None
             if found is None:
                 found = self._run(which, config, dtype, threads)
+                if isinstance(found, ModuleRaised) and which == "result" and dtype is not None and \
+                        self.converts_result and self.renew_result_copies():
+                    found = self._run(which, config, dtype, threads)  # on a fresh result, converted
                 if store is not None and not isinstance(found, ModuleRaised):
                     store.save(stored, found)
             self._outputs[key] = found
@@ -444,7 +510,7 @@ class Subject:
         if key not in self._float64:
             if which == "original" and self.capture.bakes_dtypes:
                 self._float64[key] = self.capture_fresh(applied.mode, dtype)
-            elif which == "result" and (applied.rewrites_state or self.capture.bakes_dtypes):
+            elif which == "result" and not self.converts_result:
                 self._float64[key] = self._transformed_in(dtype)
             else:
                 self._float64[key] = self.convert(which, module, dtype=dtype)
@@ -482,7 +548,12 @@ class Subject:
                 device: str | None = None) -> ModuleT:
         """``module`` (the ``original``'s or the ``result``'s) converted by the capture; when copying it
         raises, why is remembered in ``uncopyable``: fxverify cannot make its converted copies, which
-        says nothing of the module's dtypes or devices (lint reports a result that cannot be copied)."""
+        says nothing of the module's dtypes or devices (lint reports a result that cannot be copied). Where
+        copies of the result are made anew (:meth:`renew_result_copies`), the transform applied to a fresh
+        capture, converted in place."""
+        if which == "result" and self.fresh_copies is not None:
+            fresh = self.transformed_fresh(self.applied().mode)
+            return cast(ModuleT, fresh.to(device=device, dtype=dtype))
         try:
             return self.capture.convert(module, dtype=dtype, device=device)
         except CopyFailed as exc:

@@ -29,6 +29,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, cast
 
+from fxverify.analysis.known_errors import known_cause
 from fxverify.engine.contracts import PROGRAM_CAPTURES, Contract, contract_of
 from fxverify.engine.results import exception_summary
 from fxverify.errors import TransformFailed, TransformLoadError
@@ -183,7 +184,9 @@ class Transform:
             raise
         except BaseException as exc:  # the user's own error (sys.exit() too), reported with its traceback
             tb = "".join(traceback.format_exception(type(exc), exc, _users_frames(exc.__traceback__)))
-            raise TransformFailed(f"transform {self.spec} raised {_raised(exc)}\n{tb}", _raised(exc)) from exc
+            known = known_cause(exc)
+            hint = f"known torch behaviour: {known}\n" if known else ""
+            raise TransformFailed(f"transform {self.spec} raised {_raised(exc)}\n{hint}{tb}", _raised(exc)) from exc
         return self.normalize_result(returned, gm)
 
     def normalize_result(self, returned: Any, given: Any) -> tuple[Any, bool]:
