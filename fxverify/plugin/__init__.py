@@ -57,7 +57,7 @@ def pytest_configure(config: pytest.Config) -> None:
     from fxverify.plugin.items import FxVerifyRun
     from fxverify.plugin.ledger import Ledger
     from fxverify.plugin.order import CACHE_KEY, History, HistoryKeeper
-    from fxverify.plugin.reports import ReportWriter
+    from fxverify.plugin.reports import ReportWriter, run_header
 
     try:
         transforms = [Transform.load(spec) for spec in options.transforms]
@@ -84,7 +84,8 @@ def pytest_configure(config: pytest.Config) -> None:
                                               references), "fxverify-run")
     config.pluginmanager.register(ledger, "fxverify-ledger")
     if (options.json or options.html) and not hasattr(config, "workerinput"):  # the controller writes them
-        config.pluginmanager.register(ReportWriter(ledger, options.json, options.html), "fxverify-reports")
+        config.pluginmanager.register(ReportWriter(ledger, options.json, options.html, run_header(options, ledger)),
+                                      "fxverify-reports")
     share_cores_between_workers(config)
     if config.pluginmanager.hasplugin("xdist"):
         from fxverify.plugin.xdist import XdistGrouping
