@@ -114,6 +114,71 @@ def test_train_mode_is_checked_unless_the_contract_is_eval_only():
     assert fxverify.check_numerics(fxverify.contract(modes=("eval",))(mutations.bakes_eval_dropout_away), "edge_conv_bn_head").ok
 
 
+class ConvBnDropout(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn, self.drop = torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.bn(self.conv(x)).relu())
+
+
+def undeclared_fuse(gm: torch.fx.GraphModule) -> torch.nn.Module:
+    """torch's inference-only conv/BN fusion, run under the strict contract (it raises in train mode)."""
+    from torch.fx.experimental.optimization import fuse
+
+    return fuse(gm, no_trace=True)
+
+
+def undeclared_remove_dropout(gm: torch.fx.GraphModule) -> torch.nn.Module:
+    """torch's inference-only dropout removal, run under the strict contract (wrong in train mode)."""
+    from torch.fx.experimental.optimization import remove_dropout
+
+    return remove_dropout(gm)
+
+
+EVAL_MATCHED = ("in eval mode, which the contract checks first, the result matched the original at every input "
+                "(float32 and float64): only the train-mode promise of the contract (modes=eval+train) is broken. If "
+                "the pass is meant for eval mode only")
+
+
+@pytest.mark.parametrize("inference_only", [undeclared_fuse, undeclared_remove_dropout], ids=lambda f: f.__name__)
+def test_an_inference_only_pass_without_a_contract_is_told_its_eval_result_matched(inference_only):
+    case = fxverify.case_from_module("conv_bn_dropout", ConvBnDropout, [(2, 3, 8, 8)])
+    result = fxverify.check_numerics(inference_only, case)
+    assert not result.ok and result.message.count(EVAL_MATCHED) == 1, result.message
+    assert "declare @fxverify.contract(modes=('eval',))" in result.message
+    assert fxverify.check_numerics(fxverify.contract(modes=("eval",))(inference_only), case).ok
+
+
+def test_a_pass_wrong_in_eval_mode_too_is_not_told_to_declare_eval_only():
+    wrong_in_eval = fxverify.contract(modes=("eval", "train"), changes_parameters=True)(
+        mutations.bn_fold_ignores_running_mean.__wrapped__)
+    result = fxverify.check_numerics(wrong_in_eval, "edge_conv_bn_head")
+    assert not result.ok and "eval mode" in result.input
+    assert "modes=('eval',)" not in result.message and "matched the original" not in result.message
+
+
+class OptionalBias(torch.nn.Module):
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return x + 1 if bias is None else x + bias
+
+
+def retraces_twice(gm: torch.fx.GraphModule) -> torch.nn.Module:
+    """Re-traces its input twice, as a pipeline of passes that re-trace does."""
+    torch.fx.symbolic_trace(gm)
+    return torch.fx.symbolic_trace(gm)
+
+
+def test_a_transform_hit_by_torch_fx_s_unpatchable_wrap_is_told_it_is_a_torch_defect():
+    case = fxverify.case_from_module("optional_bias", OptionalBias, [(2, 3)], concrete_args={"bias": None})
+    result = fxverify.check_numerics(retraces_twice, case)
+    assert not result.ok and "raised KeyError: 'torch.fx._symbolic_trace._assert_is_none'" in result.message
+    assert ("known torch behaviour: a torch.fx defect (torch 2.14): code generated for a trace with a None concrete "
+            "arg runs torch.fx.wrap('torch.fx._symbolic_trace._assert_is_none')") in result.message
+    assert fxverify.check_numerics(mutations.normalize_args, case).ok  # and the next trace works
+
+
 def test_changed_parameters_need_a_declared_contract():
     undeclared = mutations.bn_fold_correct.__wrapped__
     message = fxverify.check_gradients(undeclared, "edge_conv_bn_head").message

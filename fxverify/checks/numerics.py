@@ -231,10 +231,9 @@ def _rounding_allowance(v: Subject, config: InputConfig) -> Callable[[], list[fl
 def _copy_problem(v: Subject) -> str | None:
     """When the float64 result is a converted copy of the result: whether ``copy.deepcopy`` of the
     result already computes something else in float32 (say, a copy that loses its eval mode)."""
-    applied = v.applied()
-    if applied.rewrites_state or v.capture.bakes_dtypes:
+    if not v.converts_result or v.fresh_copies is not None:
         return None  # the float64 result is the transform applied again, not a copy
-    result = applied.result
+    result = v.applied().result
     try:
         copied = copy.deepcopy(result)
         with torch.no_grad():
@@ -274,9 +273,7 @@ def _captured_in(v: Subject, mode: str, *, static: bool = False) -> tuple[nn.Mod
     try:
         return original, v.transformed_fresh(mode, static=static)
     except TransformFailed as exc:
-        raise Finding(f"the transform raised on the model captured in {mode} mode, which the contract covers "
-                      f"(modes={'+'.join(v.contract.modes)}); if it is meant for {v.contract.primary_mode} mode only, "
-                      f"declare @fxverify.contract(modes=({v.contract.primary_mode!r},)):\n{exc}",
+        raise Finding(f"the transform raised on the model captured in {mode} mode; {_primary_mode_matched(v)}:\n{exc}",
                       input=f"the model captured in {mode} mode") from None
 
 
@@ -312,20 +309,27 @@ def _compare_other_mode(v: Subject, mode: str) -> str:
 
 def _compare_primary_switched(v: Subject, other: str) -> list[str]:
     """The subject's trace and result, transformed in the primary mode, switched to ``other``: on
-    copies, since the subject's modules must not run in another mode (lint reports a result that
-    cannot be copied); on a fresh trace and result when running them has changed their buffers
-    (the other checks need not have run them equally often)."""
+    copies, since the subject's modules must not run in another mode (:meth:`~Subject.copy_of`: a fresh
+    result where ``copy.deepcopy`` gives none that works, which the pickle check reports); on a fresh trace
+    and result when running them has changed their buffers (the other checks need not have run them
+    equally often)."""
     applied = v.applied()
+    original: nn.Module
     try:
         if applied.state_advanced:
             original, result = v.capture_fresh(applied.mode), v.transformed_fresh(applied.mode)
         else:
-            original, result = copy.deepcopy(applied.original), copy.deepcopy(applied.result)
+            original, result = v.copy_of("original"), v.copy_of("result")
     except TransformFailed:
         raise
-    except Exception:
+    except Exception:  # the original cannot be copied
         return []
-    return [_compare_switched(v, original, result, applied.mode, other)]
+    try:
+        return [_compare_switched(v, original, result, applied.mode, other)]
+    except Finding:
+        if applied.state_advanced or not v.renew_result_copies():
+            raise
+    return [_compare_switched(v, v.copy_of("original"), v.copy_of("result"), applied.mode, other)]  # a fresh result
 
 
 def _compare_switched(v: Subject, original: nn.Module, result: nn.Module, source: str, target: str) -> str:
@@ -362,7 +366,11 @@ def _compare_runs(v: Subject, original: nn.Module, result: nn.Module, how: str, 
         except Exception:  # no float64 reference: plain float32 tolerances
             pass
     expected = _run_reseeded(v, original, config.make(v.case.seed), where, original=True)
-    actual = _run_reseeded(v, result, config.make(v.case.seed), where)
+    try:
+        actual = _run_reseeded(v, result, config.make(v.case.seed), where)
+    except ModuleRaised as raised:
+        raised.what += f"\n{_primary_mode_matched(v)}"
+        raise
     reference_run: list[Any] = []
 
     @functools.cache
@@ -404,11 +412,13 @@ def _compare_runs(v: Subject, original: nn.Module, result: nn.Module, how: str, 
         finding = finding_of(found, where)
         if rounding_only():
             finding.what += f"\n{_rounding(found.max_abs)}"
-        elif switched_from:
+            raise finding
+        if switched_from:
             finding.what += (f"\nthe result does not follow the switch as the original trace does: the transform "
                              f"baked {switched_from} mode into the graph (it read module.training when it ran, or "
                              "removed a module that behaves differently in the two modes); keep what depends on "
                              "the mode in modules, read at run time")
+        finding.what += f"\n{_primary_mode_matched(v)}"
         raise finding
     before, after = tensor_state(original), tensor_state(result)
     parameters = {name for name, _ in original.named_parameters()}
@@ -423,9 +433,22 @@ def _compare_runs(v: Subject, original: nn.Module, result: nn.Module, how: str, 
                                       tolerance=v.tolerance,
                                       fp64=functools.partial(fp64_buffer, name) if float64 is not None else None)
         if found_buffer is not None:
-            rounding = f"\n{_rounding(found_buffer.max_abs)}" if rounding_only() else ""
-            raise Finding(f"buffers updated differently: {found_buffer.describe()}{rounding}", input=where,
+            why = _rounding(found_buffer.max_abs) if rounding_only() else _primary_mode_matched(v)
+            raise Finding(f"buffers updated differently: {found_buffer.describe()}\n{why}", input=where,
                           where=found_buffer.path)
+
+
+def _primary_mode_matched(v: Subject) -> str:
+    """What a difference seen only in another mode than the contract's primary one says (:func:`_compare_runs`
+    runs after every primary-mode stage passed): the result was right there, and how to declare a pass meant for
+    that mode only (an inference-only pass run under the strict contract)."""
+    primary = v.contract.primary_mode
+    other = "+".join(m for m in v.contract.modes if m != primary)
+    ran = "float32" if v.float64_skip else "float32 and float64"
+    return (f"in {primary} mode, which the contract checks first, the result matched the original at every input "
+            f"({ran}): only the {other}-mode promise of the contract (modes={'+'.join(v.contract.modes)}) is broken. "
+            f"If the pass is meant for {primary} mode only (an inference-only pass: a conv/BN fold, dropout removal), "
+            f"declare @fxverify.contract(modes=({primary!r},))")
 
 
 def _run_reseeded(v: Subject, module: nn.Module, inputs: tuple[Any, ...], where: str, *, original: bool = False) -> Any:
