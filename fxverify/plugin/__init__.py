@@ -30,17 +30,28 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 
 def selected_entries(options: RunOptions) -> list[Any]:
-    """The corpus entries the options select (``CorpusEntry`` objects); UsageError naming the selection
-    options on a bad selection."""
+    """The corpus entries the options select (``CorpusEntry`` objects), of the shard balanced by
+    ``--fxverify-durations`` when both are given; UsageError naming the options on a bad selection."""
     from fxverify.cases import catalogue  # torch-free: the catalogue is data
     from fxverify.errors import FxVerifyError
 
     try:
-        return catalogue.choose(options.corpus, exclude=options.exclude, tags=options.tags, shard_spec=options.shard)
+        if options.durations is None or not options.shard:
+            return catalogue.choose(options.corpus, exclude=options.exclude, tags=options.tags, shard_spec=options.shard)
+        index, count = catalogue.parse_shard(options.shard)
+        entries = catalogue.select(options.corpus, exclude=options.exclude, tags=options.tags)
     except FxVerifyError as exc:
         given = {"corpus": options.corpus, "exclude": options.exclude, "tags": options.tags, "shard": options.shard}
         named = ", ".join(f"--fxverify-{name} {value!r}" for name, value in given.items() if value)
         raise pytest.UsageError(f"fxverify: bad corpus selection ({named}): {exc}") from None
+    from fxverify.plugin.order import balanced_shards, recorded_seconds
+    from fxverify.reports.records import read_json
+
+    try:
+        seconds = recorded_seconds(read_json(options.durations))
+    except FxVerifyError as exc:
+        raise pytest.UsageError(f"fxverify: --fxverify-durations (ini fxverify_durations): {exc}") from None
+    return balanced_shards(entries, count, seconds)[index - 1]
 
 
 @pytest.hookimpl(trylast=True)

@@ -62,6 +62,9 @@ OPTIONS: tuple[Option, ...] = (
            "e.g. attention,batchnorm"),
     Option("fxverify_shard", "I/N", "", "run shard I of N of the selected models (a stable partition, for CI "
            "matrices)"),
+    Option("fxverify_durations", "FILE", "", "balance the shards of --fxverify-shard by the seconds each model "
+           "took in FILE, the JSON report (--fxverify-json) of an earlier run, e.g. last night's merged report; "
+           "every shard must be given the same file", PATH),
     Option("fxverify_capture", "CAPTURES", CAPTURES[0], f"how the models become the graphs the transform takes, "
            f"comma-separated: {', '.join(CAPTURES)} (torch.export.export, training IR: the transform takes "
            "ep.module(); export_core: after run_decompositions(); make_fx: functionalized); items of another "
@@ -142,6 +145,7 @@ class RunOptions:
     exclude: str
     tags: str
     shard: str
+    durations: Path | None
     captures: tuple[str, ...]
     checks: tuple[str, ...]
     order: str
@@ -179,6 +183,7 @@ class RunOptions:
             exclude=raw(config, "fxverify_exclude") or "",
             tags=raw(config, "fxverify_tags") or "",
             shard=raw(config, "fxverify_shard") or "",
+            durations=_path(config, "fxverify_durations"),
             captures=captures,
             checks=chosen,
             order=_choice("fxverify_order", raw(config, "fxverify_order") or FAST_ORDER, (FAST_ORDER, CATALOGUE_ORDER)),

@@ -12,8 +12,8 @@ Models, for each transform:
 A model's items stay together (one worker, one shared capture and transform) and keep the
 registry's check order, except that the checks that failed last time come first. The order
 depends only on the selection and the cache, which the run does not change until it ends, so
-every pytest-xdist worker computes the same one; sharding chose the entries before, in catalogue
-order, so the shards still partition the selection exactly. ``--fxverify-order catalogue`` keeps
+every pytest-xdist worker computes the same one; sharding chose the entries before (see the end),
+so the shards still partition the selection exactly. ``--fxverify-order catalogue`` keeps
 the catalogue's order; without the cache (``-p no:cacheprovider``) the order uses no history.
 
 >>> history = History({"my:pass": TransformHistory(failed=[("b", "numerics")], seconds={"c": 9.0, "d": 2.0})})
@@ -23,18 +23,31 @@ the catalogue's order; without the cache (``-p no:cacheprovider``) the order use
 ['b', 'e', 'd', 'c', 'a']
 >>> history.ordered_checks("my:pass", "b", ("lint", "numerics", "golden"))
 ['numerics', 'lint', 'golden']
+
+With ``--fxverify-durations`` (a JSON report of an earlier run), ``--fxverify-shard`` balances the
+shards by the seconds that run recorded (:func:`balanced_shards`), not by taking every N-th entry in
+catalogue order: the longest model first onto the least loaded shard, ties to the model first in
+the catalogue and the lowest shard. It depends only on the selection and the file, so every
+machine given the same file computes the same partition; each shard keeps catalogue order before
+the ordering above.
+
+>>> [[e.name for e in part] for part in balanced_shards(zoo, 2, {"a": 9.0, "b": 5.0, "c": 4.0, "d": 1.0})]
+[['a', 'd'], ['b', 'c']]
 """
 
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import math
-from collections.abc import Iterable, Sequence
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pytest
 
-from fxverify.cases.catalogue import RANDOM_GRAPH_TAG, CorpusEntry, InputSpec
+from fxverify.cases.catalogue import RANDOM_GRAPH_TAG, CorpusEntry, InputSpec, split_label
 from fxverify.engine.results import ERROR, FAILED
 from fxverify.plugin.ledger import Ledger
 
@@ -107,6 +120,53 @@ class History:
 
 def _input_size(inputs: Iterable[InputSpec]) -> int:
     return sum(math.prod(spec.shape) for spec in inputs)
+
+
+def recorded_seconds(report: Mapping[str, Any]) -> dict[str, float]:
+    """The seconds each model's items took in a JSON report (:func:`fxverify.reports.records.read_json`),
+    every transform and capture of the model together.
+
+    >>> recorded_seconds({"records": [{"model": "m", "duration": 2.0}, {"model": "m@export", "duration": 1.5}]})
+    {'m': 3.5}
+    """
+    seconds: dict[str, float] = defaultdict(float)
+    for found in report["records"]:
+        if isinstance(found.get("duration"), (int, float)):
+            seconds[split_label(found["model"])[0]] += found["duration"]
+    return dict(seconds)
+
+
+def estimated_seconds(entries: Sequence[CorpusEntry], seconds: Mapping[str, float]) -> dict[str, float]:
+    """Each entry's seconds in ``seconds``; for an entry without them (new in the catalogue, or left out
+    of the run that recorded them), the median of the recorded entries of its source (``edge``,
+    ``timm``, ...), else of all of them, else 1.
+
+    >>> zoo = [CorpusEntry(name, source="timm", inputs=(InputSpec((2, 4)),)) for name in "abc"]
+    >>> estimated_seconds(zoo, {"a": 2.0, "b": 6.0})
+    {'a': 2.0, 'b': 6.0, 'c': 4.0}
+    """
+    known = [entry for entry in entries if entry.name in seconds]
+    by_source: dict[str, list[float]] = defaultdict(list)
+    for entry in known:
+        by_source[entry.source].append(seconds[entry.name])
+    fallback = statistics.median(seconds[entry.name] for entry in known) if known else 1.0
+    return {entry.name: seconds[entry.name] if entry.name in seconds
+            else statistics.median(by_source[entry.source]) if by_source[entry.source] else fallback
+            for entry in entries}
+
+
+def balanced_shards(entries: Sequence[CorpusEntry], count: int, seconds: Mapping[str, float]) -> list[list[CorpusEntry]]:
+    """``entries`` in ``count`` shards of about equal seconds (:func:`estimated_seconds`): the longest
+    first onto the least loaded shard (ties: the entry first in ``entries``, the lowest shard), each
+    shard in the order of ``entries``. An exact partition, the same wherever it is computed."""
+    estimate = estimated_seconds(entries, seconds)
+    loads = [(0.0, shard) for shard in range(count)]  # a heap: the least loaded, then the lowest, first
+    parts: list[list[int]] = [[] for _ in range(count)]
+    for position in sorted(range(len(entries)), key=lambda i: (-estimate[entries[i].name], i)):
+        load, shard = heapq.heappop(loads)
+        parts[shard].append(position)
+        heapq.heappush(loads, (load + estimate[entries[position].name], shard))
+    return [[entries[i] for i in sorted(part)] for part in parts]
 
 
 @dataclasses.dataclass(eq=False)  # pytest plugins must be hashable
