@@ -19,6 +19,22 @@ from fxverify.strategies import graphs_with_pattern
 SMALL = {"ops": ["exp", "neg", "add", "mul", "F.relu"], "max_nodes": 4, "checks": ("lint",), "derandomize": True}
 
 
+@pytest.fixture
+def replaced(monkeypatch):
+    """How many pattern instances each call of torch.fx.replace_pattern replaced while the test ran: a rule
+    that passes without replacing anything was never checked."""
+    counts: list[int] = []
+    real = torch.fx.replace_pattern
+
+    def counting(gm, pattern, replacement):
+        matches = real(gm, pattern, replacement)
+        counts.append(len(matches))
+        return matches
+
+    monkeypatch.setattr(torch.fx, "replace_pattern", counting)
+    return counts
+
+
 def computation_nodes(case) -> int:
     return sum(1 for n in case.module.graph.nodes if n.op not in ("placeholder", "output"))
 
@@ -81,8 +97,9 @@ def test_internal_nodes_get_outside_users_and_inputs_broadcast():
     assert seen == {"internal node used outside", "pattern inputs of different shapes", "several instances"}
 
 
-def test_a_correct_rule_passes():
+def test_a_correct_rule_passes(replaced):
     fxverify.check_rewrite(add_relu, add_clamp, max_examples=25)
+    assert sum(replaced) > 0
 
 
 @pytest.mark.slow
@@ -104,8 +121,9 @@ def test_a_rule_correct_only_for_finite_inputs_is_found_with_special_values():
     assert computation_nodes(failure.value.case) <= 2  # x * 0, perhaps after an op overflowing on large values
 
 
-def test_finite_only_rule_passes_without_special_values():
+def test_finite_only_rule_passes_without_special_values(replaced):
     fxverify.check_rewrite(times_zero, zeros, checks=("lint",), special_values=False, max_examples=15, ops=["add"])
+    assert sum(replaced) > 0
 
 
 def relu_in_place(gm):
@@ -143,7 +161,7 @@ def at(x, y):
     return x @ y
 
 
-def test_shape_constrained_patterns_get_matching_shapes_and_correct_rules_pass():
+def test_shape_constrained_patterns_get_matching_shapes_and_correct_rules_pass(replaced):
     seen = set()
 
     @settings(max_examples=30, deadline=None, database=None, derandomize=True)
@@ -156,7 +174,13 @@ def test_shape_constrained_patterns_get_matching_shapes_and_correct_rules_pass()
     record()
     assert "non-square" in seen  # the second input's last two dims swapped, not only square shapes
     fxverify.check_rewrite(matmul, at, max_examples=15, derandomize=True, **{k: SMALL[k] for k in ("ops", "checks")})
+    assert sum(replaced) > 0
+    replaced.clear()
     fxverify.check_rewrite(at, matmul, max_examples=10, broadcast=False, ranks=(2, 2), derandomize=True)
+    assert sum(replaced) > 0
+
+
+NUDGED: list[str] = []  # the relus nudge_relu scaled
 
 
 @fxverify.contract(modes=("eval",), rtol=1e-2, atol=1e-2)
@@ -164,6 +188,7 @@ def nudge_relu(gm):
     """Scales every relu by 1.001: wrong by 1e-3 relative, within its declared contract tolerance."""
     for node in list(gm.graph.nodes):
         if node.target is torch.relu:
+            NUDGED.append(node.name)
             with gm.graph.inserting_after(node):
                 scaled = gm.graph.call_function(operator.mul, (node, 1.001))
             node.replace_all_uses_with(scaled)
@@ -173,7 +198,9 @@ def nudge_relu(gm):
 
 
 def test_the_contract_tolerance_of_a_rewrite_is_honoured():
+    NUDGED.clear()
     fxverify.check_rewrite(add_relu, rewrite=nudge_relu, special_values=False, max_examples=10, **SMALL)
+    assert NUDGED  # it did move the outputs, by 1e-3: far beyond float32's default tolerance
 
 
 def broken(gm):
