@@ -303,20 +303,3 @@ def test_kept_nodes_need_the_same_inputs_and_constants_not_just_the_same_name():
     same = kept_nodes(fx.symbolic_trace(First()), fx.symbolic_trace(First()))
     assert [old.name for old, _ in same] == ["getattr_1", "getitem", "getattr_2", "getitem_1", "add"]
 
-
-def test_the_options_page_lists_every_option_as_the_table_declares_it():
-    """docs/options.md is kept in step with OPTIONS: flag, ini name and default of each option, in order."""
-    import re
-    from pathlib import Path
-
-    from fxverify.plugin.options import FLAG, OPTIONS
-
-    page = (Path(__file__).parents[1] / "docs" / "options.md").read_text()
-    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")]
-            for line in page.splitlines() if re.match(r"\|\s*`--fxverify", line)]
-    assert [row[0].strip("`").split()[0] for row in rows] == [o.flag for o in OPTIONS]
-    for row, option in zip(rows, OPTIONS):
-        assert row[0].strip("`") == f"{option.flag} {option.metavar}".strip(), row
-        assert row[1] == (f"`{option.name}`" if option.ini else "(command line only)"), row
-        shown = option.describe_default()
-        assert row[2] == (shown if option.kind == FLAG or not option.default else f"`{shown}`"), row
