@@ -225,8 +225,8 @@ def test_a_result_whose_deepcopy_is_broken_fails_pickle_alone_naming_the_copy():
     for check in ("numerics", "gradients", "devices", "recompile"):
         assert results[check].outcome == "passed", results[check].message
         assert results[check].details["result_copies"].startswith(
-            "fxverify's copies of the result are the transform applied to fresh captures: the module "
-            "copy.deepcopy(result) makes raises AttributeError")
+            "fxverify's copies of the result here are the transform applied to fresh captures, not "
+            "copy.deepcopy(result): the module copy.deepcopy(result) makes raises AttributeError")
     assert results["devices"].details["float64"] == "runs" and results["devices"].details["meta_run"] == "runs"
     assert results["numerics"].details["float64"] == "compared"
     assert results["numerics"].details["switched_modes"] == ["train->eval", "eval->train"]

@@ -322,8 +322,9 @@ class Subject:
     @property
     def fresh_copies_note(self) -> str:
         """One line for the checks' messages where copies of the result are made anew (:attr:`fresh_copies`)."""
-        return (f"fxverify's copies of the result are the transform applied to fresh captures: {self.fresh_copies}. "
-                "That is fxverify's copy failing, not the result; the pickle check reports it")
+        return (f"fxverify's copies of the result here are the transform applied to fresh captures, not "
+                f"copy.deepcopy(result): {self.fresh_copies} (fxverify's copy failing, not the result; the pickle "
+                "check reports it)")
 
     @property
     def converts_result(self) -> bool:
