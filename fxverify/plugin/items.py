@@ -33,6 +33,7 @@ from fxverify.plugin.nodeids import item_name, model_label
 from fxverify.plugin.options import RunOptions
 from fxverify.plugin.order import History
 from fxverify.plugin.reports import report_properties
+from fxverify.plugin.torch_logs import torch_debug_kept_out
 
 
 @dataclasses.dataclass(eq=False)  # pytest plugins must be hashable
@@ -162,6 +163,10 @@ class CheckItem(pytest.Item):
         return self.parent.transform
 
     def runtest(self) -> None:
+        with torch_debug_kept_out():  # torch's debug records stay out of the finding's report
+            self._run_check()
+
+    def _run_check(self) -> None:
         assert isinstance(self.parent, TransformCollector)
         run = self.parent.run
         v = run.verification(self.transform, self.case, self.capture)
