@@ -78,3 +78,10 @@ def test_the_corpus_page_quotes_the_catalogue_as_it_is():
 
 def test_the_strategies_page_counts_the_operator_catalogue():
     assert f"`fxs.OPS`, {len(fxs.OPS)} entries in {len(fxs.FAMILIES)} families" in words("docs/strategies.md")
+
+
+def test_ci_installs_and_tests_as_the_readme_says():
+    """README's test command is what `.ci/run` runs (its install quietly), so CI tests what a reader runs."""
+    install, test = re.search(r"\n    (pip install -c .*) && (pytest .*)\n", page("README.md")).groups()
+    script = page(".ci/run").splitlines()
+    assert install.replace("pip install ", "pip install -q ") in script and test in script
