@@ -5,8 +5,8 @@ Importing this package imports no check and no torch (the pytest plugin reads
 Each check is ``check(subject) -> dict | None``: it returns details on success and
 raises :class:`~fxverify.engine.results.Finding` to fail or :class:`~fxverify.engine.results.Skip`
 when it does not apply. The public ``fxverify.check_<name>`` / ``assert_<name>``
-pairs, the ``--fxverify-checks`` help and the checks reference page all come from
-:data:`REGISTRY`.
+pairs and the ``--fxverify-checks`` help come from :data:`REGISTRY`; the check tables of
+README.md, docs/checks.md and docs/options.md are held to it by tests/test_docs.py.
 
 >>> NAMES[:3]
 ('lint', 'determinism', 'numerics')

@@ -79,7 +79,7 @@ OPTIONS: tuple[Option, ...] = (
            "for each transform; --cache-clear drops them)"),
     Option("fxverify_train_capture", "on/off", "on", "numerics' train stage on the captures that fix the mode "
            "when they capture (export, export_core, make_fx): 'on' also captures each model in train mode, for a "
-           "contract covering it (a seventh more time under export); 'off' checks the primary mode only there"),
+           "contract covering it (its cost: docs/performance.md); 'off' checks the primary mode only there"),
     Option("fxverify_timeout", "SECONDS", "300", "seconds a transform may run on one model before its items fail"),
     Option("fxverify_golden_dir", "DIR", "fxverify_golden", "golden files of the golden check: "
            "DIR/<transform>/<model>.golden", PATH),
