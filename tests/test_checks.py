@@ -557,3 +557,21 @@ def test_a_pass_approximating_by_design_is_held_to_gradients_that_flow_not_to_th
     detached = fxverify.contract(range_tol=0.05)(mutations.detaches_output)
     found = Verification(detached, case).run("gradients")
     assert not found.ok and "gradients do not flow" in found.message
+
+
+def keeps_a_lock(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Leaves a threading.Lock on the module: the result runs, copy.deepcopy of it raises."""
+    import threading
+
+    gm.lock = threading.Lock()
+    return gm
+
+
+def test_a_result_deepcopy_cannot_copy_is_reported_once_by_pickle():
+    lint, pickled = fxverify.verify(keeps_a_lock, "edge_conv_bn_head", checks=["lint", "pickle"])
+    assert lint.ok, lint.message
+    assert not pickled.ok and "copy.deepcopy raised TypeError" in pickled.message, pickled.message
+    # where pickle skips (the contract declares no serialisation), lint reports the copy
+    unsaved = fxverify.contract(serializable=False)(keeps_a_lock)
+    lint, pickled = fxverify.verify(unsaved, "edge_conv_bn_head", checks=["lint", "pickle"])
+    assert pickled.outcome == "skipped" and "copy.deepcopy of the result raised TypeError" in lint.message
