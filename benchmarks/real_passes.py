@@ -89,8 +89,18 @@ def optimize_for_inference(gm: fx.GraphModule, tracer_class: type[fx.Tracer] = f
     return torch_optimize(gm, tracer=tracer_class)
 
 
-# the passes of the verdicts issue's acceptance list, in its order
-PASSES = [fuse, remove_dropout, normalize_args, split, quantize_fuse_fx, optimize_for_inference]
+@fxverify.contract(modes=("eval",), changes_parameters=True)
+def split_const_subgraphs(gm: fx.GraphModule) -> nn.Module:
+    """torch.fx.experimental.const_fold.split_const_subgraphs: subgraphs of parameters alone folded into
+    attributes computed on the first call, an inference optimisation. Its FoldedGraphModule's
+    copy.deepcopy loses what its __init__ sets (a torch defect: pickle names it; no other item may fail)."""
+    from torch.fx.experimental.const_fold import split_const_subgraphs as torch_split_const_subgraphs
+
+    return torch_split_const_subgraphs(gm)
+
+
+# the passes of the verdicts issue's acceptance list, in its order, then those of later issues
+PASSES = [fuse, remove_dropout, normalize_args, split, quantize_fuse_fx, optimize_for_inference, split_const_subgraphs]
 
 # -- running them ----------------------------------------------------------------------------------
 
