@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import sympy
 import torch
+from fxverify.corpus.edge_cases import RunningStatistics
 from torch import fx, nn
 from torch._export.verifier import SpecViolationError
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -760,7 +761,14 @@ def test_stateful_compares_the_buffers_a_model_updates_in_forward_on_every_captu
     for capture, writer in (("export", "%add_ (aten.add_.Tensor)"), ("export_core", "(aten.copy_.default)")):
         dropped = verification(aten_passes.erase_unused_nodes, "edge_running_statistics", capture).run("stateful")
         assert dropped.outcome == FAILED and writer in dropped.message and dropped.node, dropped.message
-    assert fxverify.check_stateful(fxverify.examples.identity, "edge_conv_bn_head").outcome == SKIPPED
+    unchanged = fxverify.check_stateful(fxverify.examples.identity, "edge_conv_bn_head")
+    assert unchanged.outcome == SKIPPED and "no buffer of the original changed in one call in eval mode" in unchanged.message
+    # a user's own model that updates buffers in forward needs no tag: running it once tells
+    untagged = fxverify.case_from_module("my_kv_cache", RunningStatistics, [(2, 8)])
+    assert "stateful" not in untagged.entry.tags
+    assert fxverify.check_stateful(fxverify.examples.identity, untagged).outcome == PASSED
+    found = fxverify.check_stateful(drops_the_counter, untagged)
+    assert found.outcome == FAILED and "buffer 'calls'" in found.message, found.message
 
 
 def test_a_dropped_integer_counter_is_never_explained_as_float32_rounding():

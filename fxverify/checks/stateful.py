@@ -1,4 +1,4 @@
-"""stateful: a model whose buffers change in forward (tagged ``stateful`` in the corpus) keeps doing so.
+"""stateful: a model whose buffers change in forward keeps doing so.
 
 A model that updates buffers as it runs (a running mean kept by an observer, a call counter, a
 cache) must, after the transform, leave the same buffers after each call: a pass that drops an
@@ -8,7 +8,9 @@ A fresh original and a fresh result are called ``CALLS`` times on the primary in
 call their outputs and every buffer the original has updated so far are compared (float32
 tolerances: the state of the two is the float32 state they built themselves).
 
-Skipped for corpus entries not tagged ``stateful``: their buffers do not change in forward.
+Which models update buffers is found by running them: a fresh original is called once on the primary
+inputs in the checked mode, and the check skips where no buffer changed (a user's own model with a KV
+cache needs no tag). The corpus tag ``stateful`` overrides that: a tagged entry is always compared.
 """
 
 from __future__ import annotations
@@ -30,9 +32,10 @@ CALLS = 3
 
 
 def check(v: Subject) -> dict[str, Any]:
-    if TAG not in v.case.entry.tags:
-        raise Skip(f"the corpus entry is not tagged {TAG!r}: its buffers do not change in forward")
     mode = v.applied().mode
+    if TAG not in v.case.entry.tags and not _updates_buffers(v, mode):
+        raise Skip(f"no buffer of the original changed in one call in {mode} mode (tag the corpus entry "
+                   f"{TAG!r} to compare its buffers anyway)")
     original, result = v.capture_fresh(mode), v.transformed_fresh(mode)
     initial = {name: t.clone() for name, t in original.named_buffers()}
     updated: set[str] = set()  # the buffers the original has changed so far
@@ -68,6 +71,18 @@ def check(v: Subject) -> dict[str, Any]:
         raise Skip(f"the corpus entry is tagged {TAG!r}, but no buffer of the original changed in {CALLS} calls "
                    f"in {mode} mode")
     return {"calls": CALLS, "updated_buffers": sorted(updated)}
+
+
+def _updates_buffers(v: Subject, mode: str) -> bool:
+    """Whether one call of a fresh original on the primary inputs changes any of its buffers."""
+    original = v.capture_fresh(mode)
+    initial = {name: t.clone() for name, t in original.named_buffers()}
+    if not initial:
+        return False
+    where = f"{v.primary.describe()}, float32, {mode} mode, a first call to see whether its buffers change"
+    with torch.no_grad():
+        ModuleRaised.guard("original", where, functools.partial(original, *v.primary.make(v.case.seed)))
+    return any(not torch.equal(t, initial[name]) for name, t in original.named_buffers())
 
 
 def _writers(module: torch.nn.Module, buffer: str) -> list[fx.Node]:
