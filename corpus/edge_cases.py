@@ -573,6 +573,213 @@ class MultiHeadAttention(nn.Module):
         return self.o(out)
 
 
+# -- structures today's passes target: buffers written in forward, activations and attention by hand --------
+
+
+class BufferProxyTracer(fx.Tracer):
+    """A tracer that records buffers read as ``self.<name>`` as ``get_attr`` nodes (``proxy_buffer_attributes``,
+    as Hugging Face's tracer sets it), so that every use of a buffer is a node of the graph. Slice or index
+    assignment into such a buffer (``self.cache[:2] += ...``, ``self.k_cache[pos] = k``: how KV caches are
+    written) then raises ``TypeError: 'Proxy' object does not support item assignment``. torch.fx's default
+    tracer gets such models wrong without raising: it treats the buffer as a plain tensor, stores the slice
+    written as a ``_tensor_constant`` and bakes reads of the buffer that take no traced value into
+    constants."""
+
+    proxy_buffer_attributes = True
+
+
+class BufferWrittenThroughView(nn.Module):
+    """A buffer written through a view and read again, as a KV cache or a ring buffer is updated: the sum of
+    ``self.cache`` is read, then its first two rows are updated in place through a slice
+    (``self.cache[:2] += ...``: an in-place ``add_`` of a slice, a write into the buffer's storage that no
+    node of the buffer's own records), then ``self.cache`` is read again into the output. The two reads have
+    the same target and the same arguments in the training-IR export (``sum(cache, [0])`` twice, the
+    ``add_`` and ``copy_`` of the slice between them): a common-subexpression elimination that ignores writes
+    through views merges them, and a pass that moves a read past the write, or drops the unused in-place
+    nodes, changes the numbers. The written value is detached (a buffer holds no autograd history). Symbolic
+    tracing cannot take it (see :class:`BufferProxyTracer`); ``make_fx``'s functionalization refuses a buffer
+    written from the input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.register_buffer("cache", torch.linspace(-1.0, 1.0, 48).reshape(6, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        before = self.cache.sum(dim=0)
+        self.cache[:2] += h.detach().mean(dim=0) * 0.5
+        after = self.cache.sum(dim=0)
+        return h * torch.sigmoid(before) + after
+
+
+class CounterBuffer(nn.Module):
+    """A call counter updated from itself alone, ``self.count.add_(1)``, whose value scales the output (as a
+    step count scales a warm-up or a decay): no input flows into the update, so a constant folder that takes
+    every computation on buffers alone for a constant folds the counter's new value and freezes it, and a
+    dead-code elimination that drops the unused ``add_`` leaves the output at the first call's scale.
+    torch.export records the update (an ``aten.add_`` of the buffer, read by the output, and the write-back
+    ``copy_``), and so does ``make_fx``. Symbolic tracing with torch.fx's default tracer does not: the update
+    takes no traced value, so it runs once, while tracing, on the buffer the trace then holds (the count is 1
+    there), and the graph only reads the buffer (``x * count``, where a traced value meets it): the traced
+    module computes the first call's output at every call. The entry is for the ATen captures; under
+    ``symbolic_trace`` it checks that graph, as traced."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.register_buffer("count", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.count.add_(1)
+        h = self.fc(x)
+        return h + h * self.count * 0.25
+
+
+class KVCacheAttention(nn.Module):
+    """One decoding step of attention over a ring-buffer KV cache: the step's key and value (averaged over the
+    batch: one cache shared by the batch, so the batch stays dynamic) are written into the cache rows at
+    ``self.pos`` (positions read from a buffer, not baked in), the position advanced in
+    place modulo the cache length, then every query attends to the whole updated cache (``q @ k^T / sqrt(d)``,
+    softmax, ``@ v``). Three buffers change in forward; a pass that reads the cache before the write, freezes
+    the position or drops an in-place update computes the next step's attention over stale rows. The cache
+    is written by index assignment (``self.k_cache[self.pos] = k``, an ``index_put_``), which symbolic
+    tracing cannot take (see :class:`BufferProxyTracer`); ``make_fx``'s functionalization refuses a buffer
+    written from the input."""
+
+    def __init__(self, dim: int = 8, slots: int = 4) -> None:
+        super().__init__()
+        self.scale = 1.0 / math.sqrt(dim)
+        self.q = nn.Linear(dim, dim)
+        self.kv = nn.Linear(dim, 2 * dim)
+        self.o = nn.Linear(dim, dim)
+        self.register_buffer("k_cache", torch.linspace(-0.5, 0.5, slots * dim).reshape(slots, dim))
+        self.register_buffer("v_cache", torch.linspace(0.5, -0.5, slots * dim).reshape(slots, dim))
+        self.register_buffer("pos", torch.zeros(1, dtype=torch.int64))
+        self.slots = slots
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k, v = self.kv(x).detach().mean(dim=0, keepdim=True).chunk(2, dim=-1)
+        self.k_cache[self.pos] = k
+        self.v_cache[self.pos] = v
+        self.pos.add_(1).remainder_(self.slots)
+        attn = (self.q(x) @ self.k_cache.transpose(0, 1) * self.scale).softmax(dim=-1)
+        return self.o(attn @ self.v_cache)
+
+
+class HandWrittenActivations(nn.Module):
+    """Activations spelled out as pattern-matching passes find them: swish ``x * torch.sigmoid(x)`` (a
+    ``replace_pattern`` target for ``silu``), GELU by its tanh formula (``0.5 * x * (1 + tanh(sqrt(2 / pi) *
+    (x + 0.044715 * x ** 3)))``, a target for ``gelu(approximate="tanh")``), and softmax as ``exp`` over its
+    ``sum`` (after subtracting the row maximum). A rewrite must match all of the pattern and no more, keep
+    the value (the tanh GELU is not the exact one) and give its new nodes their metadata."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(8, 8)
+        self.fc2 = nn.Linear(8, 8)
+        self.fc3 = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc1(x)
+        swish = h * torch.sigmoid(h)
+        g = self.fc2(swish)
+        gelu = 0.5 * g * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (g + 0.044715 * torch.pow(g, 3))))
+        s = self.fc3(gelu)
+        e = torch.exp(s - s.amax(dim=-1, keepdim=True))
+        return e / e.sum(dim=-1, keepdim=True)
+
+
+class AttentionTwoWays(nn.Module):
+    """Attention written out by hand, ``softmax(q @ k^T / sqrt(d)) @ v``, and the same heads through
+    ``F.scaled_dot_product_attention`` (an ``aten.scaled_dot_product_attention`` call, decomposed by core
+    ATen): the pattern an attention-fusion pass rewrites into the fused op, and the fused op such a pass
+    must leave alone. The sequence length varies between configurations."""
+
+    def __init__(self, dim: int = 16, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.o = nn.Linear(2 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(c // self.heads)
+        by_hand = scores.softmax(dim=-1) @ v
+        fused = F.scaled_dot_product_attention(q, k, v)
+        out = torch.cat([by_hand, fused], dim=-1).transpose(1, 2).reshape(b, t, 2 * c)
+        return self.o(out)
+
+
+class TinyDecoderBlock(nn.Module):
+    """A decoder block as today's language models write it: RMSNorm by hand (``x * rsqrt(mean(x ** 2) + eps)
+    * weight``), rotary position embeddings (cos and sin of the positions, computed from ``arange`` of the
+    traced length and a non-persistent ``inv_freq`` buffer, the halves rotated with ``cat``), grouped-query
+    attention (four query heads sharing two key/value heads through ``repeat_interleave``) through causal
+    ``F.scaled_dot_product_attention``, and a SwiGLU MLP (``down(silu(gate(x)) * up(x))``), each behind a
+    residual. Fusion passes target each piece; the sequence length varies between configurations."""
+
+    def __init__(self, dim: int = 16, heads: int = 4, kv_heads: int = 2, hidden: int = 24) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        self.eps = 1e-6
+        self.norm1 = nn.Parameter(torch.linspace(0.5, 1.5, dim))
+        self.norm2 = nn.Parameter(torch.linspace(1.5, 0.5, dim))
+        self.q = nn.Linear(dim, dim, bias=False)
+        self.kv = nn.Linear(dim, 2 * kv_heads * self.head_dim, bias=False)
+        self.o = nn.Linear(dim, dim, bias=False)
+        self.gate = nn.Linear(dim, hidden, bias=False)
+        self.up = nn.Linear(dim, hidden, bias=False)
+        self.down = nn.Linear(hidden, dim, bias=False)
+        inv_freq = 1.0 / (10000.0 ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps) * weight
+
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        first, second = x.chunk(2, dim=-1)
+        return x * cos + torch.cat([-second, first], dim=-1) * sin
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        h = self.rms_norm(x, self.norm1)
+        q = self.q(h).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k, v = self.kv(h).view(b, t, 2 * self.kv_heads, self.head_dim).transpose(1, 2).chunk(2, dim=1)
+        angles = torch.arange(t, device=x.device, dtype=x.dtype).unsqueeze(-1) * self.inv_freq
+        angles = torch.cat([angles, angles], dim=-1)
+        cos, sin = angles.cos(), angles.sin()
+        q, k = self.rotate(q, cos, sin), self.rotate(k, cos, sin)
+        groups = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.o(attn.transpose(1, 2).reshape(b, t, c))
+        h = self.rms_norm(x, self.norm2)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class TiedEmbeddingHead(nn.Module):
+    """A language model's tied embedding and head: int64 token input, ``nn.Embedding`` lookup, one
+    RMSNorm'd ``nn.Linear`` in between, and a head ``nn.Linear`` whose ``weight`` is the embedding's own
+    ``Parameter``. Passes that copy, fold or quantize the head's weight untie it from the embedding (the
+    gradients of the shared weight sum over both uses); a pass that sees one parameter per module counts it
+    twice."""
+
+    def __init__(self, vocab: int = 12, dim: int = 8) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.norm = nn.RMSNorm(dim)
+        self.mix = nn.Linear(dim, dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.embed(tokens)
+        h = h + F.gelu(self.mix(self.norm(h)))
+        return self.head(h)
+
+
 # -- expected failures: untraceable, or wrong once traced --------------------------------------------
 
 

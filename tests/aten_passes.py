@@ -675,3 +675,82 @@ def _fake_quantize_weights(gm: fx.GraphModule, targets: set[Any]) -> None:
         owner, _, name = weight.target.rpartition(".")
         setattr(gm.get_submodule(owner) if owner else gm, name,
                 nn.Parameter(torch.round(w / scale).clamp(-127, 127) * scale, requires_grad=False))
+
+
+# -- issue 35: passes on today's structures (buffers written in forward, hand-written activations) --------
+def _is_in_place(node: fx.Node) -> bool:
+    """Whether the node's op writes into an argument: a mutable schema argument (``add_``, ``copy_``, ``index_put_``)."""
+    schema = getattr(node.target, "_schema", None)
+    return schema is not None and any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+
+
+def cse_ignoring_view_writes(gm: fx.GraphModule) -> fx.GraphModule:
+    """numerics: common-subexpression elimination keyed on (target, arguments): it keeps in-place nodes and
+    random ops as they are, but takes a read of a buffer for the same value wherever it happens, so two
+    ``sum(cache, [0])`` around an in-place write through a slice of ``cache`` (``slice``, ``add_``,
+    ``copy_``: none of them names ``cache`` as written) are merged, and the output reads the cache as it was
+    before the write."""
+    seen: dict[Any, fx.Node] = {}
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or _is_in_place(node) or \
+                torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
+            continue
+        key = (node.target, *pytree.tree_leaves((node.args, node.kwargs)), repr((node.args, node.kwargs)))
+        try:
+            hash(key)
+        except TypeError:
+            continue
+        if key in seen:
+            node.replace_all_uses_with(seen[key])
+            gm.graph.erase_node(node)
+        else:
+            seen[key] = node
+    gm.recompile()
+    return gm
+
+
+def _swish(x: torch.Tensor) -> torch.Tensor:
+    return aten.mul.Tensor(x, aten.sigmoid.default(x))
+
+
+def _silu(x: torch.Tensor) -> torch.Tensor:
+    return aten.silu.default(x)
+
+
+def swish_to_silu_without_meta(gm: fx.GraphModule) -> fx.GraphModule:
+    """meta: hand-written swish, ``mul(x, sigmoid(x))``, rewritten to ``aten.silu`` with torch.fx's
+    ``replace_pattern``, which gives the nodes it inserts no ``meta['val']`` (the values are right)."""
+    fx.subgraph_rewriter.replace_pattern(gm, _swish, _silu)
+    gm.recompile()
+    return gm
+
+
+def fold_buffer_computations(gm: fx.GraphModule) -> fx.GraphModule:
+    """stateful: constant folding of every computation on parameters and buffers alone (no input reaches it),
+    each run once on copies of the attributes and stored as a new buffer: it never asks whether forward
+    writes a buffer, so a counter's ``add_(count, 1)`` is folded to its first value and the write-back
+    ``copy_`` keeps the count there."""
+    constant: dict[fx.Node, torch.Tensor] = {}
+    for node in list(gm.graph.nodes):
+        if node.op == "get_attr":
+            value = _attr(gm, node.target)
+            if isinstance(value, torch.Tensor):
+                constant[node] = value.detach().clone()
+            continue
+        inputs = [a for a in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(a, fx.Node)]
+        if node.op != "call_function" or not inputs or not node.users or any(a not in constant for a in inputs):
+            continue
+        args, kwargs = pytree.tree_map_only(fx.Node, lambda a: constant[a].clone(), (node.args, node.kwargs))
+        value = node.target(*args, **kwargs)
+        if not isinstance(value, torch.Tensor):
+            continue
+        name = f"_folded_{len([n for n, _ in gm.named_buffers() if n.startswith('_folded_')])}"
+        gm.register_buffer(name, value)
+        with gm.graph.inserting_before(node):
+            folded = gm.graph.get_attr(name)
+        folded.meta.update(node.meta)
+        node.replace_all_uses_with(folded)
+        constant[folded] = value
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return gm

@@ -145,6 +145,11 @@ ATEN: dict[str, Row] = {
     "pass_manager_losing_meta": Row("meta", "layer_conv_bn", "fails after step 2 of 3", "%clamp_min_default ", EX),
     "relu_times_tensor_literal_on_program": Row("serde", "edge_running_statistics", "torch.export.save raised",
                                                 "%mul_tensor ", EX),
+    # issue 35's structures: two reads of a buffer around a write through a slice, hand-written swish, a counter
+    "cse_ignoring_view_writes": Row("numerics", "edge_buffer_written_through_view", "outputs differ", None, EX),
+    "swish_to_silu_without_meta": Row("meta", "edge_hand_written_activations", "have no meta['val'] (%silu_default)",
+                                      "%silu_default ", EX),
+    "fold_buffer_computations": Row("stateful", "edge_counter_buffer", "call 2 of 3 on fresh modules", None, EX),
     "fake_quantize_training_ir_weights": Row("agreement", "layer_conv_bn", "It rewrote nothing under export_core",
                                              "under export: %conv2d", CORE, (EX, CORE)),
 }
