@@ -17,11 +17,11 @@ from fxverify.checks import NAMES as _CHECK_NAMES  # the registry imports neithe
 
 # public name -> the module that defines it
 _EXPORTS: dict[str, str] = {
-    "Contract": "fxverify.engine.contracts",
-    "STRICT": "fxverify.engine.contracts",
-    "contract": "fxverify.engine.contracts",
-    "contract_of": "fxverify.engine.contracts",
-    "Transform": "fxverify.engine.transform",
+    "Contract": "fxverify.core.contracts",
+    "STRICT": "fxverify.core.contracts",
+    "contract": "fxverify.core.contracts",
+    "contract_of": "fxverify.core.contracts",
+    "Transform": "fxverify.core.transform",
     "CorpusEntry": "fxverify.cases.catalogue",
     "InputSpec": "fxverify.cases.catalogue",
     "register_model": "fxverify.cases.catalogue",
@@ -36,8 +36,8 @@ _EXPORTS: dict[str, str] = {
     "minimise_numerics": "fxverify.api",
     "minimise_module": "fxverify.diagnose.minimise",
     "write_repro": "fxverify.diagnose.repro",
-    "CheckResult": "fxverify.engine.results",
-    "Outcome": "fxverify.engine.results",
+    "CheckResult": "fxverify.core.results",
+    "Outcome": "fxverify.core.results",
     "verify": "fxverify.api",
     "assert_transform_ok": "fxverify.api",
     "FxVerifyError": "fxverify.errors",
@@ -47,7 +47,9 @@ _EXPORTS: dict[str, str] = {
     "CheckFailed": "fxverify.errors",
     **{f"{kind}_{name}": "fxverify.api" for name in _CHECK_NAMES for kind in ("check", "assert")},
 }
-_SUBMODULES = ("examples", "strategies", "reports", "golden")
+# public submodule -> the module it is (the golden-file store lives in the analysis layer)
+_SUBMODULES = {"examples": "fxverify.examples", "strategies": "fxverify.strategies", "reports": "fxverify.reports",
+               "golden": "fxverify.analysis.golden"}
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES])
 
@@ -58,7 +60,7 @@ def __getattr__(name: str) -> Any:
         globals()[name] = value
         return value
     if name in _SUBMODULES:
-        return importlib.import_module(f"fxverify.{name}")
+        return importlib.import_module(_SUBMODULES[name])
     raise AttributeError(f"module 'fxverify' has no attribute {name!r}")
 
 

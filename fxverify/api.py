@@ -23,14 +23,14 @@ from fxverify import checks as registry
 from fxverify.capture import Capture
 from fxverify.cases.case import ModelCase, load_case
 from fxverify.checks._digest_server import CrossProcessDigests
+from fxverify.core.results import CheckResult
+from fxverify.core.transform import Transform, as_transform
 from fxverify.diagnose.minimise import DEFAULT_BUDGET, Minimised, minimise_failure
 from fxverify.diagnose.repro import ReproOnFailure
 from fxverify.engine.references import ReferenceStore
-from fxverify.engine.results import CheckResult
-from fxverify.engine.runner import Runner
 from fxverify.engine.subject import DEFAULT_TIMEOUT, Settings, Subject
-from fxverify.engine.transform import Transform, as_transform
 from fxverify.errors import CheckFailed
+from fxverify.runner import Runner
 
 TransformLike = Transform | Callable[..., Any] | str
 CaseLike = ModelCase | str

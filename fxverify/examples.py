@@ -15,7 +15,7 @@ from typing import Any
 
 from torch import fx, nn
 
-from fxverify.engine.contracts import contract
+from fxverify.core.contracts import contract
 
 
 @contract(modes=("eval",), changes_parameters=True)

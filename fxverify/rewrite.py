@@ -22,11 +22,11 @@ from hypothesis import strategies as st
 from torch import fx
 
 from fxverify.analysis.compare import Tolerance, compare_trees
-from fxverify.engine.contracts import contract
-from fxverify.engine.results import ERROR, FAILED
-from fxverify.engine.runner import Runner
-from fxverify.engine.transform import Transform, as_transform
+from fxverify.core.contracts import contract
+from fxverify.core.results import ERROR, FAILED
+from fxverify.core.transform import Transform, as_transform
 from fxverify.errors import CheckFailed, FxVerifyError, TransformFailed
+from fxverify.runner import Runner
 from fxverify.strategies.patterns import PatternCase, graphs_with_pattern
 from fxverify.strategies.tensors import inputs_for
 

@@ -14,7 +14,7 @@ from torch import nn
 
 import fxverify
 from fxverify.cases import catalogue
-from fxverify.engine.results import FAILED, XFAILED
+from fxverify.core.results import FAILED, XFAILED
 from fxverify.errors import CorpusError
 
 MUTATIONS = Path(__file__).with_name("mutations.py")

@@ -13,7 +13,7 @@ from fxverify.cases.case import load_case
 from fxverify.checks import _digest_server as crossprocess
 from fxverify.checks._digest_server import CrossProcessDigests
 from fxverify.checks.determinism import digest
-from fxverify.engine.transform import Transform
+from fxverify.core.transform import Transform
 
 MODELS = ["edge_conv_bn_head", "edge_nested_outputs"]
 

@@ -31,9 +31,9 @@ from fxverify.capture.export import PROGRAM, named_as_exported
 from fxverify.checks._digest_server import CrossProcessDigests
 from fxverify.checks.agreement import capture_outputs
 from fxverify.checks.determinism import cross_process_capture
+from fxverify.core.contracts import Contract
+from fxverify.core.results import FAILED, PASSED, SKIPPED, XFAILED
 from fxverify.diagnose.repro_script import EXIT_DIFFERS
-from fxverify.engine.contracts import Contract
-from fxverify.engine.results import FAILED, PASSED, SKIPPED, XFAILED
 from tests import aten_passes, mutations
 from tests.pinned import tied_to_pins
 

@@ -20,11 +20,11 @@ import pytest
 import torch
 from torch import fx
 
-from fxverify import golden
+from fxverify.analysis import golden
 from fxverify.api import Verification
 from fxverify.cases import catalogue
 from fxverify.cases.case import load_case
-from fxverify.engine.transform import Transform
+from fxverify.core.transform import Transform
 from tests import aten_passes, mutations
 from tests.pinned import pins, tied_to_pins
 

@@ -11,20 +11,19 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "fxverify"
 
-# lowest first; a module belongs to the first prefix it starts with
+# lowest first: one folder a row, or modules of the package root; a module belongs to the row naming it or its folder
 LAYERS: list[tuple[str, ...]] = [
     ("fxverify.errors",),
-    ("fxverify.analysis", "fxverify.golden"),
-    ("fxverify.engine.contracts", "fxverify.engine.transform", "fxverify.engine.results", "fxverify.engine.memory"),
+    ("fxverify.analysis",),
+    ("fxverify.core",),
     ("fxverify.capture",),
     ("fxverify.cases",),
     ("fxverify.strategies",),
-    ("fxverify.engine.references", "fxverify.engine.subject"),
+    ("fxverify.engine",),
     ("fxverify.checks",),
-    ("fxverify.engine.runner",),
     ("fxverify.diagnose",),
     ("fxverify.reports",),
-    ("fxverify.api", "fxverify.rewrite", "fxverify.examples"),
+    ("fxverify.api", "fxverify.runner", "fxverify.rewrite", "fxverify.examples"),
     ("fxverify.plugin", "fxverify"),
 ]
 
@@ -79,6 +78,44 @@ def test_every_module_imports_only_its_own_layer_and_below():
                 wrong.append(f"{path.relative_to(PACKAGE.parent)}:{line} ({LAYERS[layer(name)][0]}) imports {imported} "
                              f"({LAYERS[layer(imported)][0]}), a higher layer")
     assert not wrong, "\n".join(wrong)
+
+
+def folder(name: str) -> str:
+    """The folder a module is in, as a dotted name: ``fxverify.checks`` for ``fxverify.checks.meta``; a module of
+    the package root is its own folder (``fxverify.api``)."""
+    parts = name.split(".")
+    return ".".join(parts[:2])
+
+
+def test_each_folder_is_one_row_of_the_layer_table():
+    folders = {folder(name) for name in MODULES if name != "fxverify"}
+    rows = {prefix for row in LAYERS for prefix in row}
+    packages = {f"fxverify.{p.name}" for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert packages <= rows, f"folders in no row of LAYERS: {sorted(packages - rows)}"
+    assert folders <= rows, f"modules of the package root in no row of LAYERS: {sorted(folders - rows)}"
+    shared = [row for row in LAYERS if len(row) > 1 and packages & set(row)]
+    assert shared == [("fxverify.plugin", "fxverify")], f"a folder shares its row with another: {shared}"
+
+
+def test_the_folder_graph_has_no_loop():
+    arrows: dict[str, set[str]] = {}
+    for name, path in MODULES.items():
+        for imported, _, _ in imports(path):
+            if imported != "fxverify" and folder(imported) != folder(name):
+                arrows.setdefault(folder(name), set()).add(folder(imported))
+
+    def loop_from(start: str, at: str, trail: list[str]) -> list[str] | None:
+        for after in sorted(arrows.get(at, ())):
+            if after == start:
+                return [*trail, after]
+            if after not in trail:
+                found = loop_from(start, after, [*trail, after])
+                if found:
+                    return found
+        return None
+
+    loops = [" -> ".join(found) for start in sorted(arrows) if (found := loop_from(start, start, [start]))]
+    assert not loops, "folders importing each other: " + "; ".join(loops)
 
 
 def top_level_closure(name: str, seen: set[str] | None = None) -> set[str]:

@@ -230,7 +230,7 @@ def test_gradients_are_compared_after_numerics_ran_a_model_that_caches_under_no_
 
 @pytest.mark.parametrize("trimmed", [True, False])
 def test_release_memory_says_whether_the_heap_was_trimmed(monkeypatch, trimmed):
-    import fxverify.engine.memory as memory
+    import fxverify.core.memory as memory
 
     libc = type("Libc", (), {"malloc_trim": staticmethod(lambda pad: 1)})()
     monkeypatch.setattr(memory, "_libc", lambda: libc if trimmed else None)

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from fxverify.core.transform import Transform
 from fxverify.diagnose.minimise import DIFFERS, minimise_failure, minimise_module
 from fxverify.diagnose.repro import repro_stem, write_repro
 from fxverify.diagnose.repro_script import EXIT_DIFFERS, EXIT_RAISES
 from fxverify.engine.subject import Subject
-from fxverify.engine.transform import Transform
 from fxverify.errors import FxVerifyError
 from tests import mutations
 

@@ -16,8 +16,8 @@ import torch
 from torch import fx, nn
 
 import fxverify
-from fxverify.engine.results import CheckResult
-from fxverify.engine.transform import Transform
+from fxverify.core.results import CheckResult
+from fxverify.core.transform import Transform
 from fxverify.reports import records_from_results
 from fxverify.reports.figures import failure_figures
 from fxverify.reports.graph_picture import INSTALL_HINT, GraphvizMissing, crop, graph_dot, render_svg

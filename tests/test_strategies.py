@@ -19,7 +19,7 @@ import fxverify.strategies as fxs
 import fxverify.strategies.corpus
 from fxverify.cases.case import ModelCase
 from fxverify.cases.catalogue import InputSpec
-from fxverify.engine.results import Outcome
+from fxverify.core.results import Outcome
 from fxverify.strategies.meta import ANY
 from fxverify.strategies.ops import CATALOGUE
 

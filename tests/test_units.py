@@ -11,7 +11,7 @@ import fxverify
 from fxverify.analysis.compare import Tolerance, compare_trees
 from fxverify.analysis.graph_text import canonical_text
 from fxverify.cases import catalogue
-from fxverify.engine.transform import Transform
+from fxverify.core.transform import Transform
 from fxverify.errors import CorpusError, FxVerifyError, TransformFailed, TransformLoadError
 from fxverify.plugin.nodeids import parse_nodeid
 from fxverify.reports.summary import format_table, rewrite_warning

@@ -26,7 +26,7 @@ from torch import fx, nn
 from fxverify.capture.export import Export
 from fxverify.capture.make_fx import MakeFx
 from fxverify.capture.symbolic import SymbolicTrace, symbolic
-from fxverify.engine.transform import Transform
+from fxverify.core.transform import Transform
 
 __all__ = ["Capture", "Export", "MakeFx", "SymbolicTrace", "for_entry"]
 

@@ -17,7 +17,7 @@ from torch.fx.passes.shape_prop import TensorMetadata
 from torch.utils import _pytree as pytree
 
 from fxverify.analysis.module_state import resolve
-from fxverify.engine.results import exception_summary
+from fxverify.core.results import exception_summary
 from fxverify.errors import CopyFailed
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)

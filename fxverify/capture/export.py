@@ -45,7 +45,7 @@ from torch.utils import _pytree as pytree
 from fxverify.analysis.graph_text import canonical_text
 from fxverify.analysis.module_state import first_line_difference, tensors_equal
 from fxverify.capture.copies import converted_copy, not_moved, retyped_copy
-from fxverify.engine.transform import Transform
+from fxverify.core.transform import Transform
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 

@@ -24,7 +24,7 @@ import torch
 from torch import fx, nn
 
 from fxverify.capture.copies import converted_copy, not_moved
-from fxverify.engine.transform import Transform
+from fxverify.core.transform import Transform
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 

@@ -25,7 +25,7 @@ from torch import fx, nn
 from torch.fx import _symbolic_trace
 
 from fxverify.capture.copies import converted_copy
-from fxverify.engine.transform import Transform
+from fxverify.core.transform import Transform
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import tomllib
 
-from fxverify.engine.contracts import CAPTURES
+from fxverify.core.contracts import CAPTURES
 from fxverify.errors import CorpusError
 
 SOURCES = ("torchvision", "timm", "edge", "user")

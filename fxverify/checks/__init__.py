@@ -3,7 +3,7 @@
 Importing this package imports no check and no torch (the pytest plugin reads
 :data:`NAMES` at start-up); :func:`get` imports a check when it is first run.
 Each check is ``check(subject) -> dict | None``: it returns details on success and
-raises :class:`~fxverify.engine.results.Finding` to fail or :class:`~fxverify.engine.results.Skip`
+raises :class:`~fxverify.core.results.Finding` to fail or :class:`~fxverify.core.results.Skip`
 when it does not apply. The public ``fxverify.check_<name>`` / ``assert_<name>``
 pairs and the ``--fxverify-checks`` help come from :data:`REGISTRY`; the check tables of
 README.md, docs/checks.md and docs/options.md are held to it by tests/test_docs.py.

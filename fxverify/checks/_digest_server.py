@@ -35,10 +35,10 @@ from fxverify.capture import Capture
 from fxverify.cases.case import ModelCase
 from fxverify.cases.catalogue import CAPTURES
 from fxverify.checks.determinism import digest
-from fxverify.engine.memory import release_memory
-from fxverify.engine.results import CaptureFailed, Skip, exception_summary
+from fxverify.core.memory import release_memory
+from fxverify.core.results import CaptureFailed, Skip, exception_summary
+from fxverify.core.transform import Transform
 from fxverify.engine.subject import Subject
-from fxverify.engine.transform import Transform
 from fxverify.errors import TransformFailed
 
 SERVER_START_SECONDS = 120.0  # imports, on a loaded machine
@@ -52,7 +52,7 @@ class CrossProcessDigests:
     server captures each model with ``capture`` (default: the entry's own; a name: the model's capture of that
     name, :meth:`~fxverify.cases.case.ModelCase.capture_named`), as the :class:`Subject` it serves must.
 
-    >>> from fxverify.engine.transform import as_transform
+    >>> from fxverify.core.transform import as_transform
     >>> digests = CrossProcessDigests(as_transform(lambda gm: gm), [], timeout=10)
     >>> digests("resnet18")[:5]
     'skip:'

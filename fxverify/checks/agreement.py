@@ -37,9 +37,9 @@ from torch.utils import _pytree as pytree
 from fxverify.analysis.compare import Tolerance, compare_trees
 from fxverify.analysis.module_state import tensor_state, tensors_equal
 from fxverify.cases.catalogue import CorpusEntry
-from fxverify.engine.results import CaptureFailed, Finding, ModuleRaised, Skip, rewrites
+from fxverify.core.results import CaptureFailed, Finding, ModuleRaised, Skip, rewrites
+from fxverify.core.transform import Transform
 from fxverify.engine.subject import Settings, Subject
-from fxverify.engine.transform import Transform
 from fxverify.errors import TransformFailed
 
 aten = torch.ops.aten

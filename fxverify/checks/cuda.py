@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from fxverify.analysis.compare import compare_trees
-from fxverify.engine.results import Finding, Skip, exception_summary
+from fxverify.core.results import Finding, Skip, exception_summary
 from fxverify.engine.subject import Subject
 from fxverify.errors import CopyFailed
 

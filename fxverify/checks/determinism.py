@@ -27,8 +27,8 @@ from torch import fx, nn
 from fxverify.analysis.graph_text import canonical_text
 from fxverify.analysis.module_state import first_line_difference
 from fxverify.capture import Capture
-from fxverify.engine.contracts import Contract
-from fxverify.engine.results import Finding, Skip
+from fxverify.core.contracts import Contract
+from fxverify.core.results import Finding, Skip
 from fxverify.engine.subject import Subject
 from fxverify.errors import TransformFailed
 

@@ -29,7 +29,7 @@ from torch.utils import _pytree as pytree
 from fxverify.analysis.module_state import tensor_attributes
 from fxverify.analysis.recording import run_recorded
 from fxverify.capture.export import program_of
-from fxverify.engine.results import Finding, Skip, exception_summary
+from fxverify.core.results import Finding, Skip, exception_summary
 from fxverify.engine.subject import Applied, Subject
 from fxverify.errors import CopyFailed
 

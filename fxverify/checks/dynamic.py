@@ -40,7 +40,7 @@ from fxverify.analysis.repropagation import Violation, repropagate
 from fxverify.capture.export import BATCH_RANGE
 from fxverify.cases.inputs import with_batch
 from fxverify.checks.numerics import compare_config, finding_of, float32_rounding
-from fxverify.engine.results import Finding, ModuleRaised, Skip
+from fxverify.core.results import Finding, ModuleRaised, Skip
 from fxverify.engine.subject import Subject
 
 SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)

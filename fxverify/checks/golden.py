@@ -19,10 +19,10 @@ from typing import Any
 
 from torch import fx
 
-from fxverify import golden
+from fxverify.analysis import golden
 from fxverify.capture.export import signature_text
 from fxverify.cases.catalogue import CAPTURES, RANDOM_GRAPH_TAG, file_label
-from fxverify.engine.results import Finding, Skip
+from fxverify.core.results import Finding, Skip
 from fxverify.engine.subject import Subject
 
 

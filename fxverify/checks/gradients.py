@@ -26,7 +26,7 @@ from torch import fx, nn
 from fxverify.analysis.compare import Mismatch, compare_values
 from fxverify.analysis.localise import differentiable, localise, localise_gradients
 from fxverify.analysis.parameters import FROZEN, MOVED, Fate
-from fxverify.engine.results import Finding, Skip, exception_summary
+from fxverify.core.results import Finding, Skip, exception_summary
 from fxverify.engine.subject import Subject
 
 

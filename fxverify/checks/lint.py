@@ -17,7 +17,7 @@ from torch import fx
 
 from fxverify.analysis.compare import leaves_with_paths
 from fxverify.analysis.module_state import first_line_difference, resolve
-from fxverify.engine.results import Finding, Skip, exception_summary
+from fxverify.core.results import Finding, Skip, exception_summary
 from fxverify.engine.subject import Subject
 
 

@@ -40,7 +40,7 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from fxverify.analysis.repropagation import Mismatch, Repropagation, difference, shape_text
-from fxverify.engine.results import Finding, ModuleRaised, Skip
+from fxverify.core.results import Finding, ModuleRaised, Skip
 from fxverify.engine.subject import Subject
 
 NEEDED = ("call_function", "placeholder")  # where a missing meta['val'] breaks what reads it

@@ -39,7 +39,7 @@ from fxverify.analysis.compare import Mismatch, compare_trees, compare_values, l
 from fxverify.analysis.localise import Localisation, localise
 from fxverify.analysis.module_state import tensor_state, tensors_equal
 from fxverify.cases.inputs import InputConfig
-from fxverify.engine.results import Finding, ModuleRaised, exception_summary
+from fxverify.core.results import Finding, ModuleRaised, exception_summary
 from fxverify.engine.subject import Subject
 from fxverify.errors import TransformFailed
 

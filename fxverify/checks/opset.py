@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from fxverify.engine.results import Finding, Skip
+from fxverify.core.results import Finding, Skip
 from fxverify.engine.subject import Subject
 
 _CORE_HINT = ("Emit the core ATen operators it decomposes to (its entry in torch.export.default_decompositions()), "

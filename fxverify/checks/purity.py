@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from fxverify.analysis.compare import leaves_with_paths
-from fxverify.engine.results import Finding, exception_summary
+from fxverify.core.results import Finding, exception_summary
 from fxverify.engine.subject import Subject
 
 

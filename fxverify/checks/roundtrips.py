@@ -63,7 +63,7 @@ from fxverify.analysis.recording import RecordingInterpreter
 from fxverify.capture.export import PROGRAM, named_as_exported, program_of
 from fxverify.capture.symbolic import forget_unpatchable_wraps
 from fxverify.checks.verifier import validation_error
-from fxverify.engine.results import Finding, Skip, exception_summary
+from fxverify.core.results import Finding, Skip, exception_summary
 from fxverify.engine.subject import Subject
 
 Trip = Callable[[Subject, str], None]  # (subject, "result" or "original"): raises Finding

@@ -24,7 +24,7 @@ from torch import fx
 from fxverify.analysis.compare import compare_trees, compare_values
 from fxverify.analysis.module_state import tensor_state
 from fxverify.checks.numerics import finding_of
-from fxverify.engine.results import Finding, ModuleRaised, Skip
+from fxverify.core.results import Finding, ModuleRaised, Skip
 from fxverify.engine.subject import Subject
 
 TAG = "stateful"

@@ -11,7 +11,7 @@ returned, after checking that the program it was given validates untouched; a si
 names another node than the graph's at its position is reported with both names.
 
 Applies to transforms of form ``program`` and ``lifted`` (see
-:attr:`~fxverify.engine.contracts.Contract.form`) under the export captures; a transform taking
+:attr:`~fxverify.core.contracts.Contract.form`) under the export captures; a transform taking
 ``ep.module()`` returns no program (``meta`` and ``opset`` check its nodes).
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from fxverify.capture.export import PROGRAM, named_as_exported, program_of, signature_nodes
-from fxverify.engine.results import Finding, Skip, exception_summary
+from fxverify.core.results import Finding, Skip, exception_summary
 from fxverify.engine.subject import Subject
 
 

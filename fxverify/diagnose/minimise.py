@@ -31,10 +31,10 @@ from torch._functorch.fx_minifier import minifier
 from fxverify.analysis.compare import Mismatch, Tolerance, compare_trees
 from fxverify.capture import Capture, MakeFx, for_entry
 from fxverify.cases.inputs import InputConfig
+from fxverify.core.results import exception_summary
+from fxverify.core.transform import Transform, as_transform
 from fxverify.diagnose.repro_script import DIFFERS, RAISES
-from fxverify.engine.results import exception_summary
 from fxverify.engine.subject import Subject
-from fxverify.engine.transform import Transform, as_transform
 from fxverify.errors import FxVerifyError, TransformFailed
 
 DEFAULT_BUDGET = 120.0

@@ -28,9 +28,9 @@ from torch import fx
 
 from fxverify.analysis.compare import Tolerance
 from fxverify.capture.export import Export, program_of
+from fxverify.core.results import exception_summary
 from fxverify.diagnose.minimise import DEFAULT_BUDGET, cloned, minimise_module
 from fxverify.diagnose.repro_script import DIFFERS, RAISES, absolute_spec, check_reproduces, script_source
-from fxverify.engine.results import exception_summary
 from fxverify.engine.subject import Subject
 from fxverify.errors import FxVerifyError, TransformFailed
 

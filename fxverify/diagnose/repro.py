@@ -31,20 +31,20 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from fxverify.analysis.golden import portable_spec, safe_name
 from fxverify.analysis.module_state import resolve
 from fxverify.capture.export import Export
 from fxverify.cases.catalogue import CAPTURES, file_label
+from fxverify.core.results import Finding, exception_summary
 from fxverify.diagnose.minimise import Minimised, minimise_failure
 from fxverify.diagnose.program_repro import write_program_repro
 from fxverify.diagnose.repro_script import absolute_spec, check_reproduces, script_source
-from fxverify.engine.results import Finding, exception_summary
 from fxverify.engine.subject import Subject
 from fxverify.errors import FxVerifyError
-from fxverify.golden import portable_spec, safe_name
 
 
 class ReproOnFailure:
-    """A runner's post-failure hook (see :mod:`fxverify.engine.runner`): a numerics failure in the
+    """A runner's post-failure hook (see :mod:`fxverify.runner`): a numerics failure in the
     contract's primary mode is minimised (:func:`fxverify.diagnose.minimise.minimise_failure`) and
     written into ``directory`` as a standalone repro, named in the finding (``finding.repro``, and a
     line of the message); on an export capture, the saved program and the pass call are

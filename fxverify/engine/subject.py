@@ -1,7 +1,7 @@
 """The subject of the checks: one transform on one model, and the expensive work every check
 shares, done once and on demand (capture, transform, reference outputs, float64 copies, what the
 transform changed). Checks read it and import nothing above it; the runner
-(:mod:`fxverify.engine.runner`) runs them.
+(:mod:`fxverify.runner`) runs them.
 
 >>> import fxverify
 >>> s = Subject(fxverify.examples.identity, fxverify.load_case("edge_conv_bn_head"))
@@ -44,11 +44,11 @@ from fxverify.capture import Capture
 from fxverify.capture.export import symbol_ranges
 from fxverify.cases.case import ModelCase, load_case
 from fxverify.cases.inputs import InputConfig
-from fxverify.engine.contracts import Contract
-from fxverify.engine.memory import trim_heap
+from fxverify.core.contracts import Contract
+from fxverify.core.memory import trim_heap
+from fxverify.core.results import CaptureFailed, ModuleRaised, exception_summary
+from fxverify.core.transform import Transform, as_transform
 from fxverify.engine.references import ReferenceStore
-from fxverify.engine.results import CaptureFailed, ModuleRaised, exception_summary
-from fxverify.engine.transform import Transform, as_transform
 from fxverify.errors import CopyFailed, TransformFailed
 
 DEFAULT_TIMEOUT = 300.0
@@ -540,7 +540,7 @@ class Subject:
     def collect_garbage(self) -> None:
         """Collect reference cycles now when the model is large (:data:`LARGE_MODEL_BYTES`): the
         fresh traces, copies and results a check dropped hold whole copies of its tensors until
-        Python's cycle collector runs (see :mod:`fxverify.engine.memory`)."""
+        Python's cycle collector runs (see :mod:`fxverify.core.memory`)."""
         if self.model_bytes >= LARGE_MODEL_BYTES:
             gc.collect()
             trim_heap()

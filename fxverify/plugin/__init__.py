@@ -63,7 +63,7 @@ def pytest_configure(config: pytest.Config) -> None:
     options = RunOptions.from_config(config)
     # the work is done by modules that import torch: only now that fxverify is in use
     from fxverify.cases.case import ModelCase
-    from fxverify.engine.transform import Transform
+    from fxverify.core.transform import Transform
     from fxverify.errors import FxVerifyError
     from fxverify.plugin.items import FxVerifyRun
     from fxverify.plugin.ledger import Ledger

@@ -23,10 +23,10 @@ from fxverify.cases.case import ModelCase
 from fxverify.checks._digest_server import CrossProcessDigests
 from fxverify.checks.agreement import CaptureOutputs, capture_outputs, reference_capture
 from fxverify.checks.determinism import cross_process_capture
-from fxverify.engine.memory import release_memory
+from fxverify.core.memory import release_memory
+from fxverify.core.results import ERROR, FAILED, SKIPPED, XFAILED
+from fxverify.core.transform import Transform
 from fxverify.engine.references import ReferenceStore
-from fxverify.engine.results import ERROR, FAILED, SKIPPED, XFAILED
-from fxverify.engine.transform import Transform
 from fxverify.errors import CheckFailed
 from fxverify.plugin.ledger import CHANGED, GOLDEN, OUTCOME
 from fxverify.plugin.nodeids import item_name, model_label

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
+from fxverify.analysis.golden import format_updates
 from fxverify.cases.catalogue import split_label
-from fxverify.engine.results import ERROR, FAILED, PASSED, SKIPPED, XFAILED, CheckResult, Outcome
-from fxverify.engine.transform import Transform
-from fxverify.golden import format_updates
+from fxverify.core.results import ERROR, FAILED, PASSED, SKIPPED, XFAILED, CheckResult, Outcome
+from fxverify.core.transform import Transform
 from fxverify.plugin.nodeids import parse_nodeid
 from fxverify.reports.records import record, sorted_records
 from fxverify.reports.summary import format_table, merged_changes, rewrite_warning

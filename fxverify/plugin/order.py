@@ -48,7 +48,7 @@ from typing import Any
 import pytest
 
 from fxverify.cases.catalogue import RANDOM_GRAPH_TAG, CorpusEntry, InputSpec, split_label
-from fxverify.engine.results import ERROR, FAILED
+from fxverify.core.results import ERROR, FAILED
 from fxverify.plugin.ledger import Ledger
 
 CACHE_KEY = "fxverify/history"  # in pytest's cache (.pytest_cache/v/fxverify/history); --cache-clear drops it

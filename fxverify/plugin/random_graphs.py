@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from fxverify.engine.results import ERROR, FAILED, PASSED, Outcome
+from fxverify.core.results import ERROR, FAILED, PASSED, Outcome
 from fxverify.strategies.corpus import SEED_FORMAT, canonical, entry_for
 from fxverify.strategies.probe import Probe, probe_ops
 

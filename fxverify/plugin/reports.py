@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from fxverify.cases import catalogue
-from fxverify.engine.results import CheckResult
+from fxverify.core.results import CheckResult
 from fxverify.engine.subject import Subject
 from fxverify.plugin.ledger import RECORD, Ledger
 from fxverify.plugin.nodeids import model_label

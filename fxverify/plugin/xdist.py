@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from fxverify.cases.catalogue import split_label
-from fxverify.engine.results import ERROR
+from fxverify.core.results import ERROR
 from fxverify.plugin.ledger import CRASHED, OUTCOME
 from fxverify.plugin.nodeids import parse_nodeid
 

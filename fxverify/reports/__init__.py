@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from fxverify.engine.results import CheckResult
+from fxverify.core.results import CheckResult
 from fxverify.engine.subject import Subject
 from fxverify.reports.figures import figures_of
 from fxverify.reports.html import render_html, write_html

@@ -27,7 +27,7 @@ from typing import Any
 from torch import fx, nn
 
 from fxverify.analysis.node_map import kept_nodes
-from fxverify.engine.results import FAILED, CheckResult, exception_summary
+from fxverify.core.results import FAILED, CheckResult, exception_summary
 from fxverify.engine.subject import Subject
 from fxverify.errors import TransformFailed
 from fxverify.reports.graph_picture import DEFAULT_HOPS, DEFAULT_MAX_NODES, GraphvizMissing, crop, graph_dot, render_svg

@@ -4,7 +4,7 @@ message, the error numbers, the divergent node, the repro path, the graphs
 before and after drawn around the divergent node, and a side-by-side diff of
 the generated code. Every string that comes from a model or a transform is escaped.
 
->>> from fxverify.engine.results import CheckResult
+>>> from fxverify.core.results import CheckResult
 >>> from fxverify.reports.records import record
 >>> page = render_html([record(CheckResult("lint", "<b>m</b>", "my:pass", "passed"))])
 >>> "&lt;b&gt;m&lt;/b&gt;" in page and "<b>m</b>" not in page
@@ -19,7 +19,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from fxverify.engine.results import Outcome
+from fxverify.core.results import Outcome
 from fxverify.reports.records import FIGURES, header
 from fxverify.reports.summary import changed_cell, rewrite_warning
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from fxverify.cases.catalogue import parse_shard
-from fxverify.engine.results import ERROR, FAILED, Outcome
+from fxverify.core.results import ERROR, FAILED, Outcome
 from fxverify.errors import CorpusError
 from fxverify.reports.html import write_html
 from fxverify.reports.records import ReportError, header, read_json, sorted_records, write_json

@@ -1,7 +1,7 @@
 """Report records: one JSON-ready dict per (transform, model, check), and the
 JSON report for CI dashboards (a header with versions and time, then the records).
 
->>> from fxverify.engine.results import CheckResult
+>>> from fxverify.core.results import CheckResult
 >>> r = record(CheckResult("numerics", "m", "my:pass", "failed", "...", max_abs=0.5, max_rel=2.0), duration=1.5)
 >>> r["outcome"], r["max_abs"], r["duration"]
 ('failed', 0.5, 1.5)
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fxverify.cases.catalogue import CAPTURES, model_label
-from fxverify.engine.results import CheckResult
+from fxverify.core.results import CheckResult
 from fxverify.errors import FxVerifyError
 
 SCHEMA_VERSION = 1

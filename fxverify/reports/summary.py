@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 
 from fxverify.cases.catalogue import split_label
-from fxverify.engine.results import rewrites
+from fxverify.core.results import rewrites
 
 FEW = 0.1  # a transform that rewrote at most this share of the models "changed almost nothing"
 SHOWN = 5  # models named in a warning

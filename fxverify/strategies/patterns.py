@@ -31,7 +31,7 @@ from hypothesis.errors import InvalidArgument
 from torch import fx
 
 from fxverify.analysis.recording import RecordingInterpreter
-from fxverify.engine.results import exception_summary as exc_summary
+from fxverify.core.results import exception_summary as exc_summary
 from fxverify.strategies.builder import Builder, DrawnChoices, Limits, Value
 from fxverify.strategies.graphs import (
     DEFAULT_DTYPES,

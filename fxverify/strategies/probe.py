@@ -31,7 +31,7 @@ from hypothesis.errors import InvalidArgument
 
 from fxverify.analysis.module_state import Snapshot
 from fxverify.capture import for_entry
-from fxverify.engine.transform import Transform, as_transform
+from fxverify.core.transform import Transform, as_transform
 from fxverify.errors import TransformFailed
 from fxverify.strategies import ops as catalogue
 from fxverify.strategies.graphs import graph_from_seed

@@ -1,5 +1,5 @@
 """The runner above the checks: it looks a check up in the registry, runs it on the subject,
-turns what it raises into a :class:`~fxverify.engine.results.CheckResult` (a finding, a skip,
+turns what it raises into a :class:`~fxverify.core.results.CheckResult` (a finding, a skip,
 the transform's failure, or an ERROR when fxverify's own code raised), renders the message,
 handles the catalogue's expected failures, and calls the post-failure hooks (minimising a
 numerics failure into a repro file is one: :class:`fxverify.diagnose.repro.ReproOnFailure`).
@@ -25,8 +25,8 @@ from fxverify import checks
 from fxverify.capture import Capture
 from fxverify.cases import catalogue
 from fxverify.cases.case import ModelCase
-from fxverify.engine.contracts import VERIFY_EACH
-from fxverify.engine.results import (
+from fxverify.core.contracts import VERIFY_EACH
+from fxverify.core.results import (
     ERROR,
     FAILED,
     PASSED,
@@ -38,8 +38,8 @@ from fxverify.engine.results import (
     Skip,
     exception_summary,
 )
+from fxverify.core.transform import Transform
 from fxverify.engine.subject import DEFAULT_TIMEOUT, Settings, Subject
-from fxverify.engine.transform import Transform
 from fxverify.errors import FxVerifyError, TransformFailed
 
 

@@ -30,8 +30,8 @@ from types import TracebackType
 from typing import Any, cast
 
 from fxverify.analysis.known_errors import known_cause
-from fxverify.engine.contracts import PROGRAM_CAPTURES, Contract, contract_of
-from fxverify.engine.results import exception_summary
+from fxverify.core.contracts import PROGRAM_CAPTURES, Contract, contract_of
+from fxverify.core.results import exception_summary
 from fxverify.errors import TransformFailed, TransformLoadError
 
 ACCEPTED_RETURNS = (
