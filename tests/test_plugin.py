@@ -39,7 +39,7 @@ def test_buggy_transform_fails_its_check_and_exits_1(pytester):
     # wrong values also mean wrong gradients, and on a GPU wrong CUDA values
     # cuda without a GPU, to_folder (annotations), golden (no golden dir), stateful (no buffer changes in forward),
     # meta, dynamic, verifier, opset, reexport and serde (for ATen graphs), agreement (one capture)
-    result.assert_outcomes(passed=8, failed=2 + GPU, skipped=11 - GPU)
+    result.assert_outcomes(passed=9, failed=2 + GPU, skipped=11 - GPU)
     result.stdout.fnmatch_lines([
         "*fxverify numerics check failed*",
         "*model:      edge_conv_bn_head*",

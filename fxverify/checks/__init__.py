@@ -53,6 +53,8 @@ REGISTRY: tuple[CheckSpec, ...] = (
                                                "rules, and a signature naming the graph's nodes"),
     CheckSpec("opset", "opset", "check", "on ATen graphs, the result keeps the capture's operator set (ATen, "
                                          "functional, core ATen)"),
+    CheckSpec("variants", "variants", "check", "the ops the transform rewrote, and the variants of them it left "
+                                               "untouched (a warning; a failure under rewrites_every_occurrence)"),
     CheckSpec("recompile", "roundtrips", "check_recompile", "a copy recompiled gives the same code and outputs"),
     CheckSpec("retrace", "roundtrips", "check_retrace", "re-capturing the generated code gives an isomorphic graph"),
     CheckSpec("reexport", "roundtrips", "check_reexport", "on export captures, exporting the result again gives the "

@@ -66,6 +66,11 @@ class Contract:
     the structural checks (:data:`VERIFY_EACH`) pass, not only the last one: a step breaking what a
     later step repairs then fails (as LLVM's ``-verify-each``). Off by default: pipelines commonly
     leave meta or node order to a later pass that propagates or sorts again.
+    ``rewrites_every_occurrence``: that the transform rewrites every occurrence of each op it rewrites,
+    whatever its spelling (the in-place twin, other overloads, the function, method and module
+    spellings): the ``variants`` check then fails on a model where it rewrote an op and left a variant
+    of it. Off by default: many correct passes rewrite only where a pattern holds, and the run's summary
+    only warns about the variants they left.
 
     >>> Contract(modes=("eval",), dtypes=("float32",)).describe()
     'declared: modes=eval changes_parameters=no dtypes=float32'
@@ -83,6 +88,7 @@ class Contract:
     keeps_opset: bool = True
     form: str | None = None
     verify_each: bool = False
+    rewrites_every_occurrence: bool = False
 
     def __post_init__(self) -> None:
         if self.form is not None and self.form not in FORMS:
@@ -102,7 +108,7 @@ class Contract:
                 raise FxVerifyError(
                     f"contract {name} must be a non-negative number, got {name}={value!r}"
                 )
-        for name in ("changes_parameters", "serializable", "keeps_opset", "verify_each"):
+        for name in ("changes_parameters", "serializable", "keeps_opset", "verify_each", "rewrites_every_occurrence"):
             if not isinstance(getattr(self, name), bool):
                 raise FxVerifyError(f"contract {name} must be True or False, got {name}={getattr(self, name)!r}")
 
@@ -145,6 +151,8 @@ class Contract:
             parts.append("keeps_opset=no")
         if self.verify_each:
             parts.append("verify_each=yes")
+        if self.rewrites_every_occurrence:
+            parts.append("rewrites_every_occurrence=yes")
         for name in ("rtol", "atol", "range_tol"):
             value = getattr(self, name)
             if value is not None:
@@ -181,6 +189,7 @@ def contract(
     keeps_opset: bool = True,
     form: str | None = None,
     verify_each: bool = False,
+    rewrites_every_occurrence: bool = False,
 ) -> Callable[[F], F]:
     """Declare a transform's contract (see :class:`Contract` for each promise).
 
@@ -204,10 +213,15 @@ def contract(
             ...
 
         lowering = fxverify.contract(verify_each=True)(PassManager([fold, relu_to_clamp_min]))  # every step checked
+
+        @fxverify.contract(rewrites_every_occurrence=True)  # relu, relu_, every spelling: none may be left
+        def relu_to_clamp_min(gm):
+            ...
     """
     declared = Contract(modes=modes, changes_parameters=changes_parameters, dtypes=dtypes, devices=devices,
                         serializable=serializable, rtol=rtol, atol=atol, range_tol=range_tol, captures=captures,
-                        keeps_opset=keeps_opset, form=form, verify_each=verify_each)
+                        keeps_opset=keeps_opset, form=form, verify_each=verify_each,
+                        rewrites_every_occurrence=rewrites_every_occurrence)
 
     def decorate(fn: F) -> F:
         if not callable(fn):

@@ -28,7 +28,7 @@ from fxverify.core.results import ERROR, FAILED, SKIPPED, XFAILED
 from fxverify.core.transform import Transform
 from fxverify.engine.references import ReferenceStore
 from fxverify.errors import CheckFailed
-from fxverify.plugin.ledger import CHANGED, GOLDEN, OUTCOME
+from fxverify.plugin.ledger import CHANGED, GOLDEN, OUTCOME, SUMMED
 from fxverify.plugin.nodeids import item_name, model_label
 from fxverify.plugin.options import RunOptions
 from fxverify.plugin.order import History
@@ -179,6 +179,7 @@ class CheckItem(pytest.Item):
                                                               changed=changes))
             if not v.subject.expected_failure:
                 self.user_properties.append((CHANGED, changes))
+                self.user_properties.extend((key, result.details[key]) for key in SUMMED if key in result.details)
             if run.options.update_golden and "golden_file" in result.details:
                 self.user_properties.append((GOLDEN, (result.details["golden"], result.details["golden_file"])))
         except Exception as exc:  # fxverify's bookkeeping must not turn the check's verdict into a failure

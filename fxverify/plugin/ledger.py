@@ -15,18 +15,20 @@ from typing import Any
 import pytest
 
 from fxverify.analysis.golden import format_updates
+from fxverify.analysis.op_variants import OP_COUNTS
 from fxverify.cases.catalogue import split_label
 from fxverify.core.results import ERROR, FAILED, PASSED, SKIPPED, XFAILED, CheckResult, Outcome
 from fxverify.core.transform import Transform
 from fxverify.plugin.nodeids import parse_nodeid
 from fxverify.reports.records import record, sorted_records
-from fxverify.reports.summary import format_table, merged_changes, rewrite_warning
+from fxverify.reports.summary import format_table, merged_changes, rewrite_warning, variant_warning
 
 # the user_properties keys an item attaches to its report
 RECORD = "fxverify_record"  # its report record (only when a JSON or HTML report is wanted)
 CHANGED = "fxverify_changed"  # what the transform changed on its model
 GOLDEN = "fxverify_golden_update"  # (status, path) of the golden file it wrote
 OUTCOME = "fxverify_outcome"  # "error" when fxverify could not judge it
+SUMMED = (OP_COUNTS,)  # the keys of a check's details an item attaches as they are, for the summary to add up
 CRASHED = "???"  # the ``when`` of the report pytest-xdist makes for an item whose worker died
 
 Observer = Callable[[str, str, str, Outcome], None]  # (transform spec, model, check, outcome)
@@ -54,6 +56,8 @@ class Ledger:
     changes: dict[str, dict[str, list[str] | None]] = dataclasses.field(default_factory=lambda: defaultdict(dict))
     golden_updates: dict[str, list[str]] = dataclasses.field(default_factory=lambda: defaultdict(list))
     records: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    # transform -> model -> an item's details under a key of SUMMED (the op counts of the original and result)
+    summed: dict[str, dict[str, dict[str, Any]]] = dataclasses.field(default_factory=lambda: defaultdict(dict))
     seconds: dict[str, dict[str, float]] = dataclasses.field(default_factory=lambda: defaultdict(lambda: defaultdict(float)))
     models: tuple[str, ...] = ()  # the selected models in catalogue order: the summary's row order
     observers: list[Observer] = dataclasses.field(default_factory=list)
@@ -72,6 +76,9 @@ class Ledger:
         attached: dict[str, Any] = dict(report.user_properties)
         if CHANGED in attached:  # what each item saw it change: a later check may have run it in another mode
             self.changes[spec][model] = merged_changes(self.changes[spec].get(model), attached[CHANGED])
+        for key in SUMMED:
+            if key in attached:
+                self.summed[spec].setdefault(model, {})[key] = attached[key]
         if GOLDEN in attached:
             status, path = attached[GOLDEN]
             self.golden_updates[status].append(path)
@@ -117,6 +124,10 @@ class Ledger:
             warning = rewrite_warning(transform.spec, changes, self.random_graphs)
             if warning:
                 terminalreporter.write_line(warning, yellow=True, bold=True)
+            counts = {model: found[OP_COUNTS] for model, found in self.summed[transform.spec].items() if OP_COUNTS in found}
+            variants = variant_warning(transform.spec, counts)
+            if variants:
+                terminalreporter.write_line(variants, yellow=True, bold=True)
             terminalreporter.write_line("")
         if self.golden_updates:
             terminalreporter.write_line(format_updates(self.golden_updates, terminalreporter.config.rootpath))

@@ -19,9 +19,10 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from fxverify.analysis.op_variants import OP_COUNTS
 from fxverify.core.results import Outcome
 from fxverify.reports.records import FIGURES, header
-from fxverify.reports.summary import changed_cell, rewrite_warning
+from fxverify.reports.summary import changed_cell, rewrite_warning, variant_warning
 
 Record = Mapping[str, Any]
 
@@ -105,7 +106,8 @@ def _counts(records: list[Record]) -> str:
 def _matrix(transform: str, records: list[Record], anchors: Mapping[int, str], random_graphs: Collection[str]) -> str:
     """One transform's table: a row per model, a column per check, cells linking to failures, and
     what the transform changed on each model; above it, a warning when it rewrote (almost) nothing
-    and how many of the random graphs it changed, as in the terminal summary."""
+    and how many of the random graphs it changed, and one naming the variants of the ops it rewrote that it
+    left untouched, as in the terminal summary."""
     checks = list(dict.fromkeys(r["check"] for r in records))
     cells = {(r["model"], r["check"]): r for r in records}
     changes = {r["model"]: r.get("changed") for r in records if r.get("changed") is not None}
@@ -113,6 +115,9 @@ def _matrix(transform: str, records: list[Record], anchors: Mapping[int, str], r
     warning = rewrite_warning(transform, changes, random_graphs)
     if warning:
         rows.append(f'<p class="note">{escape(warning)}</p>')
+    variants = variant_warning(transform, {r["model"]: r[OP_COUNTS] for r in records if r.get(OP_COUNTS)})
+    if variants:
+        rows.append(f'<p class="note variants">{escape(variants)}</p>')
     rows.append(f'<table class="matrix" data-transform="{escape(transform)}"><tr><th>model</th>'
                 + "".join(f"<th>{escape(c)}</th>" for c in checks) + "<th>changed</th></tr>")
     for model in dict.fromkeys(r["model"] for r in records):

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from fxverify.analysis.op_variants import OP_COUNTS, coverage
 from fxverify.cases.catalogue import CAPTURES, model_label
 from fxverify.core.results import CheckResult
 from fxverify.errors import FxVerifyError
@@ -55,9 +56,26 @@ def record(result: CheckResult, *, duration: float | None = None, nodeid: str | 
         "duration": duration,
         "nodeid": nodeid,
     }
+    if OP_COUNTS in result.details:  # the op counts of the original and the result (the variants check)
+        found[OP_COUNTS] = result.details[OP_COUNTS]
     if figures:
         found[FIGURES] = dict(figures)
     return found
+
+
+def op_coverage(records: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per transform, the ops it rewrote over the models of ``records`` and the variants of them it left
+    untouched (:meth:`fxverify.analysis.op_variants.Coverage.as_dict`), from the records carrying op counts.
+
+    >>> counts = {"before": {"aten.relu.default": 2, "aten.relu_.default": 1}, "after": {"aten.relu_.default": 1}}
+    >>> op_coverage([{"transform": "t", "model": "m", OP_COUNTS: counts}])["t"]["left"][0]["kind"]
+    'in-place twin'
+    """
+    by_transform: dict[str, dict[str, Any]] = {}
+    for r in records:
+        if r.get(OP_COUNTS):
+            by_transform.setdefault(r["transform"], {})[r["model"]] = r[OP_COUNTS]
+    return {transform: coverage(counts).as_dict() for transform, counts in by_transform.items()}
 
 
 def header(random_graphs: Iterable[str] = (), run: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -86,10 +104,13 @@ def sorted_records(records: Iterable[R], checks: Sequence[str]) -> list[R]:
 
 
 def json_report(records: Iterable[Mapping[str, Any]], head: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """``{"header": ..., "records": [...]}`` without the HTML-only figures."""
+    """``{"header": ..., "records": [...], "op_coverage": {transform: ...}}`` without the HTML-only figures
+    (``op_coverage``: see :func:`op_coverage`)."""
+    records = list(records)
     return {
         "header": dict(head or header()),
         "records": [{k: v for k, v in r.items() if k != FIGURES} for r in records],
+        "op_coverage": op_coverage(records),
     }
 
 

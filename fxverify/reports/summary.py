@@ -12,7 +12,9 @@ m      pass  no-op
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from typing import Any
 
+from fxverify.analysis.op_variants import coverage
 from fxverify.cases.catalogue import split_label
 from fxverify.core.results import rewrites
 
@@ -96,6 +98,28 @@ def rewrite_warning(transform: str, changes: Mapping[str, Sequence[str] | None],
         changed = sum(model in rewrote for model in graphs)
         lines.append(f"{transform} changed {changed} of {len(graphs)} random graphs (graph or parameters)")
     return "\n".join(lines) or None
+
+
+def variant_warning(transform: str, op_counts: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """A line naming the ops ``transform`` rewrote in some model and the variants of them (the same op,
+    its in-place, ``out=`` and functional twins, other overloads, other spellings) it left untouched in
+    the models it ran on, with their counts; None when it left none. ``op_counts`` holds each model's
+    ``{"before": counts, "after": counts}`` (see :mod:`fxverify.analysis.op_variants`).
+
+    >>> print(variant_warning("my:pass", {"a": {"before": {"aten.relu.default": 2}, "after": {}},
+    ...                                   "b": {"before": {"aten.relu_.default": 3}, "after": {"aten.relu_.default": 3}}}))
+    ... # doctest: +ELLIPSIS
+    WARNING: my:pass rewrote aten.relu.default x2 in 1 model; left aten.relu_.default x3 in 1 model: in-place twin (b). ...
+    >>> variant_warning("my:pass", {"a": {"before": {"aten.relu.default": 2}, "after": {}}}) is None
+    True
+    """
+    text = coverage(op_counts).describe()
+    if not text:
+        return None
+    return (f"WARNING: {transform} {text}. A pass that rewrites only where its pattern holds may leave them by design; "
+            "one meant to rewrite every occurrence misses them, and nothing verified it on them (a contract declaring "
+            "rewrites_every_occurrence=True fails the variants item of each model where it rewrote an op and left a "
+            "variant of it)")
 
 
 def capture_disagreement(transform: str, changes: Mapping[str, Sequence[str] | None]) -> str | None:
