@@ -24,6 +24,7 @@ import torch
 from torch import fx, nn
 
 from fxverify.capture.copies import converted_copy, not_moved
+from fxverify.capture.lifted_buffers import lifted_make_fx, refuses_buffer_update, writes_attributes
 from fxverify.core.transform import Transform
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
@@ -64,8 +65,18 @@ class MakeFx:
         if not inputs:
             raise ValueError("the make_fx capture needs example inputs")
         module.train(training)
+        saved = _buffer_values(module)  # a buffer updated by constants alone is updated while tracing
         traced = make_fx(torch.func.functionalize(module), tracing_mode="fake", _allow_non_fake_inputs=True)
-        return traced(*inputs)
+        try:
+            gm: fx.GraphModule = traced(*inputs)
+        except RuntimeError as error:
+            if not refuses_buffer_update(error):
+                raise
+        else:
+            if not writes_attributes(gm):
+                return gm  # forward updates no buffer: the plain functionalized graph
+        _restore_buffers(module, saved)
+        return lifted_make_fx(module, inputs)  # the buffers lifted, their updates written back with copy_
 
     def in_dtype(self, gm: fx.GraphModule, dtype: torch.dtype) -> None:
         """None: make_fx keeps parameters as plain tensor attributes, which a converted copy leaves in
@@ -104,3 +115,15 @@ class MakeFx:
 
     def describe(self) -> str:
         return "make_fx (functionalized, tracing_mode='fake', static shapes)"
+
+
+def _buffer_values(module: nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of each buffer's value, to undo what a first trace of a model updating them did."""
+    return {name: buffer.detach().clone() for name, buffer in module.named_buffers()}
+
+
+def _restore_buffers(module: nn.Module, saved: dict[str, torch.Tensor]) -> None:
+    with torch.no_grad():
+        for name, buffer in module.named_buffers():
+            if name in saved and not torch.equal(buffer, saved[name]):
+                buffer.copy_(saved[name])

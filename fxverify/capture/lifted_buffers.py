@@ -1,0 +1,146 @@
+"""``make_fx`` of a model whose forward updates its buffers: the buffers lifted to graph inputs, the
+updates written back, as AOTAutograd traces such a model.
+
+``make_fx(torch.func.functionalize(model))`` functionalizes the graph's inputs only: the model's
+parameters and buffers are plain tensors to it. An in-place update of a buffer by a value computed
+from the input (``self.ema.mul_(0.9).add_(x.mean())``, ``self.cache[:2] += ...``,
+``self.k_cache[self.pos] = k``) then fails inside torch ("mutating a non-functional tensor with a
+functional tensor is not allowed"), and one by constants alone (a counter's ``add_(1)``, BatchNorm's
+``num_batches_tracked``) stays an in-place node on a constant, run once on the real buffer while
+tracing. :func:`lifted_make_fx` traces ``torch.func.functional_call`` of the model with every parameter
+and buffer a graph input, so functionalization turns each update into functional ATen and writes the
+new value back into its input with ``aten.copy_`` at the end of the graph; the inputs are then
+replaced by ``get_attr`` nodes of the module's own parameters and buffers, under their own names.
+The ``GraphModule`` it gives back takes the model's inputs and returns its outputs, and each call
+updates its buffers in place as the model does, as ``torch.export``'s ``ep.module()`` does.
+
+>>> class Ema(torch.nn.Module):
+...     def __init__(self):
+...         super().__init__()
+...         self.register_buffer("ema", torch.zeros(3))
+...     def forward(self, x):
+...         self.ema.mul_(0.9).add_(x.mean(0))
+...         return x * 2
+>>> gm = lifted_make_fx(Ema(), (torch.ones(2, 3),))
+>>> [(n.op, str(n.target)) for n in gm.graph.nodes if n.op != "call_function" or "copy_" in str(n.target)]
+[('placeholder', 'arg0_1'), ('get_attr', 'ema'), ('call_function', 'aten.copy_.default'), ('output', 'output')]
+>>> out = gm(torch.ones(2, 3)); gm.ema
+tensor([1., 1., 1.])
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+__all__ = ["REFUSED", "lifted_make_fx", "refuses_buffer_update", "writes_attributes", "write_backs"]
+
+# what torch's functionalization raises where a model updates a buffer from a traced value
+REFUSED = "mutating a non-functional tensor with a functional tensor is not allowed"
+
+
+def refuses_buffer_update(error: BaseException) -> bool:
+    """Whether ``error`` is functionalization refusing a buffer of the model updated from a traced value."""
+    return isinstance(error, RuntimeError) and REFUSED in str(error)
+
+
+def writes_attributes(gm: fx.GraphModule) -> bool:
+    """Whether ``gm``'s graph writes a ``get_attr`` tensor (a parameter, buffer or constant) in place:
+    an ATen operator whose schema writes an argument that is a ``get_attr`` node or a view of one.
+
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> writes_attributes(make_fx(torch.nn.BatchNorm1d(2).train())(torch.ones(3, 2)))
+    True
+    >>> writes_attributes(make_fx(torch.nn.BatchNorm1d(2).eval())(torch.ones(3, 2)))
+    False
+    """
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        for position, argument in enumerate(node.target._schema.arguments):
+            if argument.alias_info is None or not argument.alias_info.is_write:
+                continue
+            value = node.args[position] if position < len(node.args) else node.kwargs.get(argument.name)
+            if isinstance(value, fx.Node) and _viewed_attribute(value):
+                return True
+    return False
+
+
+def _viewed_attribute(node: fx.Node) -> bool:
+    """Whether ``node`` is a ``get_attr`` or a chain of views of one (``slice``, ``select``, ``view``)."""
+    while node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+        arguments = node.target._schema.arguments
+        first = node.args[0] if node.args else None
+        if not arguments or arguments[0].alias_info is None or not isinstance(first, fx.Node):
+            return False
+        node = first
+    return node.op == "get_attr"
+
+
+def write_backs(gm: fx.GraphModule) -> list[fx.Node]:
+    """The ``aten.copy_`` nodes of ``gm`` that write a ``get_attr`` tensor (the lifted updates)."""
+    return [node for node in gm.graph.nodes if node.op == "call_function" and node.target is torch.ops.aten.copy_.default
+            and isinstance(node.args[0], fx.Node) and node.args[0].op == "get_attr"]
+
+
+def lifted_make_fx(module: nn.Module, inputs: tuple[Any, ...]) -> fx.GraphModule:
+    """``make_fx`` (functionalized, ``tracing_mode='fake'``) of ``module`` in its current mode on
+    ``inputs``, its parameters and buffers lifted to graph inputs while tracing and read back as
+    ``get_attr`` nodes of the module's own tensors (shared, as a plain ``make_fx`` shares them), their
+    updates written back with ``aten.copy_`` at the end of the graph. Traces in fake mode: the
+    module's tensors are not changed."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    parameters = dict(module.named_parameters())
+    buffers = dict(module.named_buffers())
+    state = {**parameters, **buffers}
+    names = list(state)
+    count = len(inputs)
+
+    def lifted(*flat: Any) -> Any:
+        return torch.func.functional_call(module, dict(zip(names, flat[count:], strict=True)), tuple(flat[:count]))
+
+    traced = make_fx(torch.func.functionalize(lifted), tracing_mode="fake", _allow_non_fake_inputs=True)
+    gm: fx.GraphModule = traced(*inputs, *state.values())
+    graph = gm.graph
+    placeholders = [node for node in graph.nodes if node.op == "placeholder"]
+    if len(placeholders) != count + len(names):  # an input that is not one tensor: not built
+        raise NotImplementedError(f"lifting the buffers of a model traced from {len(placeholders) - len(names)} "
+                                  f"graph inputs for {count} inputs is not built")
+    for name, tensor in state.items():
+        _attach(gm, module, name, tensor, parameter=name in parameters)
+    with graph.inserting_after(placeholders[-1]):
+        reads = [graph.get_attr(name) for name in reversed(names)][::-1]  # in the order of names
+    for placeholder, read in zip(placeholders[count:], reads, strict=True):
+        read.meta.update(placeholder.meta)
+        placeholder.replace_all_uses_with(read)
+        graph.erase_node(placeholder)
+    graph.lint()
+    gm.recompile()
+    return gm
+
+
+def _attach(gm: fx.GraphModule, module: nn.Module, name: str, tensor: torch.Tensor, *, parameter: bool) -> None:
+    """``tensor`` registered on ``gm`` under ``name`` (a dotted path: empty submodules made on the way), as
+    a parameter or a buffer, persistent where ``module`` has it so."""
+    *path, field = name.split(".")
+    owner: nn.Module = gm
+    original: nn.Module = module
+    for part in path:
+        original = getattr(original, part)
+        if part not in owner._modules:
+            if hasattr(owner, part):
+                raise NotImplementedError(f"the model's {name!r} clashes with the GraphModule's attribute {part!r}")
+            owner.add_module(part, nn.Module())
+        child = owner._modules[part]
+        assert child is not None
+        owner = child
+    if hasattr(owner, field) and field not in owner._parameters and field not in owner._buffers:
+        raise NotImplementedError(f"the model's {name!r} clashes with the GraphModule's attribute {field!r}")
+    if parameter:
+        assert isinstance(tensor, nn.Parameter)
+        owner.register_parameter(field, tensor)
+    else:
+        owner.register_buffer(field, tensor, persistent=field not in original._non_persistent_buffers_set)
