@@ -25,7 +25,6 @@ from fxverify import checks
 from fxverify.capture import Capture
 from fxverify.cases import catalogue
 from fxverify.cases.case import ModelCase
-from fxverify.core.contracts import VERIFY_EACH
 from fxverify.core.results import (
     ERROR,
     FAILED,
@@ -98,7 +97,7 @@ class Runner:
             return self._result(check, SKIPPED, message=not_run)
         if self.subject.expected_failure:
             return self._expected_failure(check)
-        skipped = self.subject.capture.skips(check)
+        skipped = checks.not_applicable(check, self.subject.capture.traits, capture)
         if skipped:
             return self._result(check, SKIPPED, message=skipped)
         try:
@@ -111,7 +110,7 @@ class Runner:
             return self._failed(check, Finding(f"the transform failed on this model:\n{exc}"))
         except Exception as exc:  # fxverify's own code raised: no verdict on the transform
             return self.internal_error(check, exc)
-        if self.transform.contract.verify_each and check in VERIFY_EACH and len(self.transform.steps) > 1:
+        if self.transform.contract.verify_each and checks.spec(check).verify_each and len(self.transform.steps) > 1:
             broken = self._first_failing_prefix(check)
             if broken is not None:
                 count, result = broken

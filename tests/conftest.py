@@ -14,5 +14,5 @@ import fxverify.plugin.items
 
 fxverify.api.Verification(fxverify.examples.identity, "edge_conv_bn_head").run_all()
 _CASE = fxverify.cases.case.load_case("edge_conv_bn_head")
-for _capture in fxverify.core.contracts.CAPTURES[1:]:
+for _capture in fxverify.core.captures.capture_names()[1:]:
     fxverify.api.Verification(lambda gm: gm, _CASE, capture=_CASE.capture_named(_capture)).run_all()

@@ -23,6 +23,7 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from torch.utils import _pytree as pytree
 
 import fxverify
+from fxverify import checks
 from fxverify.analysis.graph_text import canonical_text
 from fxverify.analysis.repropagation import repropagate, shape_env_of, violation
 from fxverify.capture import Export, MakeFx, SymbolicTrace
@@ -85,6 +86,12 @@ CORRECT = ("identity", "relu_to_clamp_min", "relu_to_clamp", "swap_add_operands"
            "dead_code_elimination", "conv_bn_fold", "lifted_relu_to_clamp", "relu_to_clamp_on_program", "move_to_cpu",
            "fake_quantize_conv_weights", "to_channels_last", "relu_as_custom_kernel")
 
+# correct on MODELS, with a real defect a newer corpus entry shows: (model, check, phrase of the finding)
+KNOWN_DEFECTS = {
+    # torch's move_to_device_pass copies each parameter, so an embedding and a head sharing one weight stop sharing it
+    "move_to_cpu": ("edge_tied_embedding_head", "gradients", "grad of parameter 'embed.weight': expected tensor"),
+}
+
 
 def verification(transform, model: str, capture: str = "export") -> fxverify.Verification:
     case = fxverify.load_case(model)
@@ -110,11 +117,13 @@ def test_a_model_checked_at_several_batch_sizes_is_exported_with_a_dynamic_batch
 def test_make_fx_gives_a_functional_aten_graph_with_meta_at_static_shapes():
     case = fxverify.load_case("edge_conv_bn_head")
     capture = case.capture_named("make_fx")
-    assert capture == MakeFx() and capture.opset == "functional"
+    assert capture == MakeFx() and capture.traits.opset == "functional"
     gm = case.trace(capture=capture)
     calls = gm.graph.find_nodes(op="call_function", target=torch.ops.aten.convolution.default)
     assert calls and all(node.meta.get("val") is not None for node in calls)
-    assert not capture.accepts([(1, 3, 16, 16)], [(2, 3, 16, 16)]) and "static shapes" in capture.skips("dynamic")
+    assert not capture.accepts([(1, 3, 16, 16)], [(2, 3, 16, 16)]) and not capture.traits.dynamic_batch
+    assert checks.not_applicable("dynamic", capture.traits, capture.name) \
+        == "make_fx graphs have no dynamic batch dimension (captures whose graphs have one: export, export_core)"
     stateful = verification(aten_passes.identity, "edge_running_statistics", "make_fx").run("lint")
     assert stateful.outcome == PASSED, stateful.message  # its buffers lifted, updates written back (test_make_fx_state)
 
@@ -138,7 +147,8 @@ def test_a_static_export_runs_at_the_exported_shapes_only():
     assert static.accepts([(2, 3)], [(2, 3)]) and not static.accepts([(1, 3)], [(2, 3)])
     assert dynamic.accepts([(1, 3)], [(2, 3)]) and dynamic.accepts([(8, 3)], [(2, 3)])
     assert not dynamic.accepts([(9, 3)], [(2, 3)]) and not dynamic.accepts([(2, 4)], [(2, 3)])
-    assert "static batch" in static.skips("dynamic") and dynamic.skips("dynamic") is None
+    assert "checked at one batch size" in checks.not_applicable("dynamic", static.traits, static.name)
+    assert checks.not_applicable("dynamic", dynamic.traits, dynamic.name) is None
     v = verification(fxverify.examples.identity, "edge_conv_bn_head")
     assert [c.name for c in v.case.configs] == ["b2-3x16x16", "b1-3x16x16", "b2-3x24x24", "b2-3x16x16-large"]
     assert [c.name for c in v.subject.configs] == ["b2-3x16x16", "b1-3x16x16", "b2-3x16x16-large"]  # not 24x24
@@ -148,7 +158,7 @@ def test_checks_that_do_not_apply_to_exported_modules_skip_saying_why():
     v = verification(aten_passes.identity, "edge_conv_bn_head")
     results = {name: v.run(name) for name in ("pickle", "to_folder", "retrace", "golden", "cuda")}
     assert all(r.outcome == SKIPPED for r in results.values()), {n: r.message for n, r in results.items()}
-    assert "does not pickle even untouched" in results["pickle"].message
+    assert "export graphs do not pickle or write themselves to a folder even untouched" in results["pickle"].message
     numerics = v.run("numerics")  # the train stage exports the model in train mode: on by default
     assert numerics.outcome == PASSED and "fixes the mode" in numerics.details["switched_modes"]
     assert numerics.details["other_modes"] == ["train"]
@@ -157,7 +167,7 @@ def test_checks_that_do_not_apply_to_exported_modules_skip_saying_why():
                                       train_capture=False).run("numerics")
     assert untrained.outcome == PASSED and "--fxverify-train-capture off" in untrained.details["other_modes"]
     symbolic = fxverify.check_meta(aten_passes.identity, "edge_conv_bn_head")
-    assert symbolic.outcome == SKIPPED and "--fxverify-capture export" in symbolic.message
+    assert symbolic.outcome == SKIPPED and "captures whose graphs do: export, export_core, make_fx" in symbolic.message
 
 
 def test_the_float64_reference_is_described_in_float64():
@@ -913,3 +923,10 @@ def test_a_pass_deep_copying_a_program_is_told_what_torch_renames_and_the_way_ar
             "(a Python builtin's name, as a forward(self, input) gives it) to input_1") in result.message
     program = torch.export.export(model(), (torch.randn(2, 3),), strict=False)
     copy.deepcopy(program).run_decompositions({}).validate()  # the way around it the hint gives works
+
+
+@pytest.mark.parametrize("name", sorted(KNOWN_DEFECTS))
+def test_a_correct_aten_pass_with_a_real_defect_is_caught_where_the_corpus_shows_it(name):
+    model, check, phrase = KNOWN_DEFECTS[name]
+    result = verification(getattr(aten_passes, name), model).run(check)
+    assert result.outcome == FAILED and phrase in result.message, result.message

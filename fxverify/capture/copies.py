@@ -25,12 +25,6 @@ ModuleT = TypeVar("ModuleT", bound=nn.Module)
 _META = torch.device("meta")  # where retyped_copy runs a graph to learn its dtypes
 
 
-def not_moved(capture: str) -> str:
-    """Why the cuda check skips on ``capture``'s ATen graphs."""
-    return (f"ATen nodes bake device= into their arguments: a {capture} graph is moved by capturing it on the "
-            "device, which fxverify does not do yet")
-
-
 def converted_copy(module: ModuleT, *, dtype: torch.dtype | None = None, device: str | None = None) -> ModuleT:
     """A copy of ``module`` in ``dtype`` and / or on ``device``; :class:`~fxverify.errors.CopyFailed`
     when it cannot be copied. Parameters and buffers are converted as they are copied, not copied

@@ -26,8 +26,8 @@ pickle nor write itself to a folder even untouched (``serde`` saves a returned p
 the ``reexport`` check exports a result again where ``retrace`` would trace it.
 
 >>> capture = Export(core=True, dynamic_batch=False)
->>> capture.name, capture.skips("pickle") is not None, capture.skips("numerics")
-('export_core', True, None)
+>>> capture.name, capture.traits.opset, capture.traits.pickles, capture.traits.dynamic_batch
+('export_core', 'core', False, False)
 """
 
 from __future__ import annotations
@@ -44,7 +44,9 @@ from torch.utils import _pytree as pytree
 
 from fxverify.analysis.graph_text import canonical_text
 from fxverify.analysis.module_state import first_line_difference, tensors_equal
-from fxverify.capture.copies import converted_copy, not_moved, retyped_copy
+from fxverify.capture.base import Capture
+from fxverify.capture.copies import retyped_copy
+from fxverify.core import captures
 from fxverify.core.transform import Transform
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
@@ -53,16 +55,10 @@ MAX_BATCH = 8  # the dynamic batch's upper bound: the ``dynamic`` check runs the
 BATCH_RANGE = "fxverify_batch_range"  # gm.meta key: the dynamic batch's range as exported, before any pass
 PROGRAM = "fxverify_program"  # gm.meta key: the ExportedProgram a module is the module() of (copied with it)
 
-_SKIPS = {
-    "retrace": "on export captures, the reexport check exports the result again instead",
-    "pickle": "a torch.export module does not pickle even untouched (its pytree hooks are local functions)",
-    "to_folder": "a torch.export module does not write itself to a folder even untouched",
-    "cuda": not_moved("torch.export"),
-}
 
 
 @dataclasses.dataclass(frozen=True)
-class Export:
+class Export(Capture):
     """``torch.export.export`` of the model (``core``: then ``run_decompositions()``), with dimension 0
     of every input dynamic in ``[1, MAX_BATCH]`` when ``dynamic_batch``; the transform takes
     ``ep.module()``."""
@@ -79,9 +75,10 @@ class Export:
         return "export_core" if self.core else "export"
 
     @property
-    def opset(self) -> str:
-        """``core`` (functional core ATen) for ``export_core``, ``aten`` (the training IR, in-place ops kept)."""
-        return "core" if self.core else "aten"
+    def traits(self) -> captures.CaptureTraits:
+        """The registry's traits of ``export`` / ``export_core``, without a dynamic batch where the model is
+        checked at one batch size (so it is exported with a static one)."""
+        return dataclasses.replace(captures.spec(self.name).traits, dynamic_batch=self.dynamic_batch)
 
     def for_transform(self, transform: Transform) -> Export:
         """This capture, keeping each capture's program for a transform of form ``program`` or ``lifted``
@@ -129,9 +126,6 @@ class Export:
         if found is not None:  # read now: a pass may specialise the symbol in the ShapeEnv its copies share
             gm.meta[BATCH_RANGE] = found
         return gm
-
-    def recapture(self, gm: fx.GraphModule) -> fx.Graph:
-        raise NotImplementedError(_SKIPS["retrace"])  # skipped: see skips()
 
     def reexport(self, module: nn.Module, inputs: tuple[Any, ...]) -> fx.GraphModule:
         """``module`` (a captured graph, or a transform's result) exported again as this capture exports a
@@ -184,12 +178,6 @@ class Export:
             module.train(training)
         return module
 
-    def convert(self, module: ModuleT, *, dtype: torch.dtype | None = None, device: str | None = None) -> ModuleT:
-        """A copy of ``module`` in ``dtype`` and / or on ``device`` (see
-        :func:`~fxverify.capture.copies.converted_copy`): for what only needs the tensors converted (an
-        exported program's float64 original is :meth:`in_dtype`)."""
-        return converted_copy(module, dtype=dtype, device=device)
-
     def accepts(self, shapes: Sequence[tuple[int, ...]], captured: Sequence[tuple[int, ...]]) -> bool:
         """Inputs of the exported shapes, but for a dynamic batch in ``[1, MAX_BATCH]``."""
         if len(shapes) != len(captured):
@@ -201,12 +189,6 @@ class Export:
             elif tuple(shape[1:]) != tuple(exported[1:]) or not 1 <= shape[0] <= MAX_BATCH:
                 return False
         return True
-
-    def skips(self, check: str) -> str | None:
-        """Why ``check`` does not apply to exported graphs (see the module's docstring), or None."""
-        if check == "dynamic" and not self.dynamic_batch:
-            return "the model is checked at one batch size, so it is exported with a static batch"
-        return _SKIPS.get(check)
 
     def describe(self) -> str:
         """e.g. ``export_core (torch.export, run_decompositions, dynamic batch 1..8)``."""
@@ -321,3 +303,15 @@ def batch_range(gm: fx.GraphModule) -> tuple[int, int] | None:
         if ranged is not None:
             return int(ranged[1]), int(ranged[2])
     return None
+
+
+def for_model(facts: captures.ModelFacts) -> Export:
+    """The ``export`` capture of a model (the registry's factory): a dynamic batch where it is checked at
+    several batch sizes, from a primary batch of 2 or more (so the batch is not specialised to 1)."""
+    sizes = facts.batch_sizes
+    return Export(dynamic_batch=len(set(sizes)) > 1 and sizes[0] >= 2)
+
+
+def core_for_model(facts: captures.ModelFacts) -> Export:
+    """The ``export_core`` capture of a model (the registry's factory): as :func:`for_model`, decomposed."""
+    return dataclasses.replace(for_model(facts), core=True)

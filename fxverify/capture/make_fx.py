@@ -10,53 +10,37 @@ Inductor-style passes take. Shapes are static (``fake``, not ``symbolic``, traci
 model's own buffers: a ``BatchNorm`` in train mode still updates its running statistics in place.
 
 >>> capture = MakeFx()
->>> capture.name, capture.opset, capture.skips("dynamic") is not None
-('make_fx', 'functional', True)
+>>> capture.name, capture.traits.opset, capture.traits.dynamic_batch
+('make_fx', 'functional', False)
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import torch
 from torch import fx, nn
 
-from fxverify.capture.copies import converted_copy, not_moved
+from fxverify.capture.base import Capture
 from fxverify.capture.lifted_buffers import lifted_make_fx, refuses_buffer_update, writes_attributes
-from fxverify.core.transform import Transform
+from fxverify.core import captures
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
-_SKIPS = {
-    "dynamic": "make_fx graphs are traced with static shapes here (tracing_mode='fake')",
-    "retrace": "re-capturing a make_fx graph's code is not built",
-    "verifier": "make_fx graphs come with no ExportedProgram and no signature to verify (meta and opset check "
-                "the rules of torch's Verifier that apply to their nodes)",
-    "serde": "make_fx graphs come with no ExportedProgram to save (pickle and to_folder save them)",
-    "reexport": "re-exporting is checked on the export captures",
-    "cuda": not_moved("make_fx"),
-}
 
 
 @dataclasses.dataclass(frozen=True)
-class MakeFx:
+class MakeFx(Capture):
     """``make_fx`` of the functionalized model in the given mode, on the example inputs, static shapes."""
 
     name = "make_fx"
-    opset = "functional"
+    repro_given = ("from torch.fx.experimental.proxy_tensor import make_fx",
+                   'make_fx(torch.func.functionalize(Repro(saved)), tracing_mode="fake", _allow_non_fake_inputs=True)'
+                   '(*_clone(saved["inputs"]))')
     bakes_dtypes = True  # ATen nodes bake dtype=: a float64 copy is the float64 model traced again
     switches_mode = False  # the mode is traced in (batch_norm's training flag is an argument)
     keeps_captures = True
-
-    def for_transform(self, transform: Transform) -> MakeFx:
-        """This capture: it needs nothing of the transform."""
-        return self
-
-    def at_example_shapes(self) -> MakeFx:
-        """This capture: its graphs have no dynamic dimension."""
-        return self
 
     def capture(self, module: nn.Module, *, training: bool, inputs: tuple[Any, ...] = ()) -> fx.GraphModule:
         """A fresh functionalized ATen graph of ``module`` in the given mode, traced on ``inputs``."""
@@ -78,43 +62,17 @@ class MakeFx:
         _restore_buffers(module, saved)
         return lifted_make_fx(module, inputs)  # the buffers lifted, their updates written back with copy_
 
-    def in_dtype(self, gm: fx.GraphModule, dtype: torch.dtype) -> None:
-        """None: make_fx keeps parameters as plain tensor attributes, which a converted copy leaves in
-        float32 where the model in ``dtype`` has them in ``dtype``; the model is traced again."""
-        return None
-
-    def recapture(self, gm: fx.GraphModule) -> fx.Graph:
-        raise NotImplementedError(_SKIPS["retrace"])  # skipped: see skips()
-
-    def reexport(self, module: nn.Module, inputs: tuple[Any, ...]) -> fx.GraphModule:
-        raise NotImplementedError(_SKIPS["reexport"])  # skipped: see skips()
-
-    def apply(self, transform: Transform, gm: fx.GraphModule, *, timeout: float | None) -> tuple[nn.Module, bool]:
-        """``transform(gm)``."""
-        return transform.apply(gm, timeout=timeout)
-
-    def input_change(self, original: fx.GraphModule, given: fx.GraphModule) -> None:
-        """None: a make_fx graph is given as it is (the subject's snapshot of the module covers it)."""
-        return None
-
-    def set_mode(self, module: ModuleT, training: bool) -> ModuleT:
-        """``module`` in the mode (the graph's own behaviour was fixed when it was traced)."""
-        return module.train(training)
-
-    def convert(self, module: ModuleT, *, dtype: torch.dtype | None = None, device: str | None = None) -> ModuleT:
-        """See :func:`~fxverify.capture.copies.converted_copy`."""
-        return converted_copy(module, dtype=dtype, device=device)
-
-    def accepts(self, shapes: Sequence[tuple[int, ...]], captured: Sequence[tuple[int, ...]]) -> bool:
-        """Inputs of the traced shapes only."""
-        return [tuple(s) for s in shapes] == [tuple(c) for c in captured]
-
-    def skips(self, check: str) -> str | None:
-        """Why ``check`` does not apply to make_fx graphs, or None."""
-        return _SKIPS.get(check)
+    # in_dtype: None (the default): make_fx keeps parameters as plain tensor attributes, which a converted
+    # copy leaves in float32 where the model in ``dtype`` has them in ``dtype``; the model is traced again.
+    # accepts: the traced shapes only (the default); the mode is traced in, set_mode only sets the flag.
 
     def describe(self) -> str:
         return "make_fx (functionalized, tracing_mode='fake', static shapes)"
+
+
+def for_model(facts: captures.ModelFacts) -> MakeFx:
+    """The ``make_fx`` capture of a model (the registry's factory): static shapes, whatever the batch sizes."""
+    return MakeFx()
 
 
 def _buffer_values(module: nn.Module) -> dict[str, torch.Tensor]:

@@ -17,29 +17,24 @@ import builtins
 import dataclasses
 import functools
 import importlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import torch
 from torch import fx, nn
 from torch.fx import _symbolic_trace
 
+from fxverify.capture.base import Capture
 from fxverify.capture.copies import converted_copy
+from fxverify.core import captures
 from fxverify.core.transform import Transform
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
-_SKIPS = {
-    "meta": "symbolic_trace graphs carry no meta['val'] (run with --fxverify-capture export to check it)",
-    "dynamic": "symbolic_trace graphs have no dynamic dimensions (run with --fxverify-capture export to check them)",
-    "verifier": "symbolic_trace graphs come with no ExportedProgram to verify (run with --fxverify-capture export)",
-    "serde": "symbolic_trace graphs come with no ExportedProgram to save (pickle and to_folder save them)",
-    "reexport": "symbolic_trace graphs are traced again by the retrace check",
-}
 
 
 @dataclasses.dataclass(frozen=True)
-class SymbolicTrace:
+class SymbolicTrace(Capture):
     """``torch.fx`` symbolic tracing with the tracer ``tracer`` (``"plain"``, ``"timm"`` or
     ``"module:TracerClass"``) and the model's ``concrete_args`` (specialised arguments, as
     ``(name, value)`` pairs). Transforms following the torch.fx docs' ``transform(m, tracer_class)``
@@ -47,23 +42,16 @@ class SymbolicTrace:
 
     tracer: str = "plain"
     concrete_args: tuple[tuple[str, Any], ...] = ()
-    name = "symbolic_trace"
-    opset = None  # torch-level graphs
-    bakes_dtypes = False
-    switches_mode = True
-    keeps_captures = False  # a trace costs about what a copy does
+    name = captures.DEFAULT_CAPTURE
+
+    @property
+    def traits(self) -> captures.CaptureTraits:
+        """The registry's ``symbolic_trace`` traits (also for a subclass under another name)."""
+        return captures.spec(captures.DEFAULT_CAPTURE).traits
 
     @property
     def tracer_class(self) -> type[fx.Tracer]:
         return tracer_class(self.tracer)
-
-    def for_transform(self, transform: Transform) -> SymbolicTrace:
-        """This capture: it needs nothing of the transform."""
-        return self
-
-    def at_example_shapes(self) -> SymbolicTrace:
-        """This capture: its graphs have no dynamic dimension."""
-        return self
 
     def capture(self, module: nn.Module, *, training: bool, inputs: tuple[Any, ...] = ()) -> fx.GraphModule:
         """``module`` put in the given mode and traced into a fresh ``GraphModule`` (what tracing runs
@@ -74,9 +62,6 @@ class SymbolicTrace:
         graph = self.tracer_class().trace(module, concrete_args=dict(self.concrete_args) or None)
         name = module.__class__.__name__ if isinstance(module, nn.Module) else module.__name__
         return fx.GraphModule(module, graph, class_name=name).train(training)
-
-    def reexport(self, module: nn.Module, inputs: tuple[Any, ...]) -> fx.GraphModule:
-        raise NotImplementedError(_SKIPS["reexport"])  # skipped: see skips()
 
     def recapture(self, gm: fx.GraphModule) -> fx.Graph:
         """The graph of ``gm``'s generated code traced again, the modules it calls kept leaves (so the
@@ -102,38 +87,22 @@ class SymbolicTrace:
         finally:
             forget_unpatchable_wraps()  # a transform that re-traces may have left a registration behind
 
-    def input_change(self, original: fx.GraphModule, given: fx.GraphModule) -> None:
-        """None: a symbolic trace is given as it is (the subject's snapshot of the module covers it)."""
-        return None
-
-    def set_mode(self, module: ModuleT, training: bool) -> ModuleT:
-        """``module.train(training)``."""
-        return module.train(training)
-
     def in_dtype(self, gm: fx.GraphModule, dtype: torch.dtype) -> fx.GraphModule:
         """A converted copy: a symbolic trace is the model's code, whatever its dtype."""
         return converted_copy(gm, dtype=dtype)
 
-    def convert(self, module: ModuleT, *, dtype: torch.dtype | None = None, device: str | None = None) -> ModuleT:
-        """A copy of ``module`` in ``dtype`` and / or on ``device`` (see :func:`~fxverify.capture.copies.converted_copy`)."""
-        return converted_copy(module, dtype=dtype, device=device)
-
     def accepts(self, shapes: Sequence[tuple[int, ...]], captured: Sequence[tuple[int, ...]]) -> bool:
         """Always: a symbolic trace is shape-agnostic as far as its capture goes."""
         return True
-
-    def skips(self, check: str) -> str | None:
-        """Why ``check`` does not apply to this capture's graphs: ``meta`` and ``dynamic`` are for ATen graphs."""
-        return _SKIPS.get(check)
 
     def describe(self) -> str:
         """e.g. ``symbolic_trace (tracer timm)``."""
         return f"{self.name} (tracer {self.tracer})"
 
 
-def symbolic(tracer: str = "plain", concrete_args: Mapping[str, Any] | None = None) -> SymbolicTrace:
-    """The symbolic-trace capture of a corpus entry's ``tracer`` and ``concrete_args``."""
-    return SymbolicTrace(tracer, tuple((concrete_args or {}).items()))
+def for_model(facts: captures.ModelFacts) -> SymbolicTrace:
+    """The ``symbolic_trace`` capture of a model: its tracer and concrete args (the registry's factory)."""
+    return SymbolicTrace(facts.tracer, facts.concrete_args)
 
 
 @functools.cache

@@ -19,11 +19,12 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from fxverify.capture import Capture, Export, MakeFx, for_entry
+from fxverify.capture import Capture, for_entry
 from fxverify.cases import catalogue
-from fxverify.cases.catalogue import CAPTURES, CorpusEntry, InputSpec
+from fxverify.cases.catalogue import CorpusEntry, InputSpec
 from fxverify.cases.inputs import InputConfig, input_configs
 from fxverify.cases.state import randomize_state
+from fxverify.core.captures import DEFAULT_CAPTURE, ModelFacts, capture_names, for_model
 from fxverify.errors import CorpusError
 
 
@@ -64,14 +65,17 @@ class ModelCase:
         >>> load_case("resnet18").capture_named("export").describe()
         'export (torch.export, training IR, dynamic batch 1..8)'
         """
-        if name == CAPTURES[0]:
+        if name == DEFAULT_CAPTURE:
             return self.capture
-        if name in ("export", "export_core"):
-            sizes = [config.specs[0].shape[0] for config in self.configs]
-            return Export(core=name == "export_core", dynamic_batch=len(set(sizes)) > 1 and sizes[0] >= 2)
-        if name == "make_fx":
-            return MakeFx()
-        raise CorpusError(f"unknown capture {name!r}; known captures: {', '.join(CAPTURES)}")
+        if name not in capture_names():
+            raise CorpusError(f"unknown capture {name!r}; known captures: {', '.join(capture_names())}")
+        return for_model(name, self.facts)
+
+    @property
+    def facts(self) -> ModelFacts:
+        """What a capture's factory reads of this model (see :mod:`fxverify.core.captures`)."""
+        return ModelFacts(self.entry.tracer, tuple(self.entry.concrete_args.items()),
+                          tuple(config.specs[0].shape[0] for config in self.configs))
 
     def build(self, *, training: bool = False) -> nn.Module:
         """A fresh instance with random init and randomised state, in the given mode."""

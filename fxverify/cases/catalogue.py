@@ -21,7 +21,7 @@ from typing import Any
 
 import tomllib
 
-from fxverify.core.contracts import CAPTURES
+from fxverify.core.captures import DEFAULT_CAPTURE, capture_names
 from fxverify.errors import CorpusError
 
 SOURCES = ("torchvision", "timm", "edge", "user")
@@ -35,7 +35,7 @@ def model_label(model: str, capture: str) -> str:
     >>> model_label("resnet18", "symbolic_trace"), model_label("resnet18", "export")
     ('resnet18', 'resnet18@export')
     """
-    return model if capture == CAPTURES[0] else f"{model}@{capture}"
+    return model if capture == DEFAULT_CAPTURE else f"{model}@{capture}"
 
 
 def file_label(model: str, capture: str) -> str:
@@ -45,7 +45,7 @@ def file_label(model: str, capture: str) -> str:
     >>> file_label("resnet18", "symbolic_trace"), file_label("resnet18", "export_core")
     ('resnet18', 'resnet18.export_core')
     """
-    return model if capture == CAPTURES[0] else f"{model}.{capture}"
+    return model if capture == DEFAULT_CAPTURE else f"{model}.{capture}"
 
 
 def split_label(label: str) -> tuple[str, str]:
@@ -55,7 +55,7 @@ def split_label(label: str) -> tuple[str, str]:
     (('resnet18', 'export'), ('resnet18', 'symbolic_trace'))
     """
     model, _, capture = label.partition("@")
-    return model, capture or CAPTURES[0]
+    return model, capture or DEFAULT_CAPTURE
 
 
 CATALOGUE_FILES = ("models.toml", "edge.toml", "layers.toml", "full.toml")
@@ -130,10 +130,10 @@ class CorpusEntry:
             raise CorpusError(f"{where}: a {self.source} entry needs a factory ('module:attr' or a callable)")
         if (self.rtol is not None or self.atol is not None) and not self.tolerance_reason:
             raise CorpusError(f"{where}: a tolerance override needs tolerance_reason saying why")
-        unknown = sorted(set(self.capture_xfail) - set(CAPTURES[1:]))
+        unknown = sorted(set(self.capture_xfail) - set(capture_names()[1:]))
         if unknown:
-            raise CorpusError(f"{where}: capture_xfail names {unknown}; it takes {list(CAPTURES[1:])} "
-                              f"(xfail is {CAPTURES[0]}'s)")
+            raise CorpusError(f"{where}: capture_xfail names {unknown}; it takes {list(capture_names()[1:])} "
+                              f"(xfail is {DEFAULT_CAPTURE}'s)")
 
     def expected_failure(self, capture: str) -> str | None:
         """Why the entry is known not to capture or run under ``capture`` (``xfail`` for the default
@@ -143,7 +143,7 @@ class CorpusEntry:
         ...             xfail="why").expected_failure("export") is None
         True
         """
-        return self.xfail if capture == CAPTURES[0] else self.capture_xfail.get(capture)
+        return self.xfail if capture == DEFAULT_CAPTURE else self.capture_xfail.get(capture)
 
     @property
     def primary_batch(self) -> int:

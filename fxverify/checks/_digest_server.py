@@ -33,8 +33,8 @@ from typing import IO
 
 from fxverify.capture import Capture
 from fxverify.cases.case import ModelCase
-from fxverify.cases.catalogue import CAPTURES
 from fxverify.checks.determinism import digest
+from fxverify.core.captures import DEFAULT_CAPTURE
 from fxverify.core.memory import release_memory
 from fxverify.core.results import CaptureFailed, Skip, exception_summary
 from fxverify.core.transform import Transform
@@ -62,7 +62,7 @@ class CrossProcessDigests:
                  capture: Capture | str | None = None) -> None:
         self.transform = transform
         self.capture = capture
-        name = capture if isinstance(capture, str) else capture.name if capture is not None else CAPTURES[0]
+        name = capture if isinstance(capture, str) else capture.name if capture is not None else DEFAULT_CAPTURE
         self.cases = {c.name: c for c in cases if not c.entry.expected_failure(name)}  # known failures get no check
         self.timeout = timeout
         self._digests: dict[Key, str] = {}

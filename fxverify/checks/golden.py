@@ -21,7 +21,8 @@ from torch import fx
 
 from fxverify.analysis import golden
 from fxverify.capture.export import signature_text
-from fxverify.cases.catalogue import CAPTURES, RANDOM_GRAPH_TAG, file_label
+from fxverify.cases.catalogue import RANDOM_GRAPH_TAG, file_label
+from fxverify.core.captures import DEFAULT_CAPTURE
 from fxverify.core.results import Finding, Skip
 from fxverify.engine.subject import Subject
 
@@ -36,7 +37,7 @@ def check(v: Subject) -> dict[str, Any]:
     folder = v.settings.golden_dir
     root = Path(folder) if folder is not None else Path.cwd() / golden.DEFAULT_DIR
     path = golden.golden_path(root, v.transform.spec, file_label(v.case.name, v.capture.name))
-    other_capture = v.capture.name if v.capture.name != CAPTURES[0] else None
+    other_capture = v.capture.name if v.capture.name != DEFAULT_CAPTURE else None
     text = golden.golden_text(applied.original, applied.result, model=v.case.name, transform=v.transform.spec,
                               capture=other_capture, signature=signature_text(applied.result))
     if v.settings.update_golden:

@@ -11,7 +11,7 @@ functional graph or ``aten.hardswish`` (decomposed by ``run_decompositions``) in
 breaks them, and ``make_fx`` graphs are not verified by torch at all.
 
 Each target the result uses that the capture's own graph does not is judged by the capture's
-:attr:`~fxverify.capture.Capture.opset` (``aten``: ATen operators; ``functional``: also no
+:attr:`~fxverify.core.captures.CaptureTraits.opset` (``aten``: ATen operators; ``functional``: also no
 mutable schema; ``core``: also core ATen). Targets the capture's graph already has are not
 blamed on the pass. Skipped for torch-level captures (``symbolic_trace``) and for a contract
 declaring ``keeps_opset=False`` (a result that leaves the operator set by design).
@@ -32,9 +32,8 @@ _CORE_HINT = ("Emit the core ATen operators it decomposes to (its entry in torch
 
 
 def check(v: Subject) -> dict[str, Any]:
-    opset = v.capture.opset
-    if opset is None:
-        raise Skip(f"{v.capture.name} graphs are torch-level, not ATen-level: no operator set to keep")
+    opset = v.capture.traits.opset
+    assert opset is not None, "the registry collects opset only under captures with the opset trait"
     if not v.contract.keeps_opset:
         raise Skip("the contract declares that the result leaves the capture's operator set (keeps_opset=False)")
     applied = v.applied()

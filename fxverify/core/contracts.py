@@ -15,13 +15,11 @@ import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from fxverify.core.captures import capture_names
 from fxverify.errors import FxVerifyError
 
 MODES = ("eval", "train")
-CAPTURES = ("symbolic_trace", "export", "export_core", "make_fx")  # see fxverify.capture; the first is the default
 FORMS = ("module", "program", "lifted")  # what a transform takes (see Contract.form)
-PROGRAM_CAPTURES = ("export", "export_core")  # the captures that make an ExportedProgram
-VERIFY_EACH = ("lint", "meta", "verifier", "opset")  # run after every step of a pipeline declaring verify_each
 DTYPES = ("float32", "float64")  # the floating dtypes the checks run a result in
 DEVICES = ("cpu", "cuda", "meta")  # the device types the checks run a result on
 _ATTRIBUTE = "__fxverify_contract__"
@@ -63,7 +61,7 @@ class Contract:
     (parameters as placeholders), called through ``ep._transform_do_not_use``. A
     ``program`` or ``lifted`` transform runs under the export captures only.
     ``verify_each``: for a pipeline (a decorated ``PassManager``), that every step leaves a graph
-    the structural checks (:data:`VERIFY_EACH`) pass, not only the last one: a step breaking what a
+    the structural checks (``verify_each`` in the check registry) pass, not only the last one: a step breaking what a
     later step repairs then fails (as LLVM's ``-verify-each``). Off by default: pipelines commonly
     leave meta or node order to a later pass that propagates or sorts again.
     ``rewrites_every_occurrence``: that the transform rewrites every occurrence of each op it rewrites,
@@ -94,7 +92,7 @@ class Contract:
         if self.form is not None and self.form not in FORMS:
             raise FxVerifyError(f"contract form must be one of {FORMS}, got form={self.form!r}")
         object.__setattr__(self, "modes", _subset("modes", self.modes, MODES))
-        for name, allowed in (("dtypes", DTYPES), ("devices", DEVICES), ("captures", CAPTURES)):
+        for name, allowed in (("dtypes", DTYPES), ("devices", DEVICES), ("captures", capture_names())):
             value = getattr(self, name)
             if value is not None:
                 names = tuple(str(v).removeprefix("torch.") for v in _as_tuple(value))

@@ -30,7 +30,8 @@ from types import TracebackType
 from typing import Any, cast
 
 from fxverify.analysis.known_errors import known_cause
-from fxverify.core.contracts import PROGRAM_CAPTURES, Contract, contract_of
+from fxverify.core.captures import program_captures
+from fxverify.core.contracts import Contract, contract_of
 from fxverify.core.results import exception_summary
 from fxverify.errors import TransformFailed, TransformLoadError
 
@@ -107,11 +108,11 @@ class Transform:
         if not self.contract.supports_capture(capture):
             declared = ", ".join(self.contract.captures or ())
             return f"the contract declares the transform for {declared} graphs: not run on {capture}"
-        if self.form != "module" and capture not in PROGRAM_CAPTURES:
+        if self.form != "module" and capture not in program_captures():
             takes = "an ExportedProgram" if self.form == "program" else "an ExportedProgram's graph_module"
-            return (f"the transform takes {takes} (form={self.form}), which only the {' and '.join(PROGRAM_CAPTURES)} "
+            return (f"the transform takes {takes} (form={self.form}), which only the {' and '.join(program_captures())} "
                     f"captures make: not run on {capture} (select them with --fxverify-capture "
-                    f"{','.join(PROGRAM_CAPTURES)})")
+                    f"{','.join(program_captures())})")
         return None
 
     @classmethod

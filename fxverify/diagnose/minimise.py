@@ -29,7 +29,7 @@ from torch import fx
 from torch._functorch.fx_minifier import minifier
 
 from fxverify.analysis.compare import Mismatch, Tolerance, compare_trees
-from fxverify.capture import Capture, MakeFx, for_entry
+from fxverify.capture import Capture, for_entry
 from fxverify.cases.inputs import InputConfig
 from fxverify.core.results import exception_summary
 from fxverify.core.transform import Transform, as_transform
@@ -62,7 +62,7 @@ class Minimised:
     seconds: float
     complete: bool
     raised: str = ""
-    recaptured: str | None = None  # the capture that traced each candidate again for the transform ("make_fx")
+    given: tuple[str, str] | None = None  # the capture's repro_given where it captured each candidate again
 
     def describe(self) -> str:
         """e.g. ``4 nodes, minimised from 70 in 12 s, 31 tries``."""
@@ -146,9 +146,9 @@ def minimise_module(
 def minimise_failure(v: Subject, *, budget_s: float = DEFAULT_BUDGET) -> Minimised:
     """Minimise a failing numerics check of a :class:`~fxverify.engine.subject.Subject`: the
     first input configuration at which the transform fails (float64 first, with its tight
-    tolerance, then as built with the check's), on the primary-mode original. On a ``make_fx``
-    capture each candidate subgraph is traced again with ``make_fx`` at its inputs, so that the
-    transform gets ``meta['val']`` on every node as it always does (``Minimised.recaptured``).
+    tolerance, then as built with the check's), on the primary-mode original. On a capture with a
+    ``repro_given`` (``make_fx``) each candidate subgraph is captured again at its inputs, so that the
+    transform gets ``meta['val']`` on every node as it always does (``Minimised.given``).
 
     Raises :class:`FxVerifyError` when the transform fails at none of them. For example
     (``my_passes.fold_bn`` is the transform)::
@@ -166,7 +166,7 @@ def minimise_failure(v: Subject, *, budget_s: float = DEFAULT_BUDGET) -> Minimis
         (config, torch.float64, v.float64_tolerance) for config in v.configs
     ]
     attempts += [(config, None, v.tolerance) for config in v.configs]  # None: as built
-    recaptured = v.capture if isinstance(v.capture, MakeFx) else None
+    recaptured = v.capture if v.capture.repro_given is not None else None
     training = v.contract.primary_mode == "train"
     prepare: Prepare | None = None
     if recaptured is not None:
@@ -179,7 +179,7 @@ def minimise_failure(v: Subject, *, budget_s: float = DEFAULT_BUDGET) -> Minimis
                                     timeout=v.timeout, prepare=prepare)
         except FxVerifyError:
             continue
-        return dataclasses.replace(found, recaptured=recaptured.name if recaptured is not None else None)
+        return dataclasses.replace(found, given=v.capture.repro_given)
     raise FxVerifyError(f"transform {v.transform.spec} fails on none of {v.case.name}'s input configurations")
 
 

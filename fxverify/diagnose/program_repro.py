@@ -71,7 +71,7 @@ def write_program_repro(v: Subject, directory: str | os.PathLike[str], stem: str
         subject = Subject("my_passes:fold_bn", "resnet18", capture=load_case("resnet18").capture_named("export"))
         path, how = write_program_repro(subject, "repros", "resnet18-fold_bn")  # repros/resnet18-fold_bn.py, .pt2, .pt
     """
-    if not isinstance(v.capture, Export):
+    if not isinstance(v.capture, Export):  # the program is Export's
         raise FxVerifyError(f"a saved-program repro is written for export captures, not {v.capture.name}")
     if not v.transform.reloadable:
         raise FxVerifyError(

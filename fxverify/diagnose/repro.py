@@ -33,8 +33,7 @@ from torch import fx, nn
 
 from fxverify.analysis.golden import portable_spec, safe_name
 from fxverify.analysis.module_state import resolve
-from fxverify.capture.export import Export
-from fxverify.cases.catalogue import CAPTURES, file_label
+from fxverify.cases.catalogue import file_label
 from fxverify.core.results import Finding, exception_summary
 from fxverify.diagnose.minimise import Minimised, minimise_failure
 from fxverify.diagnose.program_repro import write_program_repro
@@ -62,8 +61,9 @@ class ReproOnFailure:
     def __call__(self, subject: Subject, check: str, finding: Finding) -> None:
         if check != "numerics":
             return
-        exported = isinstance(subject.capture, Export)
-        if not exported and subject.capture.name not in _GIVEN:
+        exported = subject.capture.traits.has_program
+        # a symbolic trace of each candidate is what a torch-level capture gives; an ATen-level one says how
+        if not exported and subject.capture.repro_given is None and subject.capture.traits.opset is not None:
             finding.what += f"\nno repro written: repros are not written for {subject.capture.name} graphs yet"
             return
         if finding.mode is not None and finding.mode != subject.contract.primary_mode:
@@ -131,7 +131,7 @@ def write_repro(found: Minimised, directory: str | os.PathLike[str], stem: str =
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
     gm = found.module
-    given_import, given = _GIVEN[found.recaptured or CAPTURES[0]]
+    given_import, given = found.given or _TRACED
     code = gm.graph.python_code(root_module="self")
     wraps, forward = _split_wraps(code.src)
     pickled: dict[str, nn.Module] = {}
@@ -247,13 +247,9 @@ def _import_line(name: str, value: Any) -> str:
     return f"{name} = _resolve({module!r}, {qualname!r})"
 
 
-# the graph the script gives the transform, as the minimiser gave it each candidate: (import, expression)
-_GIVEN = {
-    CAPTURES[0]: ("", "trace(Repro(saved))"),
-    "make_fx": ("from torch.fx.experimental.proxy_tensor import make_fx",
-                'make_fx(torch.func.functionalize(Repro(saved)), tracing_mode="fake", _allow_non_fake_inputs=True)'
-                '(*_clone(saved["inputs"]))'),
-}
+# the graph the script gives the transform, (import, expression), where the minimiser gave it each candidate
+# as a symbolic trace (a capture that captures them again says how in its repro_given)
+_TRACED = ("", "trace(Repro(saved))")
 
 _DOCSTRING = '''"""{title}.
 

@@ -1,7 +1,8 @@
 """The pytest items fxverify generates, and the run that owns them.
 
 Imported by the plugin only when ``--fxverify`` is in use. One item per
-(transform, model, capture, check), named ``fxverify[<model>-<check>]``
+(transform, model, capture, check), for the checks whose needs the capture's graphs meet (the
+registry's ``requires``: no ``meta`` item under ``symbolic_trace``), named ``fxverify[<model>-<check>]``
 (``fxverify[<model>@<capture>-<check>]`` under another capture than the
 default); the items of a model under one capture share one
 :class:`~fxverify.api.Verification` (capture, transform, reference outputs done
@@ -20,6 +21,7 @@ import pytest
 
 from fxverify.api import Verification
 from fxverify.cases.case import ModelCase
+from fxverify.checks import not_applicable
 from fxverify.checks._digest_server import CrossProcessDigests
 from fxverify.checks.agreement import CaptureOutputs, capture_outputs, reference_capture
 from fxverify.checks.determinism import cross_process_capture
@@ -141,7 +143,10 @@ class TransformCollector(pytest.Collector):
         for case in cases.values():
             for capture in self.run.options.captures:
                 label = model_label(case.name, capture)
-                for check in history.ordered_checks(spec, label, checks) if history is not None else checks:
+                traits = case.capture_named(capture).traits  # a check its graphs cannot give what it needs is left out
+                applicable = [check for check in checks if not_applicable(check, traits, capture) is None]
+                ordered = history.ordered_checks(spec, label, applicable) if history is not None else applicable
+                for check in ordered:
                     item = CheckItem.from_parent(self, name=item_name(label, check), case=case, check=check,
                                                  capture=capture)
                     item.add_marker(pytest.mark.fxverify)

@@ -19,8 +19,8 @@ from typing import Any, Literal
 
 import pytest
 
-from fxverify.cases.catalogue import CAPTURES
 from fxverify.checks import NAMES
+from fxverify.core.captures import DEFAULT_CAPTURE, capture_names, summaries
 
 TEXT, LINES, PATH, FLAG = "text", "lines", "path", "flag"
 FAST_ORDER, CATALOGUE_ORDER = "fast", "catalogue"  # the values of --fxverify-order
@@ -65,10 +65,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("fxverify_durations", "FILE", "", "balance the shards of --fxverify-shard by the seconds each model "
            "took in FILE, the JSON report (--fxverify-json) of an earlier run, e.g. last night's merged report; "
            "every shard must be given the same file", PATH),
-    Option("fxverify_capture", "CAPTURES", CAPTURES[0], f"how the models become the graphs the transform takes, "
-           f"comma-separated: {', '.join(CAPTURES)} (torch.export.export, training IR: the transform takes "
-           "ep.module(); export_core: after run_decompositions(); make_fx: functionalized); items of another "
-           "capture than the first are named model@capture, and the capture's name is a -k keyword"),
+    Option("fxverify_capture", "CAPTURES", DEFAULT_CAPTURE, "how the models become the graphs the transform takes, "
+           f"comma-separated: {'; '.join(f'{name}: {summary}' for name, summary in summaries().items())}. Items of "
+           "another capture than the first are named model@capture, and the capture's name is a -k keyword"),
     Option("fxverify_checks", "CHECKS", "", f"comma-separated subset of checks: {','.join(NAMES)}",
            shown_default="all"),
     Option("fxverify_order", "ORDER", FAST_ORDER, "the order the items run in: 'fast' (what failed last time first, "
@@ -169,10 +168,10 @@ class RunOptions:
         if unknown:
             raise _usage("fxverify_checks", f"names unknown checks {unknown}; known: {', '.join(NAMES)}")
         captures = tuple(dict.fromkeys(c.strip() for c in (raw(config, "fxverify_capture") or "").split(",")
-                                       if c.strip())) or CAPTURES[:1]
-        unknown = [c for c in captures if c not in CAPTURES]
+                                       if c.strip())) or (DEFAULT_CAPTURE,)
+        unknown = [c for c in captures if c not in capture_names()]
         if unknown:
-            raise _usage("fxverify_capture", f"names unknown captures {unknown}; known: {', '.join(CAPTURES)}")
+            raise _usage("fxverify_capture", f"names unknown captures {unknown}; known: {', '.join(capture_names())}")
         update_golden = bool(raw(config, "fxverify_update_golden"))
         if update_golden and "golden" not in chosen:
             raise pytest.UsageError("fxverify: --fxverify-update-golden writes golden files, but --fxverify-checks "

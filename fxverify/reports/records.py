@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fxverify.analysis.op_variants import OP_COUNTS, coverage
-from fxverify.cases.catalogue import CAPTURES, model_label
+from fxverify.cases.catalogue import model_label
+from fxverify.core.captures import DEFAULT_CAPTURE
 from fxverify.core.results import CheckResult
 from fxverify.errors import FxVerifyError
 
@@ -39,8 +40,8 @@ def record(result: CheckResult, *, duration: float | None = None, nodeid: str | 
     feed the HTML only."""
     found: dict[str, Any] = {
         "transform": result.transform,
-        "model": model_label(result.model, result.capture or CAPTURES[0]),
-        "capture": result.capture or CAPTURES[0],
+        "model": model_label(result.model, result.capture or DEFAULT_CAPTURE),
+        "capture": result.capture or DEFAULT_CAPTURE,
         "check": result.check,
         "outcome": result.outcome.value,
         "message": result.message,

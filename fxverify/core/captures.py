@@ -1,0 +1,151 @@
+"""The capture registry: every capture's name, where it is made, what it is in one line, and the
+traits of its graphs that checks ask about.
+
+Importing this module imports no torch and no capture (the pytest plugin reads the names at
+start-up); :func:`for_model` imports a capture's module when a model is first captured with it.
+Adding a capture is one :class:`CaptureSpec` row below plus its module in ``fxverify/capture/``
+(``docs/architecture.md`` shows a worked example). Checks state the traits they need
+(``CheckSpec.requires``), so no capture names a check and no check tests a capture's name.
+
+>>> capture_names()
+('symbolic_trace', 'export', 'export_core', 'make_fx')
+>>> spec("make_fx").traits.carries_meta_val, spec("make_fx").traits.has_program
+(True, False)
+>>> lacking(spec("symbolic_trace").traits, ("carries_meta_val",), "symbolic_trace")
+"symbolic_trace graphs carry no meta['val'] (captures whose graphs do: export, export_core, make_fx)"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+Opset = Literal["aten", "functional", "core"]
+DEFAULT_CAPTURE = "symbolic_trace"  # the capture a run uses unless told otherwise
+
+
+@dataclasses.dataclass(frozen=True)
+class CaptureTraits:
+    """What a capture's graphs are, as checks ask it (a check's ``requires`` names these fields).
+
+    ``carries_meta_val``: every node carries ``meta['val']`` (FakeTensors) for the ``meta`` check to judge.
+    ``has_program``: the graph comes with an ``ExportedProgram`` (its verifier, ``torch.export.save``,
+    exporting the result again, and program-taking transforms).
+    ``dynamic_batch``: the batch dimension is captured symbolically, so one graph runs every batch size.
+    ``opset``: the operator set its graphs promise (``aten``; ``functional``: also no mutable schema;
+    ``core``: also core ATen), or None for torch-level graphs.
+    ``recaptures``: a result's generated code can be captured again and compared (``retrace``).
+    ``pickles``: its modules pickle and write themselves to a folder, as untouched captures.
+    ``moves_device``: ``.to(device)`` moves its graphs (ATen graphs bake ``device=`` into node arguments).
+    """
+
+    carries_meta_val: bool = False
+    has_program: bool = False
+    dynamic_batch: bool = False
+    opset: Opset | None = None
+    recaptures: bool = False
+    pickles: bool = True
+    moves_device: bool = True
+
+
+# what a capture's graphs lack when a trait is false, and what the captures that have it give
+_LACKS = {
+    "carries_meta_val": ("carry no meta['val']", "do"),
+    "has_program": ("come with no ExportedProgram", "do"),
+    "dynamic_batch": ("have no dynamic batch dimension", "have one"),
+    "opset": ("are torch-level, not ATen-level: they promise no operator set", "are ATen-level"),
+    "recaptures": ("are not captured again from a result's code here", "are"),
+    "pickles": ("do not pickle or write themselves to a folder even untouched", "do"),
+    "moves_device": ("bake device= into node arguments: moving one means capturing it on the device, which "
+                     "fxverify does not do yet", "move"),
+}
+
+# why an instance lacks a trait its registry row has
+_NARROWED = {"dynamic_batch": ", which is checked at one batch size (so it is captured with a static one)"}
+
+
+@dataclasses.dataclass(frozen=True)
+class CaptureSpec:
+    """Where a capture is made: ``<module>.<factory>(facts)`` with the :class:`ModelFacts` of a model
+    (``module`` a full module name, so a capture may live outside fxverify), what it is in one line, and the
+    traits of its graphs (a capture instance may narrow them: an export of a model checked at one batch size
+    has no dynamic batch)."""
+
+    name: str
+    module: str
+    factory: str
+    summary: str
+    traits: CaptureTraits
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFacts:
+    """What a capture factory may read of a corpus entry: its ``tracer`` (``plain``, ``timm``,
+    ``module:TracerClass``), its ``concrete_args`` and the batch sizes it is checked at (primary first)."""
+
+    tracer: str = "plain"
+    concrete_args: tuple[tuple[str, Any], ...] = ()
+    batch_sizes: tuple[int, ...] = ()
+
+
+REGISTRY: tuple[CaptureSpec, ...] = (
+    CaptureSpec(DEFAULT_CAPTURE, "fxverify.capture.symbolic", "for_model",
+                "torch.fx symbolic tracing with the entry's tracer",
+                CaptureTraits(recaptures=True)),
+    CaptureSpec("export", "fxverify.capture.export", "for_model",
+                "torch.export.export, training IR: the transform takes ep.module()",
+                CaptureTraits(carries_meta_val=True, has_program=True, dynamic_batch=True, opset="aten", pickles=False,
+                              moves_device=False)),
+    CaptureSpec("export_core", "fxverify.capture.export", "core_for_model", "torch.export, then run_decompositions(): core ATen",
+                CaptureTraits(carries_meta_val=True, has_program=True, dynamic_batch=True, opset="core", pickles=False,
+                              moves_device=False)),
+    CaptureSpec("make_fx", "fxverify.capture.make_fx", "for_model", "make_fx of the functionalized model, static shapes",
+                CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False)),
+)
+
+
+def capture_names() -> tuple[str, ...]:
+    """The registered captures' names, the default first."""
+    return tuple(row.name for row in REGISTRY)
+
+
+def program_captures() -> tuple[str, ...]:
+    """The captures whose graphs come with an ``ExportedProgram`` (where program-taking transforms run)."""
+    return tuple(row.name for row in REGISTRY if row.traits.has_program)
+
+
+def spec(name: str) -> CaptureSpec:
+    """The registry row of capture ``name``; KeyError for an unknown name."""
+    for row in REGISTRY:
+        if row.name == name:
+            return row
+    raise KeyError(name)
+
+
+def for_model(name: str, facts: ModelFacts) -> Any:
+    """The capture ``name`` of a model with these facts, a :class:`fxverify.capture.Capture` (imports the
+    capture's module, and torch; typed ``Any`` here, below the capture layer)."""
+    row = spec(name)
+    return getattr(importlib.import_module(row.module), row.factory)(facts)
+
+
+def lacking(traits: CaptureTraits, requires: Sequence[str], capture: str | None = None) -> str | None:
+    """Why graphs with ``traits`` do not give what ``requires`` names (the first trait they lack, and the
+    registered captures that have it), or None when they give it all."""
+    own = next((row.traits for row in REGISTRY if row.name == capture), None)
+    for trait in requires:
+        if not getattr(traits, trait):
+            lacks, have = _LACKS[trait]
+            if own is not None and getattr(own, trait):  # the capture narrowed what its graphs usually have
+                return f"{capture} graphs {lacks} for this model{_NARROWED.get(trait, '')}"
+            others = [row.name for row in REGISTRY if getattr(row.traits, trait)]
+            return (f"{capture or 'these'} graphs {lacks}"
+                    + (f" (captures whose graphs {have}: {', '.join(others)})" if others else ""))
+    return None
+
+
+def summaries() -> Mapping[str, str]:
+    """Each capture's one-line summary, by name (for ``--help`` and the docs)."""
+    return {row.name: row.summary for row in REGISTRY}
