@@ -575,3 +575,36 @@ def test_a_result_deepcopy_cannot_copy_is_reported_once_by_pickle():
     unsaved = fxverify.contract(serializable=False)(keeps_a_lock)
     lint, pickled = fxverify.verify(unsaved, "edge_conv_bn_head", checks=["lint", "pickle"])
     assert pickled.outcome == "skipped" and "copy.deepcopy of the result raised TypeError" in lint.message
+
+
+class MovingAverage(torch.nn.Module):
+    """Updates a buffer in forward and reads it in the output: each call's output depends on the calls before."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.register_buffer("average", torch.zeros(4))
+
+    def forward(self, x):
+        self.average.mul_(0.9).add_(x.mean(0))
+        return self.linear(x) + self.average
+
+
+def drops_the_average_update(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Erases the ``add_`` that feeds the buffer: the output misses the input's mean from the first call on."""
+    for node in gm.graph.find_nodes(op="call_method", target="add_"):
+        node.replace_all_uses_with(node.args[0])
+        gm.graph.erase_node(node)
+    gm.recompile()
+    return gm
+
+
+def test_numerics_compares_a_model_whose_output_reads_a_buffer_it_updates_from_one_fresh_pair():
+    """The runs before the float64 stage move the original's and the result's buffers apart (the result runs
+    more: lint, purity): its copies come from a fresh capture, so the identity passes (it failed with 'the copy
+    already computes something else', a false alarm) and a pass dropping the update still fails."""
+    case = fxverify.case_from_module("moving_average", MovingAverage, [(2, 4)])
+    v = Verification(fxverify.examples.identity, case)
+    assert all(v.run(check).ok for check in ("lint", "purity", "numerics", "gradients", "stateful"))
+    broken = Verification(drops_the_average_update, case).run("numerics")
+    assert broken.outcome == "failed" and "outputs differ" in broken.message, broken.message

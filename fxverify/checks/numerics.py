@@ -231,7 +231,7 @@ def _rounding_allowance(v: Subject, config: InputConfig) -> Callable[[], list[fl
 def _copy_problem(v: Subject) -> str | None:
     """When the float64 result is a converted copy of the result: whether ``copy.deepcopy`` of the
     result already computes something else in float32 (say, a copy that loses its eval mode)."""
-    if not v.converts_result or v.fresh_copies is not None:
+    if not v.converts_result or v.fresh_copies is not None or v.dtype_copies_fresh:
         return None  # the float64 result is the transform applied again, not a copy
     result = v.applied().result
     try:

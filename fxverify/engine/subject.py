@@ -135,6 +135,7 @@ class Subject:
         self._outputs: dict[tuple[str, str, str, str], Any] = {}
         self._float64: dict[str, nn.Module] = {}
         self._float64_exact: bool | None = None  # set by each float64 result made
+        self.dtype_copies_fresh = False  # whether the dtype copies are a pair made from a fresh capture
         self.float64_fallback: str | None = None  # why the transform could not be applied to a float64 copy
         self.uncopyable: dict[str, str] = {}  # "original" / "result" -> why copy.deepcopy of it raised
         self.fresh_copies: str | None = None  # why copies of the result are made anew (see renew_result_copies)
@@ -509,7 +510,9 @@ class Subject:
             return module
         key = f"{which}-{dtype}"
         if key not in self._float64:
-            if which == "original" and self.capture.bakes_dtypes:
+            if applied.state_advanced:  # running them moved their buffers apart: copies start from one fresh pair
+                self._fresh_pair(dtype)
+            elif which == "original" and self.capture.bakes_dtypes:
                 self._float64[key] = self.capture_fresh(applied.mode, dtype)
             elif which == "result" and not self.converts_result:
                 self._float64[key] = self._transformed_in(dtype)
@@ -560,6 +563,23 @@ class Subject:
         except CopyFailed as exc:
             self.uncopyable[which] = str(exc)
             raise
+
+    def _fresh_pair(self, dtype: torch.dtype) -> None:
+        """The ``dtype`` original and result made together from a fresh capture, for a model whose runs
+        changed its buffers (a running statistic, a counter, a cache): a copy of the original and of the
+        result as they are now would start from buffers the runs so far left apart."""
+        applied = self.applied()
+        self.release_copy("original", dtype)
+        self.release_copy("result", dtype)
+        original = self.capture_fresh(applied.mode, dtype) if self.capture.bakes_dtypes else \
+            self.capture.convert(self.capture_fresh(applied.mode), dtype=dtype)
+        result, _ = self.capture.apply(self.transform, copy.deepcopy(original), timeout=self.timeout)
+        if not self.capture.bakes_dtypes:
+            result = result.to(dtype)
+        self._float64[f"original-{dtype}"] = original
+        self._float64[f"result-{dtype}"] = self.capture.set_mode(result, applied.mode == "train")
+        self._float64_exact = True
+        self.dtype_copies_fresh = True
 
     def _transformed_in(self, dtype: torch.dtype) -> nn.Module:
         """The transform applied to a ``dtype`` copy of the original: a pass that rewrites
