@@ -45,7 +45,7 @@ import torch
 import torchvision
 from torch import nn
 
-from fxverify.capture.symbolic import symbolic
+from fxverify.capture import for_entry
 from fxverify.cases.case import factory_of
 from fxverify.cases.catalogue import NONE, CorpusEntry, InputSpec
 
@@ -221,7 +221,7 @@ def verify(entry: CorpusEntry, device: str, module: nn.Module, params: int) -> S
 
 def traced(entry: CorpusEntry, module: nn.Module, training: bool) -> nn.Module:
     """``module`` traced as ``entry`` says, in train or eval mode."""
-    return symbolic(entry.tracer, entry.concrete_args).capture(module, training=training)
+    return for_entry(entry.tracer, entry.concrete_args).capture(module, training=training)
 
 
 def choose_inputs(entry: CorpusEntry, device: str, eval_gm: nn.Module, train_gm: nn.Module) -> tuple[CorpusEntry, Any]:

@@ -16,7 +16,8 @@ from torch import fx, nn
 import fxverify
 import fxverify.analysis.localise as localise_module
 from fxverify.analysis.compare import Tolerance
-from fxverify.capture.symbolic import SymbolicTrace, symbolic
+from fxverify.capture import for_entry
+from fxverify.capture.symbolic import SymbolicTrace
 from fxverify.cases.case import ModelCase, load_case
 from fxverify.engine.references import REFERENCES_DIR, ReferenceStore
 from fxverify.engine.subject import Settings, Subject
@@ -77,8 +78,8 @@ def test_the_key_changes_with_everything_the_outputs_depend_on(tmp_path, monkeyp
         store.key(case, capture, config, torch.float64, "eval"),
         store.key(case, capture, config, None, "train"),
         store.key(case, capture, config, None, "eval", threads=torch.get_num_threads() + 1),
-        store.key(case, symbolic("timm"), config, None, "eval"),
-        store.key(case, symbolic("plain", {"x": None}), config, None, "eval"),
+        store.key(case, for_entry("timm"), config, None, "eval"),
+        store.key(case, for_entry("plain", {"x": None}), config, None, "eval"),
     ]
     assert key not in changed and len(set(changed)) == len(changed)
     import fxverify.engine.references as references
@@ -116,7 +117,7 @@ def test_a_users_own_models_tracers_and_changed_entries_are_never_kept(tmp_path)
     changed = ModelCase(dataclasses.replace(shipped.entry, batch_sizes=(3,)))
     for other in (posing, changed):
         assert store.key(other, SymbolicTrace(), other.configs[0], None, "eval") is None
-    users_tracer = symbolic("torch.fx:Tracer")  # plain tracing, but any class could be named
+    users_tracer = for_entry("torch.fx:Tracer")  # plain tracing, but any class could be named
     assert store.key(shipped, users_tracer, shipped.configs[0], None, "eval") is None
     assert store.key(shipped, SymbolicTrace(), shipped.configs[0], None, "eval") is not None
 
