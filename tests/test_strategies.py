@@ -120,7 +120,7 @@ def built_from_seed(seed: int, **options) -> str:
 
 
 # What graph_from_seed builds for seeds 0..9 with the default options, for each SEED_FORMAT.
-SEEDED_GRAPHS = {3: "fb5b6e9df9fca412"}
+SEEDED_GRAPHS = {3: "fb5b6e9df9fca412", 4: "8ce5c286c689243c"}
 
 
 def test_what_seeds_build_changes_only_with_the_seed_format():
@@ -175,7 +175,7 @@ def test_drawn_choices_also_work_through_a_plain_draw_function(data):
 def test_every_op_runs_with_every_dtype_it_accepts():
     for i, op in enumerate(CATALOGUE):
         for dtype in op.dtypes:
-            case = fxs.graph_from_seed(i, ops=[op.name], dtypes=(dtype,), max_nodes=4, allow_inplace=True)
+            case = fxs.graph_from_seed(i, ops=[op.name], dtypes=(dtype,), max_nodes=max(4, op.cost), allow_inplace=True)
             try:
                 case.check_predictions()
             except Exception as exc:  # name the op and dtype that broke
@@ -236,6 +236,7 @@ def test_repr_is_runnable_python_rebuilding_module_and_inputs():
     ({"ops": ["F.conv3d"], "max_rank": 4}, "raise max_rank"),
     ({"allow_modules": 1}, "Expected a bool for allow_modules"),
     ({"min_nodes": 5, "max_nodes": 3}, "min_nodes must be between 1 and 3"),
+    ({"ops": ["add", "hand.softmax"], "max_nodes": 1}, r"fits in max_nodes=1 \(the fewest nodes one emits is 2\)"),
 ])
 def test_bad_options_raise_invalid_argument_naming_the_argument(kwargs, message):
     with pytest.raises(InvalidArgument, match=message):

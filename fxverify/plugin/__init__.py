@@ -82,7 +82,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if options.random_graphs:
         graphs = add_random_graphs(config, options)
         entries += graphs.entries
-        ledger.random_graphs = frozenset(e.name for e in graphs.entries)
+        ledger.random_graphs = graphs.models  # their names, and labels under the captures (random_graph_7@export)
         ledger.observers.append(graphs.reported)
     history = None  # the catalogue's order
     cache = getattr(config, "cache", None)  # None under -p no:cacheprovider: no history, no kept references
@@ -121,7 +121,8 @@ def add_random_graphs(config: pytest.Config, options: RunOptions) -> Any:
     """The random graphs of ``--fxverify-random-graphs N`` (a registered plugin object that replays failures)."""
     from fxverify.plugin.random_graphs import RandomGraphs
 
-    graphs = RandomGraphs(config, options.random_graphs, list(options.transforms), options.random_graph_options)
+    graphs = RandomGraphs(config, options.random_graphs, list(options.transforms), options.random_graph_options,
+                          options.captures)
     config.pluginmanager.register(graphs, "fxverify-random-graphs")
     return graphs
 

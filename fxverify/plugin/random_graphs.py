@@ -3,9 +3,11 @@
 Each model ``random_graph_<seed>`` is the graph :func:`fxverify.strategies.graph_from_seed`
 builds for its seed (its entry: :func:`fxverify.strategies.corpus.entry_for`). Unless the options
 name ``ops``, the graphs are drawn from the ops the transforms rewrite, learned by probing them
-on tiny graphs of each op (:mod:`fxverify.strategies.probe`; the header says what was found, and
-the summary how many graphs each transform changed); ``"ops": null`` draws from the whole
-catalogue. A run checks ``N`` fresh seeds plus the graphs saved in the Hypothesis example
+on tiny graphs of each op (:mod:`fxverify.strategies.probe`), captured as the run captures its
+models (under ``--fxverify-capture export`` an ATen pass is probed on ATen graphs); the header says
+what was found, and the summary how many graphs each transform changed under each capture (the
+graphs' labels, ``random_graph_<seed>@export``, are in :attr:`RandomGraphs.models`); ``"ops": null``
+draws from the whole catalogue. A run checks ``N`` fresh seeds plus the graphs saved in the Hypothesis example
 database (``.hypothesis/`` under the rootdir): a graph is saved, with the options it was drawn
 with, when one of its items fails and forgotten once all its items pass, so a failing graph
 replays until it passes while every run still explores ``N`` new graphs. Under xdist the
@@ -16,12 +18,14 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis.database import DirectoryBasedExampleDatabase
 
+from fxverify.cases.catalogue import model_label, split_label
 from fxverify.core.results import ERROR, FAILED, PASSED, Outcome
 from fxverify.strategies.corpus import SEED_FORMAT, canonical, entry_for
 from fxverify.strategies.probe import Probe, probe_ops
@@ -36,11 +40,13 @@ class RandomGraphs:
     of transforms and options). Fresh graphs are drawn with ``options``, from the ops the
     transforms rewrite unless ``options`` names ``ops``; a saved graph keeps the options it was
     drawn with, so it is the same graph when replayed whatever a later probe finds. xdist workers
-    take the controller's graphs."""
+    take the controller's graphs. ``captures``: the run's (capture names; none: the default), which
+    the transforms are probed under."""
 
     def __init__(self, config: pytest.Config, count: int, transforms: list[str],
-                 options: dict[str, Any] | None = None) -> None:
+                 options: dict[str, Any] | None = None, captures: Sequence[str] = ()) -> None:
         self.options = options or {}
+        self.captures = tuple(captures)
         self.database = DirectoryBasedExampleDatabase(str(Path(config.rootpath) / DATABASE_DIR))
         key = f"fxverify-random-graphs-v{SEED_FORMAT}:" + ",".join(sorted(transforms))
         self.key = (key + (f":{canonical(self.options)}" if self.options else "")).encode()
@@ -68,12 +74,20 @@ class RandomGraphs:
     def seeds(self) -> list[int]:
         return list(self.graphs)
 
+    @property
+    def models(self) -> frozenset[str]:
+        """The random graphs as the summary and the reports name them: their names, and their labels under the
+        run's captures (``random_graph_7@export``, the ledger's and the records' key under a capture other than
+        the default)."""
+        return frozenset(self.seed_of) | {model_label(name, capture) for name in self.seed_of for capture in self.captures}
+
     def _guided(self, transforms: list[str]) -> dict[str, Any]:
         """The options of fresh graphs: the user's, with ``ops`` set to the ops the transforms rewrite
         (when the user named none and a probe finds some, but not all)."""
         if "ops" in self.options:
             return self.options
-        self.probes = [probe_ops(spec, **self.options) for spec in transforms]
+        kept: dict[Any, Any] = {}  # the probe graphs' exports, made once for every transform
+        self.probes = [probe_ops(spec, captures=self.captures, kept=kept, **self.options) for spec in transforms]
         rewritten = sorted({name for probe in self.probes for name in probe.rewritten})
         if not rewritten or all(len(probe.rewritten) == probe.usable for probe in self.probes):
             return self.options
@@ -106,7 +120,7 @@ class RandomGraphs:
     def reported(self, spec: str, model: str, check: str, outcome: Outcome) -> None:
         """Save a random graph (its seed and options) as soon as one of its items fails or errors (its
         transform killed the worker, say): a ledger observer."""
-        seed = self.seed_of.get(model)
+        seed = self.seed_of.get(split_label(model)[0])  # a label under a capture: random_graph_7@export
         if seed is None:
             return
         if outcome in (FAILED, ERROR):

@@ -23,7 +23,7 @@ from fxverify.strategies.graphs import GraphCase, graph_from_seed
 PREFIX = "random_graph_"
 # Part of the database key: raise it when what a seed builds changes, so that the seeds
 # saved for the old graphs are not replayed as other graphs.
-SEED_FORMAT = 3
+SEED_FORMAT = 4
 
 
 def parse_graph_options(text: str) -> dict[str, Any]:

@@ -128,7 +128,12 @@ def select_ops(ops: Sequence[str] | None, *, limits: Limits) -> list[catalogue.O
             f"at rank <= {limits.max_rank}{'' if limits.allow_modules else ' without modules (allow_modules=False)'}; "
             "add ops or dtypes, or raise max_rank"
         )
-    return usable
+    fitting = [op for op in usable if op.cost <= limits.max_nodes]  # a composition emits several nodes
+    if not fitting:
+        fewest = min(op.cost for op in usable)
+        raise InvalidArgument(f"no op of ops={ops!r} fits in max_nodes={limits.max_nodes} (the fewest nodes one "
+                              f"emits is {fewest}); raise max_nodes to {fewest} or add ops")
+    return fitting
 
 
 def graph_modules(

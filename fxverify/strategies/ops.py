@@ -1179,6 +1179,85 @@ def _relu_inplace(b: Builder, x: Value) -> Value:
     return b.call(F.relu, x, inplace=True, meta=x.meta)
 
 
+# -- compositions written out by hand ----------------------------------------------------------------------
+# What models spell out instead of calling the op (as corpus/edge_cases.py's HandWrittenActivations and
+# TinyDecoderBlock do), and what pattern-matching passes rewrite: under an ATen capture each is a small
+# group of ATen ops (``x * torch.sigmoid(x)`` is ``aten.mul(x, aten.sigmoid(x))``, the pattern of a swish ->
+# silu rule). Each is one op of the catalogue: its intermediate values stay inside it (no later op reads
+# them), so a matcher finds it whole, as in a model's own helper function.
+def _inner(b: Builder, value: Value) -> Value:
+    """``value``, an intermediate of a composition, taken out of the values later ops may use."""
+    b.values.remove(value)
+    return value
+
+
+@_op("hand.swish", "composition", cost=2)
+def _hand_swish(b: Builder, x: Value) -> Value:
+    """``x * torch.sigmoid(x)`` (or ``torch.sigmoid(x) * x``)."""
+    gate = _inner(b, b.call_either(torch.sigmoid, x, meta=x.meta))
+    if b.flag():
+        return b.call(operator.mul, gate, x, meta=x.meta)
+    return b.call(operator.mul, x, gate, meta=x.meta)
+
+
+@_op("hand.gelu_tanh", "composition", cost=8)
+def _hand_gelu_tanh(b: Builder, x: Value) -> Value:
+    """GELU by its tanh formula: ``0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 *
+    torch.pow(x, 3))))``."""
+    half = _inner(b, b.call(operator.mul, 0.5, x, meta=x.meta))
+    cube = _inner(b, b.call(torch.pow, x, 3, meta=x.meta))
+    scaled = _inner(b, b.call(operator.mul, 0.044715, cube, meta=x.meta))
+    shifted = _inner(b, b.call(operator.add, x, scaled, meta=x.meta))
+    inner = _inner(b, b.call(operator.mul, math.sqrt(2.0 / math.pi), shifted, meta=x.meta))
+    tanh = _inner(b, b.call(torch.tanh, inner, meta=x.meta))
+    gate = _inner(b, b.call(operator.add, 1.0, tanh, meta=x.meta))
+    return b.call(operator.mul, half, gate, meta=x.meta)
+
+
+@_op("hand.softmax", "composition", cost=5)
+def _hand_softmax(b: Builder, x: Value) -> Value:
+    """Softmax spelled out: ``e = torch.exp(x - x.amax(dim, keepdim=True)); e / e.sum(dim, keepdim=True)``."""
+    dim = _dim(b, x.meta.rank)
+    kept = _same(x.meta, shape=tuple(1 if d == dim % x.meta.rank else s for d, s in enumerate(x.meta.shape)))
+    largest = _inner(b, b.call("amax", x, dim=dim, keepdim=True, meta=kept, method=True))
+    shifted = _inner(b, b.call(operator.sub, x, largest, meta=x.meta))
+    e = _inner(b, b.call(torch.exp, shifted, meta=x.meta))
+    total = _inner(b, b.call("sum", e, dim=dim, keepdim=True, meta=kept, method=True))
+    return b.call(operator.truediv, e, total, meta=x.meta)
+
+
+def _last_kept(m: Meta) -> Meta:
+    return _same(m, shape=m.shape[:-1] + (1,))
+
+
+@_op("hand.rms_norm", "composition", cost=5)
+def _hand_rms_norm(b: Builder, x: Value) -> Value:
+    """RMSNorm written out: ``x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)``, times a weight of the
+    last dim's size when there is room."""
+    square = _inner(b, b.call("pow", x, 2, meta=x.meta, method=True))
+    mean = _inner(b, b.call("mean", square, -1, keepdim=True, meta=_last_kept(x.meta), method=True))
+    shifted = _inner(b, b.call(operator.add, mean, b.choice((1e-6, 1e-5)), meta=_last_kept(x.meta)))
+    scale = _inner(b, b.call(torch.rsqrt, shifted, meta=_last_kept(x.meta)))
+    normed = b.call(operator.mul, x, scale, meta=x.meta)
+    if b.room < 2 or not b.flag():
+        return normed
+    _inner(b, normed)
+    weight = _weight(b, x.meta.shape[-1:], x.meta.dtype)  # a get_attr, not among the values
+    return b.call(operator.mul, normed, weight, meta=x.meta)
+
+
+@_op("hand.layer_norm", "composition", cost=6)
+def _hand_layer_norm(b: Builder, x: Value) -> Value:
+    """A normalisation written out, ``(x - mean) / torch.sqrt(var + eps)`` over the last dim (biased variance,
+    as ``F.layer_norm``'s)."""
+    mean = _inner(b, b.call("mean", x, -1, keepdim=True, meta=_last_kept(x.meta), method=True))
+    centred = _inner(b, b.call(operator.sub, x, mean, meta=x.meta))
+    var = _inner(b, b.call("var", x, -1, keepdim=True, correction=0, meta=_last_kept(x.meta), method=True))
+    shifted = _inner(b, b.call(operator.add, var, b.choice((1e-5, 1e-6)), meta=_last_kept(x.meta)))
+    root = _inner(b, b.call(torch.sqrt, shifted, meta=_last_kept(x.meta)))
+    return b.call(operator.truediv, centred, root, meta=x.meta)
+
+
 BY_NAME: dict[str, Op] = {op.name: op for op in CATALOGUE}
 
 
