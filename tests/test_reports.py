@@ -210,3 +210,11 @@ def test_the_report_renders_in_headless_chromium(failure_page):
                    capture_output=True, timeout=120, check=True)
     assert screenshot.stat().st_size > 10_000
     print(f"\nreport: {failure_page}\nscreenshot: {screenshot}")  # for a person to look at (pytest -s)
+
+
+def test_every_report_option_has_a_writer_and_every_writer_an_option():
+    """A report format is one row of fxverify.reports.FORMATS and one REPORT row of the options table."""
+    from fxverify.plugin.options import OPTIONS, REPORT
+    from fxverify.reports import FORMATS
+
+    assert {o.name.removeprefix("fxverify_") for o in OPTIONS if o.kind == REPORT} == set(FORMATS) == {"json", "html"}

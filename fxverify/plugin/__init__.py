@@ -77,7 +77,7 @@ def pytest_configure(config: pytest.Config) -> None:
     entries = selected_entries(options)
     from fxverify.plugin.nodeids import model_label
 
-    ledger = Ledger(transforms, options.checks, keep_records=bool(options.json or options.html),
+    ledger = Ledger(transforms, options.checks, keep_records=bool(options.reports),
                     models=tuple(model_label(e.name, capture) for e in entries for capture in options.captures))
     if options.random_graphs:
         graphs = add_random_graphs(config, options)
@@ -94,8 +94,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(FxVerifyRun(transforms, [ModelCase(e) for e in entries], options, history,
                                               references), "fxverify-run")
     config.pluginmanager.register(ledger, "fxverify-ledger")
-    if (options.json or options.html) and not hasattr(config, "workerinput"):  # the controller writes them
-        config.pluginmanager.register(ReportWriter(ledger, options.json, options.html, run_header(options, ledger)),
+    if options.reports and not hasattr(config, "workerinput"):  # the controller writes them
+        config.pluginmanager.register(ReportWriter(ledger, options.reports, run_header(options, ledger)),
                                       "fxverify-reports")
     share_cores_between_workers(config)
     if config.pluginmanager.hasplugin("xdist"):

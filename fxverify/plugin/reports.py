@@ -9,6 +9,7 @@ controller (or the single process), writes the files once, at the end of the ses
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,16 +21,17 @@ from fxverify.engine.subject import Subject
 from fxverify.plugin.ledger import RECORD, Ledger
 from fxverify.plugin.nodeids import model_label
 from fxverify.plugin.options import RunOptions
+from fxverify.reports import FORMATS
 from fxverify.reports.figures import figures_of
-from fxverify.reports.html import write_html
-from fxverify.reports.records import header, record, write_json
+from fxverify.reports.records import header, record
 
 
-def report_properties(result: CheckResult, subject: Subject | None, *, html: bool,
+def report_properties(result: CheckResult, subject: Subject | None, *, reports: Mapping[str, Path],
                       changed: list[str] | None = None) -> list[tuple[str, Any]]:
     """The ``user_properties`` entry of an item: its record (with what the transform changed on the
-    model), and for a failure in a run writing HTML, the pictures and code."""
-    figures = figures_of(subject, result) if html and subject is not None else None
+    model), and for a failure in a run writing a report that shows them (HTML), the pictures and code."""
+    pictured = any(FORMATS[name].figures for name in reports)
+    figures = figures_of(subject, result) if pictured and subject is not None else None
     return [(RECORD, record(result, figures=figures, changed=changed))]
 
 
@@ -45,17 +47,15 @@ def run_header(options: RunOptions, ledger: Ledger) -> dict[str, Any]:
 
 @dataclasses.dataclass(eq=False)  # pytest plugins must be hashable
 class ReportWriter:
-    """Writes the JSON and HTML reports from the ledger's records at the end of the session."""
+    """Writes the reports asked for (format name -> path, see :data:`fxverify.reports.FORMATS`) from the
+    ledger's records at the end of the session."""
 
     ledger: Ledger
-    json_path: Path | None
-    html_path: Path | None
+    reports: Mapping[str, Path]
     run: dict[str, Any]  # the header's run (:func:`run_header`)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self) -> None:
         records, head = self.ledger.sorted_records(), header(self.ledger.random_graphs, self.run)
-        if self.json_path:
-            self.ledger.written.append(write_json(self.json_path, records, head))
-        if self.html_path:
-            self.ledger.written.append(write_html(self.html_path, records, head))
+        for name, path in self.reports.items():
+            self.ledger.written.append(FORMATS[name].write(path, records, head))

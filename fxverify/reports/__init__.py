@@ -6,15 +6,17 @@ From pytest: ``--fxverify-json FILE`` and ``--fxverify-html FILE``. Without pyte
     import fxverify
     from fxverify import reports
 
-    v = fxverify.Verification(my_pass, "resnet18")
-    records = reports.records_from_results(v.run_all(), v.subject)   # failures get pictures
+    verification = fxverify.Verification(my_pass, "resnet18")
+    records = reports.records_from_results(verification.run_all(), verification.subject)   # failures get pictures
     reports.write_json("out/report.json", records)
     reports.write_html("out/report.html", records)
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from fxverify.core.results import CheckResult
@@ -24,6 +26,8 @@ from fxverify.reports.html import render_html, write_html
 from fxverify.reports.records import header, json_report, record, write_json
 
 __all__ = [
+    "FORMATS",
+    "ReportFormat",
     "header",
     "json_report",
     "record",
@@ -32,6 +36,22 @@ __all__ = [
     "write_html",
     "write_json",
 ]
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportFormat:
+    """A report file: ``write(path, records, head) -> path``, and whether its records need the pictures and code
+    of failures (:mod:`fxverify.reports.figures`, made where the models are)."""
+
+    write: Callable[[Path, list[dict[str, Any]], Mapping[str, Any]], Path]
+    figures: bool = False
+
+
+# the report formats, by name: --fxverify-<name> FILE writes one (a third format is a row here and an option row)
+FORMATS: dict[str, ReportFormat] = {
+    "json": ReportFormat(write_json),
+    "html": ReportFormat(write_html, figures=True),
+}
 
 
 def records_from_results(results: Iterable[CheckResult], subject: Subject | None = None) -> list[dict[str, Any]]:
