@@ -31,7 +31,7 @@ _EXPORTS: dict[str, str] = {
     "Verification": "fxverify.api",
     "ReferenceStore": "fxverify.engine.references",
     "check_rewrite": "fxverify.rewrite",
-    "RewriteFailed": "fxverify.rewrite",
+    "RewriteFailed": "fxverify.errors",
     "Minimised": "fxverify.diagnose.minimise",
     "minimise_numerics": "fxverify.api",
     "minimise_module": "fxverify.diagnose.minimise",

@@ -16,12 +16,13 @@ and call ``run(check)`` on it.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fxverify import checks as registry
 from fxverify.capture import Capture
 from fxverify.cases.case import ModelCase, load_case
+from fxverify.checks import determinism
 from fxverify.checks._digest_server import CrossProcessDigests
 from fxverify.core.results import CheckResult
 from fxverify.core.transform import Transform, as_transform
@@ -40,17 +41,17 @@ class Verification(Runner):
     """Runs checks of ``transform`` on ``case`` (a :class:`ModelCase` or a corpus name), sharing the
     expensive work (``subject``): ``run(check)``, ``run_all()``.
 
-    ``cross_process(name, mode=..., static=...)`` supplies digests of the transform's result computed in another
-    process (see :mod:`fxverify.checks.determinism`; give :class:`CrossProcessDigests` the same ``capture``);
-    ``golden_dir`` and ``update_golden`` are the golden check's folder and mode; with ``repro_dir``,
-    a failing numerics check is minimised and written there as a standalone repro
-    (:class:`fxverify.diagnose.repro.ReproOnFailure`); ``capture`` says how the model becomes a
-    graph (default: the case's own, see :mod:`fxverify.capture`); ``references`` keeps the
-    original's outputs for other transforms and later runs (:class:`ReferenceStore`); ``captures`` names
-    the captures the agreement check compares the transform's effect across (this one among them), and
-    ``peer_outputs`` gives it another capture's outputs already made
-    (:func:`fxverify.checks.agreement.capture_outputs`; None: it makes them); ``train_capture`` (on by
-    default) runs numerics' train stage on a capture that fixes the mode by capturing the model in train mode too.
+    ``capture`` says how the model becomes a graph (default: the case's own, see :mod:`fxverify.capture`);
+    with ``repro_dir``, a failing numerics check is minimised and written there as a standalone repro
+    (:class:`fxverify.diagnose.repro.ReproOnFailure`). What the checks read beyond the subject is ``settings``
+    (:class:`~fxverify.engine.subject.Settings`, built once for a run), or made of the keywords:
+    ``references`` keeps the original's outputs for other transforms and later runs (:class:`ReferenceStore`);
+    ``captures`` names the captures the agreement check compares the transform's effect across (this one among
+    them); ``options`` holds check options by key, and three have keywords of their own: ``golden_dir`` and
+    ``update_golden`` (the golden check's folder and mode) and ``train_capture`` (on by default: numerics' train
+    stage captures the model in train mode too where the capture fixes the mode); ``cross_process(name, mode=...,
+    static=...)`` supplies digests of the transform's result computed in another process (the determinism
+    check's service, :class:`CrossProcessDigests` with the same ``capture``).
 
     >>> import fxverify
     >>> v = Verification(fxverify.examples.identity, "edge_conv_bn_head")
@@ -59,14 +60,20 @@ class Verification(Runner):
     """
 
     def __init__(self, transform: TransformLike, case: CaseLike, *, timeout: float | None = DEFAULT_TIMEOUT,
-                 cross_process: Callable[..., str] | None = None, golden_dir: str | os.PathLike[str] | None = None,
-                 update_golden: bool = False, repro_dir: str | os.PathLike[str] | None = None,
-                 capture: Capture | None = None, references: ReferenceStore | None = None,
-                 captures: Sequence[str] = (), peer_outputs: Callable[[str], Any] | None = None,
-                 train_capture: bool = True) -> None:
-        super().__init__(transform, case, timeout=timeout, capture=capture,
-                         settings=Settings(cross_process, golden_dir, update_golden, references, tuple(captures),
-                                           peer_outputs, train_capture),
+                 capture: Capture | None = None, repro_dir: str | os.PathLike[str] | None = None,
+                 settings: Settings | None = None, references: ReferenceStore | None = None,
+                 captures: Sequence[str] = (), options: Mapping[str, Any] | None = None,
+                 golden_dir: str | os.PathLike[str] | None = None, update_golden: bool = False,
+                 train_capture: bool = True, cross_process: Callable[..., str] | None = None) -> None:
+        keywords = (references, tuple(captures), options, golden_dir, update_golden, train_capture, cross_process)
+        if settings is not None and keywords != (None, (), None, None, False, True, None):
+            raise TypeError("Verification takes settings or the keywords that make them (references, captures, "
+                            "options, golden_dir, update_golden, train_capture, cross_process), not both")
+        if settings is None:
+            given = {"golden_dir": golden_dir, "update_golden": update_golden, "train_capture": train_capture}
+            settings = Settings(references=references, captures=tuple(captures), options={**given, **(options or {})},
+                                services={determinism.NAME: cross_process} if cross_process is not None else {})
+        super().__init__(transform, case, timeout=timeout, capture=capture, settings=settings,
                          after_failure=[ReproOnFailure(repro_dir)] if repro_dir else [])
 
 

@@ -6,6 +6,8 @@ common base so callers can catch everything fxverify raises on bad input.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class FxVerifyError(Exception):
     """Base class of every error fxverify raises about its inputs."""
@@ -39,3 +41,28 @@ class CorpusError(FxVerifyError):
 
 class CheckFailed(AssertionError):
     """Raised by the ``fxverify.assert_*`` helpers; the message is the finding."""
+
+
+class RewriteFailed(CheckFailed):
+    """A rewrite rule failed a check on a (shrunk) random graph (:func:`fxverify.check_rewrite`); ``case`` is that
+    graph, a :class:`fxverify.strategies.patterns.PatternCase`."""
+
+    def __init__(self, message: str, case: Any) -> None:
+        super().__init__(message)
+        self.case = case
+
+
+class GoldenMismatch(AssertionError):
+    """The obtained text differs from the golden file, or the file is missing; ``where`` is the first difference."""
+
+    def __init__(self, message: str, where: str | None = None) -> None:
+        super().__init__(message)
+        self.where = where
+
+
+class GoldenDirMissing(GoldenMismatch):
+    """The transform's golden folder does not exist: no golden file was ever written for it."""
+
+
+class GraphvizMissing(FxVerifyError):
+    """Graphviz's ``dot`` program cannot be run; the message says how to install it."""

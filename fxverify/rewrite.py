@@ -22,23 +22,16 @@ from hypothesis import strategies as st
 from torch import fx
 
 from fxverify.analysis.compare import Tolerance, compare_trees
+from fxverify.checks import REGISTRY
 from fxverify.core.contracts import contract
 from fxverify.core.results import ERROR, FAILED
 from fxverify.core.transform import Transform, as_transform
-from fxverify.errors import CheckFailed, FxVerifyError, TransformFailed
+from fxverify.errors import FxVerifyError, RewriteFailed, TransformFailed
 from fxverify.runner import Runner
 from fxverify.strategies.patterns import PatternCase, graphs_with_pattern
 from fxverify.strategies.tensors import inputs_for
 
-CORE_CHECKS = ("lint", "numerics", "determinism")
-
-
-class RewriteFailed(CheckFailed):
-    """A rewrite rule failed a check on a (shrunk) random graph; ``case`` is that graph."""
-
-    def __init__(self, message: str, case: PatternCase) -> None:
-        super().__init__(message)
-        self.case = case
+CORE_CHECKS = tuple(spec.name for spec in REGISTRY if spec.on_rewrite_rules)  # lint, determinism, numerics
 
 
 def replacing(pattern: Callable[..., Any], replacement: Callable[..., Any]) -> Callable[[fx.GraphModule], fx.GraphModule]:

@@ -89,8 +89,8 @@ class Runner:
 
     def run(self, check: str) -> CheckResult:
         """Run the named check and return its result (never raises for a finding)."""
-        if check not in checks.NAMES:
-            raise FxVerifyError(f"unknown check {check!r}; known checks: {', '.join(checks.NAMES)}")
+        if check not in checks.names():
+            raise FxVerifyError(f"unknown check {check!r}; known checks: {', '.join(checks.names())}")
         capture = self.subject.capture.name
         not_run = self.transform.skips_capture(capture)
         if not_run:
@@ -148,7 +148,7 @@ class Runner:
         again on the prefixes, shortest first, each on a fresh capture (no post-failure hooks, no
         cross-process digests, no other capture's outputs of the whole pipeline); None when every proper prefix
         passes it."""
-        settings = dataclasses.replace(self.subject.settings, cross_process=None, peer_outputs=None)
+        settings = dataclasses.replace(self.subject.settings, services={})
         contract = dataclasses.replace(self.transform.contract, verify_each=False)  # each prefix is judged alone
         for count in range(1, len(self.transform.steps)):
             prefix = Runner(dataclasses.replace(self.transform.prefix(count), contract=contract), self.case,
@@ -205,7 +205,7 @@ class Runner:
 
     def run_all(self, names: list[str] | None = None) -> list[CheckResult]:
         """Every check (or the named ones), in the canonical order."""
-        return [self.run(name) for name in (checks.NAMES if names is None else names)]
+        return [self.run(name) for name in (checks.names() if names is None else names)]
 
     def _result(self, check: str, outcome: Outcome, **fields: Any) -> CheckResult:
         return CheckResult(check, self.case.name, self.transform.spec, outcome, capture=self.subject.capture.name,
@@ -233,9 +233,11 @@ class Runner:
 
     def repro_command(self, check: str) -> str | None:
         """A command that reruns this check alone, when the transform and model can be named: a
-        reloadable transform, a shipped corpus entry captured its own way (not for golden: its folder
-        is a pytest option that the command would not know)."""
-        if check == "golden" or not self.transform.reloadable or self.subject.capture != self.case.capture:
+        reloadable transform, a shipped corpus entry captured its own way, the check's options at their
+        defaults (the command would not know a golden folder given to pytest)."""
+        if any(checks.option(self.subject.settings, key) != default for key, default in checks.spec(check).options):
+            return None
+        if not self.transform.reloadable or self.subject.capture != self.case.capture:
             return None
         shipped = any(e == self.case.entry for e in catalogue.catalogue())
         if not shipped:

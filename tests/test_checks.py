@@ -608,3 +608,11 @@ def test_numerics_compares_a_model_whose_output_reads_a_buffer_it_updates_from_o
     assert all(v.run(check).ok for check in ("lint", "purity", "numerics", "gradients", "stateful"))
     broken = Verification(drops_the_average_update, case).run("numerics")
     assert broken.outcome == "failed" and "outputs differ" in broken.message, broken.message
+
+
+def test_stateful_follows_a_buffer_the_result_holds_under_another_name():
+    """A result nesting the model (buffers under inner.*) updates the same buffers: passes (it failed with 'no
+    longer holds the buffer', a false alarm the detection benchmark showed on edge_running_statistics)."""
+    assert Verification(mutations.nest_in_wrapper, "edge_running_statistics").run("stateful").ok
+    case = fxverify.case_from_module("moving_average", MovingAverage, [(2, 4)])
+    assert Verification(drops_the_average_update, case).run("stateful").outcome == "failed"

@@ -29,12 +29,14 @@ from fxverify.analysis.repropagation import repropagate, shape_env_of, violation
 from fxverify.capture import Export, MakeFx, SymbolicTrace
 from fxverify.capture.copies import retyped_copy
 from fxverify.capture.export import PROGRAM, named_as_exported
+from fxverify.checks import _shapes
 from fxverify.checks._digest_server import CrossProcessDigests
 from fxverify.checks.agreement import capture_outputs
 from fxverify.checks.determinism import cross_process_capture
 from fxverify.core.contracts import Contract
 from fxverify.core.results import FAILED, PASSED, SKIPPED, XFAILED
 from fxverify.diagnose.repro_script import EXIT_DIFFERS
+from fxverify.engine.subject import Settings
 from tests import aten_passes, mutations
 from tests.pinned import tied_to_pins
 
@@ -536,14 +538,14 @@ def test_numerics_says_when_only_float32_rounding_differs_and_what_to_declare():
 
 
 def test_float64_agreement_allows_what_float32_rounding_of_the_original_could_not_double():
-    from fxverify.checks.numerics import _agrees_in_float64
+    from fxverify.checks._outputs import agrees_in_float64
 
     v = verification(aten_passes.identity, "edge_conv_bn_head").subject
     exact = torch.linspace(-1, 1, 1000, dtype=torch.float64)
     rounded = exact + 1e-3 * torch.sin(exact * 97)  # an ill-conditioned model's float32 run: rmse 7e-4 from float64
-    assert _agrees_in_float64(v, exact + 1e-4, exact, rounded)  # 1e-4 in float64: far below that, rounding
-    assert not _agrees_in_float64(v, exact + 1e-3, exact, rounded)  # as large as the rounding: it computes otherwise
-    assert not _agrees_in_float64(v, (exact,), exact, rounded)  # another structure
+    assert agrees_in_float64(v, exact + 1e-4, exact, rounded)  # 1e-4 in float64: far below that, rounding
+    assert not agrees_in_float64(v, exact + 1e-3, exact, rounded)  # as large as the rounding: it computes otherwise
+    assert not agrees_in_float64(v, (exact,), exact, rounded)  # another structure
 
 
 def test_dynamic_does_not_blame_a_written_size_for_float32_rounding_at_another_batch():
@@ -653,10 +655,10 @@ def test_meta_compares_strides_and_symbolic_sizes_with_fake_tensors_re_propagate
         return gm
 
     v = verification(describes_relu_as_channels_last, "edge_conv_bn_head")
-    assert v.subject.applied().changes == [] and not v.subject.described_as_captured
+    assert v.subject.applied().changes == [] and not _shapes.described_as_captured(v.subject)
     assert v.run("meta").outcome == FAILED and "%relu" in v.run("meta").node
     untouched = verification(aten_passes.identity, "edge_conv_bn_head")
-    assert untouched.subject.described_as_captured and "not needed" in untouched.run("meta").details["repropagated"]
+    assert _shapes.described_as_captured(untouched.subject) and "not needed" in untouched.run("meta").details["repropagated"]
 
 
 def test_meta_catches_a_result_that_does_not_run_on_fake_tensors():
@@ -814,8 +816,8 @@ def test_agreement_catches_a_pass_whose_change_of_the_outputs_only_one_capture_g
     case = fxverify.load_case("edge_conv_bn_head")
 
     def run(transform, capture: str, check: str, **kwargs) -> fxverify.CheckResult:
-        return fxverify.Verification(transform, case, capture=case.capture_named(capture), captures=captures,
-                                     **kwargs).run(check)
+        kwargs.update({} if "settings" in kwargs else {"captures": captures})
+        return fxverify.Verification(transform, case, capture=case.capture_named(capture), **kwargs).run(check)
 
     buggy = aten_passes.fake_quantize_training_ir_weights
     assert run(buggy, "export_core", "numerics").ok  # within its range_tol under both: numerics cannot tell
@@ -838,7 +840,8 @@ def test_agreement_catches_a_pass_whose_change_of_the_outputs_only_one_capture_g
     handed = fxverify.Verification(buggy, case, capture=case.capture_named("export"))
     outputs = capture_outputs(handed.subject)
     asked = []
-    again = run(buggy, "export_core", "agreement", peer_outputs=lambda capture: asked.append(capture) or outputs)
+    handing = Settings(captures=captures, services={"agreement": lambda capture: asked.append(capture) or outputs})
+    again = run(buggy, "export_core", "agreement", settings=handing)
     assert asked == ["export"] and again.outcome == FAILED and again.message == found.message
 
 

@@ -136,3 +136,37 @@ def test_no_function_level_import_breaks_a_cycle(name):
               f"{imported} imports {name} back" for imported, nested, line in imports(MODULES[name])
               if nested and name in top_level_closure(imported)]
     assert not cycles, "\n".join(cycles)
+
+
+# string constants that are a check's name by coincidence: a device type, a contract field, a capture trait, the
+# public fxverify.golden submodule
+HOMONYMS = {
+    "fxverify/__init__.py": {"golden"},
+    "fxverify/analysis/module_state.py": {"meta"},
+    "fxverify/capture/copies.py": {"meta"},
+    "fxverify/core/captures.py": {"opset"},
+    "fxverify/core/contracts.py": {"cuda", "meta", "devices"},
+    "fxverify/strategies/patterns.py": {"meta"},
+}
+
+
+def test_no_module_outside_the_checks_spells_a_check_name():
+    """Knowledge of one check lives in that check: captures state traits, checks state what they need in the
+    registry (CheckSpec.requires, options, service), and the plugin, runner and diagnosis read the registry."""
+    from fxverify.checks import NAMES
+
+    spelled = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = str(path.relative_to(PACKAGE.parent))
+        if relative.startswith("fxverify/checks/"):
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                      and node.body and isinstance(node.body[0], ast.Expr)
+                      and isinstance(node.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and node.value in NAMES and id(node) not in docstrings \
+                    and node.value not in HOMONYMS.get(relative, ()):
+                spelled.append(f"{relative}:{node.lineno} spells {node.value!r}")
+    assert not spelled, "\n".join(spelled)

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
+from torch.utils._pytree import PyTree
 
 CHUNK = 2**22  # elements compared at a time in the common, all-close case (see _allclose)
 
@@ -115,8 +116,8 @@ def leaves_with_paths(tree: Any, root: str = "output") -> tuple[list[tuple[str, 
 
 
 def compare_trees(
-    actual: Any,
-    expected: Any,
+    actual: PyTree,
+    expected: PyTree,
     *,
     tolerance: Tolerance = Tolerance(),
     fp64_expected: Callable[[], Any] | None = None,

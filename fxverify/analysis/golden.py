@@ -64,6 +64,7 @@ from pathlib import Path
 from torch import fx, nn
 
 from fxverify.analysis.graph_text import canonical_text
+from fxverify.errors import GoldenDirMissing, GoldenMismatch
 
 SUFFIX = ".golden"
 OBTAINED_SUFFIX = ".obtained"
@@ -74,18 +75,6 @@ UPDATE_HINT = (
     "if the change is intended, accept it: rerun with --fxverify-update-golden "
     "(without pytest: fxverify.golden.update_golden)"
 )
-
-
-class GoldenMismatch(AssertionError):
-    """The obtained text differs from the golden file, or the file is missing; ``where`` is the first difference."""
-
-    def __init__(self, message: str, where: str | None = None) -> None:
-        super().__init__(message)
-        self.where = where
-
-
-class GoldenDirMissing(GoldenMismatch):
-    """The transform's golden folder does not exist: no golden file was ever written for it."""
 
 
 # -- names -----------------------------------------------------------------------------

@@ -156,7 +156,7 @@ def copied_shape_env(shape_env: ShapeEnv) -> ShapeEnv | None:
 
 
 @dataclasses.dataclass(frozen=True)
-class Mismatch:
+class DescriptionMismatch:
     """How a node's ``meta['val']`` differs from what it computes: the ``aspect`` (``tensors``, the number of
     tensors; ``dtype``, ``device``, ``shape``, ``strides``; ``size``, a symbolic size node's value), what
     ``meta['val']`` says and what the value is, as text; ``label`` names the output of a node of several."""
@@ -175,7 +175,7 @@ class Mismatch:
         return f"{self.label}meta['val'] says {said}, {source} gives {self.gives}"
 
 
-def difference(meta: Any, value: Any, ranges: Mapping[sympy.Symbol, tuple[int, int]]) -> Mismatch | None:
+def difference(meta: Any, value: Any, ranges: Mapping[sympy.Symbol, tuple[int, int]]) -> DescriptionMismatch | None:
     """How ``value`` (a node's value as :func:`repropagate` describes it) differs from ``meta`` (its
     ``meta['val']``), or None: dtypes, devices, shapes and, for dimensions of more than one element,
     strides. Sizes are compared at every point of the symbols' ranges (at most :data:`POINTS`), so
@@ -185,23 +185,23 @@ def difference(meta: Any, value: Any, ranges: Mapping[sympy.Symbol, tuple[int, i
         if not isinstance(value, (int, sympy.Expr)):
             return None
         said, gives = _expr(meta, as_created=True), sympy.sympify(value)
-        return None if _same([said], [gives], ranges) else Mismatch("size", str(said), str(gives))
+        return None if _same([said], [gives], ranges) else DescriptionMismatch("size", str(said), str(gives))
     metas = [m for m in pytree.tree_leaves(meta) if isinstance(m, torch.Tensor)]
     values = [v for v in pytree.tree_leaves(value, is_leaf=lambda x: isinstance(x, Description))
               if isinstance(v, Description)]
     if len(metas) != len(values):
-        return Mismatch("tensors", str(len(metas)), str(len(values)))
+        return DescriptionMismatch("tensors", str(len(metas)), str(len(values)))
     for i, (m, v) in enumerate(zip(metas, values, strict=True)):
         said = describe(m, as_created=True)
         label = f"output {i}: " if len(metas) > 1 else ""
         if said.dtype != v.dtype:
-            return Mismatch("dtype", str(said.dtype), str(v.dtype), label)
+            return DescriptionMismatch("dtype", str(said.dtype), str(v.dtype), label)
         if said.device != v.device:
-            return Mismatch("device", said.device, v.device, label)
+            return DescriptionMismatch("device", said.device, v.device, label)
         if len(said.shape) != len(v.shape) or not _same(said.shape, v.shape, ranges):
-            return Mismatch("shape", shape_text(said.shape), shape_text(v.shape), label)
+            return DescriptionMismatch("shape", shape_text(said.shape), shape_text(v.shape), label)
         if not _same_strides(said, v, ranges):
-            return Mismatch("strides", f"({', '.join(map(str, said.strides))})",
+            return DescriptionMismatch("strides", f"({', '.join(map(str, said.strides))})",
                             f"({', '.join(map(str, v.strides))}) for shape {shape_text(v.shape)}", label)
     return None
 

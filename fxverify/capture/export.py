@@ -82,12 +82,11 @@ class Export(Capture):
 
     def for_transform(self, transform: Transform) -> Export:
         """This capture, keeping each capture's program for a transform of form ``program`` or ``lifted``
-        (a program in meta doubles what every copy of a capture costs: 0.27 s more on resnet50)."""
+        (a program in meta doubles what every copy of a capture costs)."""
         return dataclasses.replace(self, keeps_program=transform.form != "module")
 
     def at_example_shapes(self) -> Export:
-        """This capture with a static batch: 0.5-1.9 s against 1.0-4.5 s for a dynamic one (resnet18,
-        mobilenet_v3_small, efficientnet_b0 in train mode)."""
+        """This capture with a static batch, which exports in about half the time of a dynamic one."""
         return dataclasses.replace(self, dynamic_batch=False)
 
     def program(self, module: nn.Module, *, training: bool, inputs: tuple[Any, ...]) -> torch.export.ExportedProgram:
@@ -104,10 +103,8 @@ class Export(Capture):
         """``gm`` (a fresh capture) retyped to ``dtype`` (:func:`~fxverify.capture.copies.retyped_copy`),
         or None where the model must be exported again in ``dtype``: a node bakes a floating dtype into its
         arguments or reads a floating tensor constant, or the capture keeps its program (whose own graph
-        would need retyping too). Measured over the ``default`` corpus (torch 2.14.1): 100 of its 114
-        exports retyped, each with the same code, ``meta['val']`` dtypes, shapes and strides and float64
-        outputs as the float64 model exported again, in 60 s against 168 s; 14 exported again. On the
-        smoke corpus ``export_core`` retypes 3-13x faster than it decomposes again."""
+        would need retyping too). A retyped export has the code, ``meta['val']`` and float64 outputs of the
+        float64 model exported again, at a fraction of the cost (docs/performance.md)."""
         if self.keeps_program:
             return None
         copied, _ = retyped_copy(gm, dtype)

@@ -28,13 +28,15 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
-from typing import IO
+from collections.abc import Mapping, Sequence
+from typing import IO, Any
 
 from fxverify.capture import Capture
 from fxverify.cases.case import ModelCase
-from fxverify.checks.determinism import digest
+from fxverify.checks import option
+from fxverify.checks.determinism import cross_process_capture, digest
 from fxverify.core.captures import DEFAULT_CAPTURE
+from fxverify.core.contracts import Mode
 from fxverify.core.memory import release_memory
 from fxverify.core.results import CaptureFailed, Skip, exception_summary
 from fxverify.core.transform import Transform
@@ -69,7 +71,7 @@ class CrossProcessDigests:
         self._pending: list[Key] = []
         self._server: _Server | None = None
 
-    def request(self, name: str, *, mode: str | None = None, static: bool = False) -> None:
+    def request(self, name: str, *, mode: Mode | None = None, static: bool = False) -> None:
         """Have the server start on ``name`` captured in ``mode`` now, without waiting for the answer."""
         key = self._key(name, mode, static)
         if key in self._digests or key in self._pending:
@@ -91,7 +93,7 @@ class CrossProcessDigests:
             pass
         self._pending.append(key)
 
-    def __call__(self, name: str, *, mode: str | None = None, static: bool = False) -> str:
+    def __call__(self, name: str, *, mode: Mode | None = None, static: bool = False) -> str:
         key = self._key(name, mode, static)
         self.request(name, mode=mode, static=static)
         if key in self._pending:
@@ -104,7 +106,7 @@ class CrossProcessDigests:
             self._server.close()
             self._server = None
 
-    def _key(self, name: str, mode: str | None, static: bool) -> Key:
+    def _key(self, name: str, mode: Mode | None, static: bool) -> Key:
         return name, mode or self.transform.contract.primary_mode, static
 
     def _cannot_send(self, name: str) -> str | None:
@@ -221,3 +223,33 @@ def _serve(spec: str, timeout: float) -> None:
 
 if __name__ == "__main__":
     _serve(sys.argv[1], float(sys.argv[2]))
+
+
+class CrossProcessService:
+    """The determinism check's run-scoped service (``CheckSpec.service``): one digest server per transform
+    and capture, asked to start on a model's cross-process digest as soon as its subject is made, where a
+    determinism item of that model will run; each subject's settings get its :class:`CrossProcessDigests`."""
+
+    def __init__(self, transforms: Sequence[Transform], cases: Sequence[ModelCase], *, captures: Sequence[str],
+                 timeout: float, options: Mapping[str, Any]) -> None:
+        self.train_capture = bool(option(options, "train_capture"))
+        self.digests = {(t.spec, capture): CrossProcessDigests(t, cases, timeout=timeout, capture=capture)
+                        for t in transforms for capture in captures}
+        self.wanted: set[tuple[str, str, str]] = set()
+
+    def want(self, transform: Transform, case: ModelCase, capture: str) -> None:
+        self.wanted.add((transform.spec, case.name, capture))
+
+    def prepare(self, transform: Transform, case: ModelCase, capture: Capture) -> CrossProcessDigests:
+        digests = self.digests[transform.spec, capture.name]
+        if (transform.spec, case.name, capture.name) in self.wanted:  # the server works while the other checks run
+            mode, static = cross_process_capture(transform.contract, capture, self.train_capture)
+            digests.request(case.name, mode=mode, static=static)
+        return digests
+
+    def release(self, runner: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        for digests in self.digests.values():
+            digests.close()

@@ -27,7 +27,7 @@ transforms the model under the reference too.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -41,6 +41,8 @@ from fxverify.core.results import CaptureFailed, Finding, ModuleRaised, Skip, re
 from fxverify.core.transform import Transform
 from fxverify.engine.subject import Settings, Subject
 from fxverify.errors import TransformFailed
+
+NAME = "agreement"  # its registry name: the key of what its service hands each subject (Settings.services)
 
 aten = torch.ops.aten
 LAYOUT = (aten.permute.default, aten.t.default, aten.transpose.int, aten.view.default, aten.reshape.default,
@@ -77,26 +79,26 @@ def reference_capture(transform: Transform, entry: CorpusEntry, captures: Sequen
     return usable[0] if len(usable) > 1 else None
 
 
-def rounding(v: Subject, *, exact: bool = True) -> Tolerance:
-    """The tolerance of rounding alone in ``v``'s float64 runs: the corpus entry's over float64's defaults,
+def rounding(subject: Subject, *, exact: bool = True) -> Tolerance:
+    """The tolerance of rounding alone in ``subject``'s float64 runs: the corpus entry's over float64's defaults,
     or float32's when new parameters were made in float32 (``exact=False``); never the contract's."""
-    entry = Tolerance(v.case.entry.rtol, v.case.entry.atol)
+    entry = Tolerance(subject.case.entry.rtol, subject.case.entry.atol)
     return entry if exact else entry.at_least(torch.float32)
 
 
-def capture_outputs(v: Subject) -> CaptureOutputs:
-    """``v``'s contribution to the comparison (raises what ``v.applied()`` raises: the transform's failure,
+def capture_outputs(subject: Subject) -> CaptureOutputs:
+    """``subject``'s contribution to the comparison (raises what ``subject.applied()`` raises: the transform's failure,
     the model's)."""
-    applied = v.applied()
-    if v.float64_skip is not None:
-        return CaptureOutputs(v.capture.name, problem=v.float64_skip)
-    original = v.outputs("original", dtype=torch.float64)
-    result = v.outputs("result", dtype=torch.float64)
-    moved = compare_trees(result, original, tolerance=rounding(v, exact=v.float64_exact)) is not None
+    applied = subject.applied()
+    if subject.float64_skip is not None:
+        return CaptureOutputs(subject.capture.name, problem=subject.float64_skip)
+    original = subject.outputs("original", dtype=torch.float64)
+    result = subject.outputs("result", dtype=torch.float64)
+    moved = compare_trees(result, original, tolerance=rounding(subject, exact=subject.float64_exact)) is not None
     # the contract's tolerance is never tighter than rounding's: unmoved is within it
-    within_contract = not moved or compare_trees(result, original, tolerance=v.float64_tolerance) is None
-    return CaptureOutputs(v.capture.name, original, result, within_contract=within_contract, moved=moved,
-                          exact=v.float64_exact, changes=applied.changes,
+    within_contract = not moved or compare_trees(result, original, tolerance=subject.float64_tolerance) is None
+    return CaptureOutputs(subject.capture.name, original, result, within_contract=within_contract, moved=moved,
+                          exact=subject.float64_exact, changes=applied.changes,
                           rewritten=rewritten_nodes(applied.original, applied.result))
 
 
@@ -129,21 +131,21 @@ def rewritten_nodes(original: nn.Module, result: nn.Module) -> tuple[str, ...]:
     return tuple(found)
 
 
-def check(v: Subject) -> dict[str, Any]:
-    name = v.capture.name
-    reference = reference_capture(v.transform, v.case.entry, v.settings.captures)
+def check(subject: Subject) -> dict[str, Any]:
+    name = subject.capture.name
+    reference = reference_capture(subject.transform, subject.case.entry, subject.settings.captures)
     if reference is None:
-        if len(v.settings.captures) < 2:
+        if len(subject.settings.captures) < 2:
             raise Skip("one capture selected: select several (--fxverify-capture export,export_core) to compare "
                        "the transform's effect across them")
-        raise Skip(f"of the selected captures ({', '.join(v.settings.captures)}), only {name} runs the transform on "
+        raise Skip(f"of the selected captures ({', '.join(subject.settings.captures)}), only {name} runs the transform on "
                    "this model (its contract or form leaves out the others, or the model is expected to fail "
                    "under them)")
     if reference == name:
         raise Skip(f"{name} is the capture the others are compared with (the first selected): their agreement "
                    "items report any difference")
-    mine = capture_outputs(v)
-    theirs = _reference_outputs(v, reference)
+    mine = capture_outputs(subject)
+    theirs = _reference_outputs(subject, reference)
     for outputs in (mine, theirs):
         if outputs.problem is not None:
             raise Skip(f"no float64 outputs under {outputs.capture} to compare: {outputs.problem}")
@@ -155,7 +157,7 @@ def check(v: Subject) -> dict[str, Any]:
     if not mine.moved and not theirs.moved:
         return {**details, "judged": "the transform changes the outputs by no more than rounding under either"}
     expected = _moved_as(mine.original, theirs)
-    found = compare_trees(mine.result, expected, tolerance=rounding(v, exact=mine.exact and theirs.exact))
+    found = compare_trees(mine.result, expected, tolerance=rounding(subject, exact=mine.exact and theirs.exact))
     if found is None:
         return {**details, "judged": "the transform changes the outputs alike under both"}
     raise Finding(
@@ -163,17 +165,18 @@ def check(v: Subject) -> dict[str, Any]:
         f"against the {name} original moved as the transform moves the {reference} one: {found.describe()}. "
         f"It changes the outputs by up to {effects[reference]:.3g} under {reference} ({_changed(theirs)}) and "
         f"by up to {effects[name]:.3g} under {name} ({_changed(mine)}). {_advice(mine, theirs)}",
-        input=f"{v.primary.describe()}, float64, {v.contract.primary_mode} mode", where=found.path,
+        input=f"{subject.primary.describe()}, float64, {subject.contract.primary_mode} mode", where=found.path,
         node=_rewrites(mine, theirs), max_abs=found.max_abs, max_rel=found.max_rel, details=details)
 
 
-def _reference_outputs(v: Subject, reference: str) -> CaptureOutputs:
+def _reference_outputs(subject: Subject, reference: str) -> CaptureOutputs:
     """The reference capture's outputs: handed over by the run when it has them, else made here."""
-    handed = v.settings.peer_outputs(reference) if v.settings.peer_outputs is not None else None
+    handed_over = subject.settings.services.get(NAME)  # HandOver.prepare's lookup, where the run keeps outputs
+    handed = handed_over(reference) if handed_over is not None else None
     if isinstance(handed, CaptureOutputs):
         return handed
-    peer = Subject(v.transform, v.case, timeout=v.timeout, capture=v.case.capture_named(reference),
-                   settings=Settings(references=v.settings.references))
+    peer = Subject(subject.transform, subject.case, timeout=subject.timeout, capture=subject.case.capture_named(reference),
+                   settings=Settings(references=subject.settings.references))
     try:
         return capture_outputs(peer)
     except (TransformFailed, CaptureFailed, ModuleRaised) as exc:
@@ -229,3 +232,39 @@ def _advice(mine: CaptureOutputs, theirs: CaptureOutputs) -> str:
                 "is written for (@fxverify.contract(captures=(...)))")
     return (f"It rewrote both graphs, but not alike: compare what it does to the {theirs.capture} and "
             f"{mine.capture} graphs of this model (the golden check's files show both)")
+
+
+class HandOver:
+    """The agreement check's run-scoped service (``CheckSpec.service``): where a model has agreement items
+    under other captures still to run, the reference capture's outputs are kept when its subject is dropped
+    (one model's at a time) and handed to the others' items, which would otherwise capture and transform the
+    model under the reference capture again. Each subject's settings get a function from a capture's name to
+    the outputs handed over for it (or None)."""
+
+    def __init__(self, transforms: Sequence[Transform], cases: Sequence[Any], *, captures: Sequence[str],
+                 timeout: float, options: Mapping[str, Any]) -> None:
+        self.captures = tuple(captures)
+        self.wanted: set[tuple[str, str]] = set()  # (transform, model) with an item outside the reference capture
+        self.handed: dict[tuple[str, str, str], CaptureOutputs] = {}
+
+    def want(self, transform: Transform, case: Any, capture: str) -> None:
+        if capture != reference_capture(transform, case.entry, self.captures):
+            self.wanted.add((transform.spec, case.name))
+
+    def prepare(self, transform: Transform, case: Any, capture: Any) -> Callable[[str], CaptureOutputs | None]:
+        return lambda reference: self.handed.get((transform.spec, case.name, reference))
+
+    def release(self, runner: Any) -> None:
+        subject: Subject = runner.subject
+        spec, model, capture = subject.transform.spec, subject.case.name, subject.capture.name
+        if (spec, model) not in self.wanted or capture != reference_capture(subject.transform, subject.case.entry,
+                                                                              self.captures):
+            return
+        self.handed = {}
+        try:
+            self.handed[spec, model, capture] = capture_outputs(subject)
+        except Exception:  # the agreement items make them again, and report what fails there
+            pass
+
+    def close(self) -> None:
+        self.handed = {}

@@ -27,11 +27,14 @@ from torch import fx, nn
 from fxverify.analysis.graph_text import canonical_text
 from fxverify.analysis.module_state import first_line_difference
 from fxverify.capture import Capture
-from fxverify.core.contracts import Contract
-from fxverify.core.results import Finding, Skip
+from fxverify.checks import option
+from fxverify.checks._common import graph_result
+from fxverify.core.contracts import Contract, Mode
+from fxverify.core.results import Finding
 from fxverify.engine.subject import Subject
 from fxverify.errors import TransformFailed
 
+NAME = "determinism"  # its registry name: the key of what its service hands each subject (Settings.services)
 ORDERS = ("ascending", "descending")  # how the nodes of the reruns' traces hash: in graph order, reversed
 
 _patched_graph: Any = fx_graph  # torch.fx.graph, whose Node class hash_ordered swaps (mypy forbids assigning to a class)
@@ -82,8 +85,7 @@ def hash_ordered(order: str) -> Iterator[None]:
 
 def fingerprint(module: nn.Module) -> str:
     """Canonical graph text followed by the generated code."""
-    if not isinstance(module, fx.GraphModule):
-        raise Skip(f"the transform returned a {type(module).__name__}, not a GraphModule: no graph to compare")
+    module = graph_result(module, "no graph to compare")
     return canonical_text(module.graph) + "\n--- code ---\n" + module.code
 
 
@@ -92,13 +94,12 @@ def digest(module: nn.Module) -> str:
     return hashlib.sha256(fingerprint(module).encode()).hexdigest()[:16]
 
 
-def cross_process_capture(contract: Contract, capture: Capture, train_capture: bool) -> tuple[str, bool]:
+def cross_process_capture(contract: Contract, capture: Capture, train_capture: bool) -> tuple[Mode, bool]:
     """The mode of the capture the cross-process run transforms, and whether it is made at the example shapes
     (static): the primary mode's capture, except where that one has a dynamic dimension (``torch.export`` with a
     dynamic batch) and numerics' stage in the other mode captures the model at the example shapes anyway (a capture
-    that fixes the mode, ``train_capture`` on). The other process then exports that one, at 0.63x the cost
-    (train mode at the example shapes against eval mode with a dynamic batch: 85 s against 134 s over ``default``,
-    one thread, measured 2026-12-03), and this process has it already.
+    that fixes the mode, ``train_capture`` on). The other process then exports that one, which costs less than
+    a dynamic export (docs/performance.md has the figures), and this process has it already.
 
     >>> from fxverify.capture import Export
     >>> cross_process_capture(Contract(), Export(), train_capture=True)
@@ -112,21 +113,23 @@ def cross_process_capture(contract: Contract, capture: Capture, train_capture: b
     return contract.primary_mode, False
 
 
-def check(v: Subject) -> dict[str, Any]:
-    mode = v.contract.primary_mode
-    first = fingerprint(v.applied().result)
-    _rerun_in_hash_orders(v, mode, False, first)
+def check(subject: Subject) -> dict[str, Any]:
+    mode = subject.contract.primary_mode
+    first = fingerprint(subject.applied().result)
+    _rerun_in_hash_orders(subject, mode, False, first)
     in_process = {"in_process_runs": 1 + len(ORDERS)}
-    if v.settings.cross_process is None:
+    cross_process = subject.settings.services.get(NAME)  # CrossProcessService.prepare's digests, where the run has them
+    if cross_process is None:
         return {**in_process, "cross_process": "not run (no cross-process runner)"}
-    mode, static = cross_process_capture(v.contract, v.capture, v.settings.train_capture)
+    mode, static = cross_process_capture(subject.contract, subject.capture, option(subject.settings, "train_capture"))
     captured = _captured_at_example_shapes(mode, static)
-    primary = (mode, static) == (v.contract.primary_mode, False)
+    primary = (mode, static) == (subject.contract.primary_mode, False)
     try:  # before the other process's answer: the transform failing here is not the other process's failure
-        result = v.applied().result if primary else v.transformed_copy(v.capture_source(mode, static=static), mode)
+        result = subject.applied().result if primary else \
+            subject.transformed_copy(subject.capture_source(mode, static=static), mode)
     except TransformFailed as exc:  # numerics' stage in that mode reports it
         return {**in_process, "cross_process": f"not compared: the transform raised{captured}: {exc.cause}"}
-    other = v.settings.cross_process(v.case.name, mode=mode, static=static)
+    other = cross_process(subject.case.name, mode=mode, static=static)
     if other.startswith("error:"):
         raise Finding(f"the cross-process run (different PYTHONHASHSEED){captured} failed: {other[6:].strip()}")
     if other.startswith("skip:"):
@@ -134,7 +137,7 @@ def check(v: Subject) -> dict[str, Any]:
     here = digest(result)
     if other != here:
         if not primary:  # the reruns above were of the primary mode's capture
-            _rerun_in_hash_orders(v, mode, static, fingerprint(result))
+            _rerun_in_hash_orders(subject, mode, static, fingerprint(result))
         raise Finding(
             f"the transform gave a different graph in another process with a different PYTHONHASHSEED{captured} "
             "(node order depends on string hashing: is a set of names or targets iterated?)",
@@ -143,15 +146,15 @@ def check(v: Subject) -> dict[str, Any]:
     return {**in_process, "cross_process": f"same digest{captured}"}
 
 
-def _rerun_in_hash_orders(v: Subject, mode: str, static: bool, first: str) -> None:
+def _rerun_in_hash_orders(subject: Subject, mode: Mode, static: bool, first: str) -> None:
     """Raise the in-process finding where the transform, applied to fresh copies of the capture in ``mode``
     (``static``: at the example shapes) while the nodes hash in each of :data:`ORDERS`, gives another
     fingerprint than ``first``, what it gave with the nodes hashing by address."""
     runs = {}
     for order in ORDERS:
-        original = v.capture_source(mode, static=static)  # outside: the capture's own order is not the transform's doing
+        original = subject.capture_source(mode, static=static)  # outside: the capture's own order is not the transform's doing
         with hash_ordered(order):
-            result = v.transformed_copy(original, mode)
+            result = subject.transformed_copy(original, mode)
         runs[order] = fingerprint(result)
     captured = _captured_at_example_shapes(mode, static)
     for order, again in runs.items():
@@ -165,6 +168,6 @@ def _rerun_in_hash_orders(v: Subject, mode: str, static: bool, first: str) -> No
             )
 
 
-def _captured_at_example_shapes(mode: str, static: bool) -> str:
+def _captured_at_example_shapes(mode: Mode, static: bool) -> str:
     """What the findings and details add where the capture compared is not the primary one (``static``)."""
     return f" (on the model captured in {mode} mode at the example shapes)" if static else ""

@@ -29,7 +29,8 @@ from torch.utils import _pytree as pytree
 from fxverify.analysis.module_state import tensor_attributes
 from fxverify.analysis.recording import run_recorded
 from fxverify.capture.export import program_of
-from fxverify.core.results import Finding, Skip, exception_summary
+from fxverify.checks._common import graph_result
+from fxverify.core.results import Finding, Which, exception_summary
 from fxverify.engine.subject import Applied, Subject
 from fxverify.errors import CopyFailed
 
@@ -41,16 +42,15 @@ _DATA_DEPENDENT = ("cannot be called on meta tensors", "Cannot copy out of meta 
                    "item() on meta", "meta tensors have no data")
 
 
-def check(v: Subject) -> dict[str, Any]:
-    applied = v.applied()
+def check(subject: Subject) -> dict[str, Any]:
+    applied = subject.applied()
     result = applied.result
-    if not isinstance(result, fx.GraphModule):
-        raise Skip(f"the transform returned a {type(result).__name__}, not a GraphModule")
-    contract = v.contract
+    result = graph_result(result)
+    contract = subject.contract
     moves = contract.moves or contract.supports_dtype("float64")
     if moves:
         _check_unmovable(applied.original, result)
-    if contract.moves and v.capture.traits.opset is None:  # ATen graphs bake device= into every factory call
+    if contract.moves and subject.capture.traits.opset is None:  # ATen graphs bake device= into every factory call
         already_pinned = _pinned_devices(applied.original)
         for name, device in _pinned_devices(result).items():
             if already_pinned.get(name) != device:
@@ -59,9 +59,9 @@ def check(v: Subject) -> dict[str, Any]:
                     "module is moved. Derive the device from an input (x.device) instead",
                     node=f"%{name}",
                 )
-    details: dict[str, Any] = {"float64": _check_float64(v)}
+    details: dict[str, Any] = {"float64": _check_float64(subject)}
     if contract.moves:
-        details["meta_run"] = _run_on_meta(v, applied)
+        details["meta_run"] = _run_on_meta(subject, applied)
     else:
         details["meta_run"] = f"skipped: the contract declares devices={'+'.join(contract.devices or ())}"
     return details
@@ -81,24 +81,24 @@ def _check_unmovable(original: nn.Module, result: fx.GraphModule) -> None:
             )
 
 
-def _check_float64(v: Subject) -> str:
+def _check_float64(subject: Subject) -> str:
     """The result must run in float64 where the original does, unless the contract says float32 only."""
-    if not v.contract.supports_dtype("float64"):
+    if not subject.contract.supports_dtype("float64"):
         return "skipped: the contract declares dtypes=float32"
-    if v.float64_problem is not None:
-        return f"skipped: the original does not run in float64 ({v.float64_problem})"
-    problem = v.result_float64_problem
+    if subject.float64_problem is not None:
+        return f"skipped: the original does not run in float64 ({subject.float64_problem})"
+    problem = subject.result_float64_problem
     if problem is None:
         return "runs"
-    if "result" in v.uncopyable:
-        return (f"not judged: {v.uncopyable['result']} (fxverify cannot copy the result to convert it; the lint "
+    if "result" in subject.uncopyable:
+        return (f"not judged: {subject.uncopyable['result']} (fxverify cannot copy the result to convert it; the lint "
                 "check reports it)")
     raise Finding(
         f"the result does not run in float64 where the original does: {problem}. A module moved with "
         "module.to(torch.float64) (or another dtype) fails. If the transform makes float32-only modules by "
         "design (mkldnn layouts, quantized kernels), declare @fxverify.contract(dtypes=('float32',)); "
         "otherwise keep dtypes out of the graph (read them from the inputs)",
-        input=f"{v.primary.describe()}, float64",
+        input=f"{subject.primary.describe()}, float64",
     )
 
 
@@ -124,14 +124,14 @@ def _unmovable_tensors(module: nn.Module) -> dict[str, tuple[torch.Tensor, fx.No
     return found
 
 
-def _run_on_meta(v: Subject, applied: Applied) -> str:
-    config = v.primary
-    inputs = config.make(v.case.seed, device="meta")
+def _run_on_meta(subject: Subject, applied: Applied) -> str:
+    config = subject.primary
+    inputs = config.make(subject.case.seed, device="meta")
     where = f"{config.describe()} on device 'meta'"
 
-    def run(which: str, module: nn.Module) -> tuple[Exception | None, fx.Node | None]:
+    def run(which: Which, module: nn.Module) -> tuple[Exception | None, fx.Node | None]:
         try:
-            moved = v.convert(which, module, device="meta")
+            moved = subject.convert(which, module, device="meta")
         except CopyFailed:  # no copy, no verdict (lint reports a result that cannot be copied)
             raise
         except Exception as exc:  # the module's tensors do not move to meta
@@ -143,7 +143,7 @@ def _run_on_meta(v: Subject, applied: Applied) -> str:
         if error is not None:
             return "not judged: the original does not run on meta either"  # data-dependent ops, say
         error, node = run("result", applied.result)
-        if error is not None and v.renew_result_copies():  # the copy raised, not the result: a fresh one, moved
+        if error is not None and subject.renew_result_copies():  # the copy raised, not the result: a fresh one, moved
             error, node = run("result", applied.result)
     except CopyFailed as exc:
         return f"not judged: {exc} (fxverify cannot copy the module; the lint check reports a result that cannot be)"

@@ -39,18 +39,20 @@ from torch.utils import _pytree as pytree
 from fxverify.analysis.repropagation import Violation, repropagate
 from fxverify.capture.export import BATCH_RANGE
 from fxverify.cases.inputs import with_batch
-from fxverify.checks.numerics import compare_config, finding_of, float32_rounding
+from fxverify.checks import _shapes
+from fxverify.checks._common import node_text
+from fxverify.checks._outputs import compare_config, finding_of, float32_rounding
 from fxverify.core.results import Finding, ModuleRaised, Skip
 from fxverify.engine.subject import Subject
 
 SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
-def check(v: Subject) -> dict[str, Any]:
-    applied = v.applied()
+def check(subject: Subject) -> dict[str, Any]:
+    applied = subject.applied()
     low, high = _batch_range(applied.original)
-    cut = v.guard_violation
-    _changed_while_running(v, cut)
+    cut = _shapes.guard_violation(subject)
+    _changed_while_running(subject, cut)
     result = applied.result
     if isinstance(result, fx.GraphModule):
         for node in result.graph.nodes:
@@ -65,21 +67,21 @@ def check(v: Subject) -> dict[str, Any]:
         return {"batch_range": [low, high], "batch_sizes": "not run: the transform changed nothing in the capture, so "
                                                             "the result would be compared with itself"}
     try:
-        wrong_already = compare_config(v, v.primary) is not None
+        wrong_already = compare_config(subject, subject.primary) is not None
     except ModuleRaised:
         wrong_already = True
     if wrong_already:
         raise Skip(f"the result already differs from the original at the example batch "
-                   f"({v.primary.describe()}): the numerics check reports that; other batch sizes would say nothing "
+                   f"({subject.primary.describe()}): the numerics check reports that; other batch sizes would say nothing "
                    "more")
     sizes = sorted({low, high, low + (high - low) // 3, low + 2 * (high - low) // 3, *_sizes_at(cut, low, high)})
-    compared = {config.specs[0].shape[0] for config in v.configs if config.scale == 1.0}
+    compared = {config.specs[0].shape[0] for config in subject.configs if config.scale == 1.0}
     rounding: list[int] = []
     for batch in sizes:
-        config = with_batch(v.primary, batch)
+        config = with_batch(subject.primary, batch)
         finding: Finding
         try:
-            found = compare_config(v, config)
+            found = compare_config(subject, config)
         except ModuleRaised as raised:
             if raised.which == "original":
                 raise Skip(f"the capture itself does not run at batch {batch}, inside the range [{low}, {high}] it "
@@ -88,17 +90,17 @@ def check(v: Subject) -> dict[str, Any]:
         else:
             if found is None:
                 continue
-            if float32_rounding(v, config, found) is not None:  # right in float64: no size written into the graph
+            if float32_rounding(subject, config, found) is not None:  # right in float64: no size written into the graph
                 rounding.append(batch)  # the accuracy of float32 kernels is numerics' to judge
                 continue
             finding = finding_of(found, f"{config.describe()}, float32, {applied.mode} mode")
         finding.what += (f"\nthe capture's batch is dynamic in [{low}, {high}], and the result was made from a "
-                         f"capture at batch {v.primary.specs[0].shape[0]}: a size of the example inputs was written "
+                         f"capture at batch {subject.primary.specs[0].shape[0]}: a size of the example inputs was written "
                          "into the graph (a view or reshape to a fixed shape, a sym_size node replaced by its "
                          "value); read sizes at run time (aten.sym_size.int) or keep the symbolic expression")
         if cut is not None:
             finding.what += f"\nre-propagating FakeTensors through the result, {cut.describe()}"
-            finding.node = _node_text(result, cut.guard.node)  # the cause, before where a run raised
+            finding.node = _named(result, cut.guard.node)  # the cause, before where a run raised
         raise finding
     if cut is not None:
         raise Finding(
@@ -110,7 +112,7 @@ def check(v: Subject) -> dict[str, Any]:
             "target's FakeTensor implementation branches on a size (a custom op's register_fake), make it decide "
             "without a guard (torch.fx.experimental.symbolic_shapes.statically_known_true) or not branch at all",
             input=f"FakeTensors made from the placeholders' meta['val'], batch in [{low}, {high}]",
-            node=_node_text(result, cut.guard.node))
+            node=_named(result, cut.guard.node))
     details: dict[str, Any] = {"batch_range": [low, high], "batch_sizes": [b for b in sizes if b not in compared]}
     if rounding:
         details["float32_rounding_only"] = (f"at batch {', '.join(map(str, rounding))} the float32 outputs differ "
@@ -119,14 +121,14 @@ def check(v: Subject) -> dict[str, Any]:
     return details
 
 
-def _changed_while_running(v: Subject, cut: Violation | None) -> None:
+def _changed_while_running(subject: Subject, cut: Violation | None) -> None:
     """Raise a :class:`Finding` where the transform, while it ran, specialised a symbolic size or added a guard
     false somewhere inside the capture's range to the ShapeEnv every copy of the program shares (``cut``: a
     guard that re-propagating through the result adds)."""
-    added = v.guard_added_while_running
+    added = _shapes.guard_added_while_running(subject)
     if added is None:
         return
-    applied = v.applied()
+    applied = subject.applied()
     if applied.specialised:
         name, (lower, upper) = next(iter(applied.specialised.items()))
         what = (f"the transform specialised the symbolic size {name} (in [{lower}, {upper}] as captured) while it "
@@ -138,27 +140,27 @@ def _changed_while_running(v: Subject, cut: Violation | None) -> None:
                 "inside the range the capture was exported for: the program and every copy of it share that "
                 "ShapeEnv, so the caller's own program no longer takes that size (its run_decompositions() fails "
                 "with 'Guard failed')")
-    node, why = _culprit(v, cut, str(added.guard.expr))
+    node, why = _culprit(subject, cut, str(added.guard.expr))
     raise Finding(f"{what}. {why}", where="the ShapeEnv of the capture",
-                  node=_node_text(applied.result, node))
+                  node=_named(applied.result, node))
 
 
-def _culprit(v: Subject, cut: Violation | None, guard: str) -> tuple[str | None, str]:
+def _culprit(subject: Subject, cut: Violation | None, guard: str) -> tuple[str | None, str]:
     """The node that needs ``guard``, which the transform added while it ran, and how to avoid it (each claim
     checked: the re-propagations that add the guard and those that do not)."""
     if cut is not None and str(cut.guard.expr) == guard:
         return cut.guard.node, (f"Re-propagating FakeTensors through the result adds it at %{cut.guard.node}: the graph "
                                 "itself holds for part of the range only; keep the sizes the pass writes symbolic "
                                 "(aten.sym_size.int)")
-    aided = v.repropagated("result")
+    aided = _shapes.repropagated(subject, "result")
     needing = next((g.node for g in (aided.guards if aided is not None else []) if str(g.expr) == guard), None)
     if needing is not None:  # the op's FakeTensor implementation asks it, though exporting the model did not
         return needing, (f"Running %{needing}'s op on FakeTensors adds it (its FakeTensor implementation branches on the "
                          "size), and a pass that computes meta['val'] that way records it in the program's ShapeEnv: "
                          "run the op inside shape_env.suppress_guards() (the ShapeEnv of the inputs' meta['val']), "
                          "which records none")
-    result = v.applied().result
-    unaided = repropagate(result, v.applied().shape_env, python_dispatcher=False) \
+    result = subject.applied().result
+    unaided = repropagate(result, subject.applied().shape_env, python_dispatcher=False) \
         if isinstance(result, fx.GraphModule) else None
     found = next((g for g in (unaided.guards if unaided is not None else []) if str(g.expr) == guard), None)
     if found is not None:
@@ -180,18 +182,14 @@ def _sizes_at(cut: Violation | None, low: int, high: int) -> list[int]:
     return [size] if low <= size <= high else []
 
 
-def _node_text(gm: nn.Module, name: str | None) -> str | None:
-    """The node ``name`` of ``gm``'s graph as FX prints it (``%name`` where it has no such node; None for no name)."""
-    if name is None:
-        return None
-    graph = gm.graph if isinstance(gm, fx.GraphModule) else None
-    node = next((n for n in graph.nodes if n.name == name), None) if graph is not None else None
-    return (node.format_node() or name) if node is not None else f"%{name}"
-
-
 def _batch_range(original: fx.GraphModule) -> tuple[int, int]:
     """The range of the dynamic batch as the capture recorded it, before any pass ran."""
     found = original.meta.get(BATCH_RANGE)
     if found is None:
         raise Skip("the capture has no dynamic batch dimension")
     return found
+
+
+def _named(gm: nn.Module, name: str | None) -> str | None:
+    """The node ``name`` of ``gm`` as FX prints it (:func:`~fxverify.checks._common.node_text`); None for no name."""
+    return node_text(gm, name) if name is not None else None

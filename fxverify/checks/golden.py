@@ -17,31 +17,31 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from torch import fx
-
 from fxverify.analysis import golden
 from fxverify.capture.export import signature_text
 from fxverify.cases.catalogue import RANDOM_GRAPH_TAG, file_label
+from fxverify.checks import option
+from fxverify.checks._common import graph_result
 from fxverify.core.captures import DEFAULT_CAPTURE
-from fxverify.core.results import Finding, Skip
+from fxverify.core.results import WRITTEN, Finding, Skip
 from fxverify.engine.subject import Subject
 
 
-def check(v: Subject) -> dict[str, Any]:
-    if RANDOM_GRAPH_TAG in v.case.entry.tags:
-        raise Skip(f"{v.case.name} is a random graph: its seed changes every run, so it has no stable golden "
+def check(subject: Subject) -> dict[str, Any]:
+    if RANDOM_GRAPH_TAG in subject.case.entry.tags:
+        raise Skip(f"{subject.case.name} is a random graph: its seed changes every run, so it has no stable golden "
                    "file; the other checks cover it")
-    applied = v.applied()
-    if not isinstance(applied.result, fx.GraphModule):
-        raise Skip(f"the transform returned a {type(applied.result).__name__}, not a GraphModule: no code to compare")
-    folder = v.settings.golden_dir
+    applied = subject.applied()
+    result = graph_result(applied.result, "no code to compare")
+    folder = option(subject.settings, "golden_dir")
     root = Path(folder) if folder is not None else Path.cwd() / golden.DEFAULT_DIR
-    path = golden.golden_path(root, v.transform.spec, file_label(v.case.name, v.capture.name))
-    other_capture = v.capture.name if v.capture.name != DEFAULT_CAPTURE else None
-    text = golden.golden_text(applied.original, applied.result, model=v.case.name, transform=v.transform.spec,
-                              capture=other_capture, signature=signature_text(applied.result))
-    if v.settings.update_golden:
-        return {"golden": golden.update_golden(path, text), "golden_file": str(path)}
+    path = golden.golden_path(root, subject.transform.spec, file_label(subject.case.name, subject.capture.name))
+    other_capture = subject.capture.name if subject.capture.name != DEFAULT_CAPTURE else None
+    text = golden.golden_text(applied.original, result, model=subject.case.name, transform=subject.transform.spec,
+                              capture=other_capture, signature=signature_text(result))
+    if option(subject.settings, "update_golden"):
+        status = golden.update_golden(path, text)
+        return {"golden": status, "golden_file": str(path), WRITTEN: (status, str(path))}
     try:
         return {"golden": golden.check_golden(path, text), "golden_file": str(path)}
     except golden.GoldenDirMissing as missing:

@@ -30,37 +30,37 @@ from fxverify.core.results import Finding, Skip, exception_summary
 from fxverify.engine.subject import Subject
 
 
-def check(v: Subject) -> dict[str, Any]:
-    applied = v.applied()
-    compared = _surviving_parameters(v, [f for f in applied.fates if f.is_parameter])
-    if v.float64_skip is not None:
-        raise Skip(f"gradients are compared in float64, and {v.float64_skip}")
-    v.release_copy("result", torch.float64)  # made to learn float64_skip when numerics has not run: the room is needed
-    config = v.primary
+def check(subject: Subject) -> dict[str, Any]:
+    applied = subject.applied()
+    compared = _surviving_parameters(subject, [f for f in applied.fates if f.is_parameter])
+    if subject.float64_skip is not None:
+        raise Skip(f"gradients are compared in float64, and {subject.float64_skip}")
+    subject.release_copy("result", torch.float64)  # made to learn float64_skip when numerics has not run: the room is needed
+    config = subject.primary
     where = f"{config.describe()}, float64, {applied.mode} mode, loss = sum(outputs * fixed random weights)"
-    mode = functools.partial(v.capture.set_mode, training=applied.mode == "train")
+    mode = functools.partial(subject.capture.set_mode, training=applied.mode == "train")
     try:
-        expected = _gradients(v.module("original", torch.float64), config.make(v.case.seed, dtype=torch.float64),
-                              v.case.seed, {name: name for name in compared}, mode)
+        expected = _gradients(subject.module("original", torch.float64), config.make(subject.case.seed, dtype=torch.float64),
+                              subject.case.seed, {name: name for name in compared}, mode)
     except Exception as exc:  # e.g. an op without a derivative (floor_divide), or an in-place op on a saved value
         raise Skip(f"backward through the original raised {exception_summary(exc)}: there are no gradients to "
                    "compare the result's with") from None
     finally:
-        v.release_copy("original", torch.float64)  # its gradients are kept; the result's need the room
+        subject.release_copy("original", torch.float64)  # its gradients are kept; the result's need the room
     if expected is None:
         raise Skip("the original's outputs do not depend differentiably on its inputs or parameters")
-    result = v.module("result", torch.float64)
+    result = subject.module("result", torch.float64)
 
     def compared_with_expected(label: str, grad: torch.Tensor | None) -> Mismatch | None:
         if label in expected:
-            return compare_values(grad, expected[label], path=f"grad of {label}", tolerance=v.float64_tolerance)
+            return compare_values(grad, expected[label], path=f"grad of {label}", tolerance=subject.float64_tolerance)
         # the original's parameter gets no gradient: the result's may only be zero (a `w * 0` for a `zeros_like(w)`)
         return compare_values(grad, torch.zeros_like(grad) if grad is not None else None,
-                              path=f"grad of {label} (the original's gets no gradient)", tolerance=v.float64_tolerance)
+                              path=f"grad of {label} (the original's gets no gradient)", tolerance=subject.float64_tolerance)
 
-    approximates = v.contract.range_tol is not None  # its result computes another function by design
+    approximates = subject.contract.range_tol is not None  # its result computes another function by design
     try:  # each parameter's gradient is compared as it is accumulated, then let go
-        actual = _gradients(result, config.make(v.case.seed, dtype=torch.float64), v.case.seed, compared, mode,
+        actual = _gradients(result, config.make(subject.case.seed, dtype=torch.float64), subject.case.seed, compared, mode,
                             keep=(lambda label, grad: None) if approximates else compared_with_expected)
     except _ComparingRaised as raised:  # fxverify's own comparison: an error of fxverify's, not a finding
         raise raised.error from None
@@ -69,7 +69,7 @@ def check(v: Subject) -> dict[str, Any]:
     if actual is None:
         raise Finding("the result's outputs no longer require grad: gradients do not flow", input=where)
     for name in [*expected, *(label for label in actual if label not in expected)]:
-        if name not in actual and v.contract.changes_parameters and name.startswith("parameter"):
+        if name not in actual and subject.contract.changes_parameters and name.startswith("parameter"):
             continue  # a kept parameter the rewritten graph no longer reads (a folded BN)
         if name in actual and name.startswith("parameter"):
             found = actual[name]  # what keep made of it as it was accumulated
@@ -79,11 +79,11 @@ def check(v: Subject) -> dict[str, Any]:
             found = compared_with_expected(name, actual.get(name))
         if found is not None:
             finding = Finding(f"gradients differ: {found.describe()}", input=where, where=found.path)
-            _localise_into(v, finding, v.module("original", torch.float64), result,
-                           config.make(v.case.seed, dtype=torch.float64))
+            _localise_into(subject, finding, subject.module("original", torch.float64), result,
+                           config.make(subject.case.seed, dtype=torch.float64))
             raise finding
     del result
-    v.release_copy("result", torch.float64)  # no check after this one runs it
+    subject.release_copy("result", torch.float64)  # no check after this one runs it
     moved = [f.describe() for f in applied.fates if f.kind == MOVED]
     values = "not compared: the contract's range_tol lets the result compute another function, whose gradients " \
         "it does not bound (an input of a ReLU that changes sign switches a whole term); only that they flow" \
@@ -91,17 +91,17 @@ def check(v: Subject) -> dict[str, Any]:
     return {"inputs_and_parameters_compared": len(expected), "values": values, "moved": moved}
 
 
-def _localise_into(v: Subject, finding: Finding, original: nn.Module, result: nn.Module, inputs: tuple[Any, ...]) -> None:
+def _localise_into(subject: Subject, finding: Finding, original: nn.Module, result: nn.Module, inputs: tuple[Any, ...]) -> None:
     """Name the first kept node whose value differs, else the kept node nearest the outputs
     whose gradient differs (see :mod:`fxverify.analysis.localise`)."""
     if not isinstance(original, fx.GraphModule) or not isinstance(result, fx.GraphModule):
         return
     try:
-        divergence = localise(original, result, inputs, v.float64_tolerance).divergence
+        divergence = localise(original, result, inputs, subject.float64_tolerance).divergence
         note = " [float64 values]"
         if divergence is None:
-            divergence = localise_gradients(original, result, inputs, v.float64_tolerance,
-                                            lambda out: _loss(out, v.case.seed))
+            divergence = localise_gradients(original, result, inputs, subject.float64_tolerance,
+                                            lambda out: _loss(out, subject.case.seed))
             note = " [float64 gradients, the kept node nearest the outputs]"
     except Exception as exc:  # the check's own finding stands; say why it has no node
         finding.node = f"not localised: {exception_summary(exc)}"
@@ -111,17 +111,17 @@ def _localise_into(v: Subject, finding: Finding, original: nn.Module, result: nn
         finding.divergence = divergence.details()
 
 
-def _surviving_parameters(v: Subject, fates: list[Fate]) -> dict[str, str]:
+def _surviving_parameters(subject: Subject, fates: list[Fate]) -> dict[str, str]:
     """The original's parameters the result still holds as trainable parameters, by their name in
     the original -> their name in the result (moved ones included: the same tensors under another
     path are no change). Raises a Finding for a parameter that no longer trains when the contract
     covers train mode, or for any parameter not kept when the contract does not allow changing them."""
     frozen = [f for f in fates if f.kind == FROZEN]
-    if frozen and "train" in v.contract.modes:
+    if frozen and "train" in subject.contract.modes:
         raise Finding(f"{frozen[0].describe()} ({len(frozen)} of {len(fates)} parameters no longer train). Keep "
                       "it an nn.Parameter with requires_grad=True", where=f"parameter {frozen[0].name!r}")
     lost = [f for f in fates if not f.survives]
-    if lost and not v.contract.changes_parameters:
+    if lost and not subject.contract.changes_parameters:
         raise Finding(
             f"{lost[0].describe()} ({len(lost)} of {len(fates)} parameters were not kept). "
             "If the transform is meant to rewrite parameters (a fusion, or freezing them for inference), declare "

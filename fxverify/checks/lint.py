@@ -17,15 +17,15 @@ from torch import fx
 
 from fxverify.analysis.compare import leaves_with_paths
 from fxverify.analysis.module_state import first_line_difference, resolve
-from fxverify.core.results import Finding, Skip, exception_summary
+from fxverify.checks._common import graph_result
+from fxverify.core.results import Finding, exception_summary
 from fxverify.engine.subject import Subject
 
 
-def check(v: Subject) -> dict[str, Any]:
-    applied = v.applied()
+def check(subject: Subject) -> dict[str, Any]:
+    applied = subject.applied()
     result = applied.result
-    if not isinstance(result, fx.GraphModule):
-        raise Skip(f"the transform returned a {type(result).__name__}, not a GraphModule: no graph to lint")
+    result = graph_result(result, "no graph to lint")
     graph = result.graph
     try:
         graph.lint()
@@ -51,18 +51,18 @@ def check(v: Subject) -> dict[str, Any]:
     after = _placeholders(graph)
     if before != after:
         raise Finding(f"placeholder signature changed: expected {before}, got {after}")
-    interpreted, interpreter_note = _interpret(v, result, applied.original)
-    _, expected_spec = leaves_with_paths(v.outputs("original"))
-    _, actual_spec = leaves_with_paths(v.outputs("result"))
-    _, interpreted_spec = leaves_with_paths(interpreted if interpreter_note is None else v.outputs("result"))
+    interpreted, interpreter_note = _interpret(subject, result, applied.original)
+    _, expected_spec = leaves_with_paths(subject.outputs("original"))
+    _, actual_spec = leaves_with_paths(subject.outputs("result"))
+    _, interpreted_spec = leaves_with_paths(interpreted if interpreter_note is None else subject.outputs("result"))
     if expected_spec != actual_spec or expected_spec.num_leaves != interpreted_spec.num_leaves:
         raise Finding(
             f"output structure changed: expected {expected_spec}, got {actual_spec}{_lost_codegen(applied.original, graph)}",
-            input=v.primary.describe(),
+            input=subject.primary.describe(),
             where="output",
         )
     details = {"nodes": len(graph.nodes), "interpreter": interpreter_note or "runs"}
-    if v.contract.serializable:
+    if subject.contract.serializable:
         return details  # check_pickle deep-copies the result first and reports what the copy gets wrong
     try:
         copied = copy.deepcopy(result)
@@ -74,20 +74,20 @@ def check(v: Subject) -> dict[str, Any]:
     return details
 
 
-def _interpret(v: Subject, result: fx.GraphModule, original: fx.GraphModule) -> tuple[Any, str | None]:
+def _interpret(subject: Subject, result: fx.GraphModule, original: fx.GraphModule) -> tuple[Any, str | None]:
     """The result run by ``torch.fx.Interpreter``, and None; or, when the original does
     not run under the Interpreter either (not the transform's fault), None and why."""
-    inputs = v.primary.make(v.case.seed)
+    inputs = subject.primary.make(subject.case.seed)
     with torch.no_grad():
         try:
             return fx.Interpreter(result).run(*inputs), None
         except Exception as exc:
             failure = exception_summary(exc)
         try:
-            fx.Interpreter(original).run(*v.primary.make(v.case.seed))
+            fx.Interpreter(original).run(*subject.primary.make(subject.case.seed))
         except Exception as exc:
             return None, f"the original does not run under torch.fx.Interpreter either: {exception_summary(exc)}"
-    raise Finding(f"the result does not run under torch.fx.Interpreter: {failure}", input=v.primary.describe())
+    raise Finding(f"the result does not run under torch.fx.Interpreter: {failure}", input=subject.primary.describe())
 
 
 def _placeholders(graph: fx.Graph) -> list[str]:

@@ -39,18 +39,19 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from fxverify.analysis.repropagation import Mismatch, Repropagation, difference, shape_text
-from fxverify.core.results import Finding, ModuleRaised, Skip
+from fxverify.analysis.repropagation import DescriptionMismatch, Repropagation, difference, shape_text
+from fxverify.checks import _shapes
+from fxverify.checks._common import graph_result, node_text
+from fxverify.core.results import Finding, ModuleRaised, Which
 from fxverify.engine.subject import Subject
 
 NEEDED = ("call_function", "placeholder")  # where a missing meta['val'] breaks what reads it
 
 
-def check(v: Subject) -> dict[str, Any]:
-    applied = v.applied()
+def check(subject: Subject) -> dict[str, Any]:
+    applied = subject.applied()
     original, result = applied.original, applied.result
-    if not isinstance(result, fx.GraphModule):
-        raise Skip(f"the transform returned a {type(result).__name__}, not a GraphModule: no graph to check")
+    result = graph_result(result, "no graph to check")
     exempt = {node.target for node in original.graph.nodes if "val" not in node.meta}
     missing = [n for n in result.graph.nodes if "val" not in n.meta and n.op != "output" and n.target not in exempt]
     needed = [n for n in missing if n.op in NEEDED]
@@ -69,9 +70,9 @@ def check(v: Subject) -> dict[str, Any]:
             "meta['val'] of its inputs." + hint,
             node=first.format_node() or first.name)
     details: dict[str, Any] = {}
-    fake, compared, fakes = _fake_mismatches(v, result, original, details)
-    where = f"{v.primary.describe()}, float32, {applied.mode} mode"
-    real = _real_mismatches(v, result, original, where)
+    fake, compared, fakes = _fake_mismatches(subject, result, original, details)
+    where = f"{subject.primary.describe()}, float32, {applied.mode} mode"
+    real = _real_mismatches(subject, result, original, where)
     wrong = [n for n in result.graph.nodes if n.name in fake or n.name in real]
     if wrong:
         raise _finding(wrong, fake, real, compared=compared, fakes=fakes, where=where)
@@ -105,33 +106,34 @@ def _provenance(result: fx.GraphModule, original: fx.GraphModule) -> dict[str, A
                 "under torch.fx.traceback.preserve_node_meta() records from_node itself)")}
 
 
-def _fake_mismatches(v: Subject, result: fx.GraphModule, original: fx.GraphModule,
-                     details: dict[str, Any]) -> tuple[dict[str, Mismatch], set[str], str]:
+def _fake_mismatches(subject: Subject, result: fx.GraphModule, original: fx.GraphModule,
+                     details: dict[str, Any]) -> tuple[dict[str, DescriptionMismatch], set[str], str]:
     """The nodes of ``result`` whose ``meta['val']`` is not what FakeTensors re-propagated through it give (but
     those the original's re-propagation gets wrong too), the nodes compared, and the inputs of the
     re-propagation; a :class:`Finding` where it raises in the result and not in the original. What was not
     compared is said in ``details``."""
-    if v.described_as_captured:
+    if _shapes.described_as_captured(subject):
         details["repropagated"] = ("not needed: the result has the capture's graph, tensors and meta['val'], so "
                                    "re-propagating finds what it finds in the capture")
         return {}, set(), ""
-    if v.guard_added_while_running is not None:  # descriptions made since say the specialised sizes
-        details["repropagated"] = (f"not compared: the transform added {v.guard_added_while_running.guard.expr} to the "
+    added = _shapes.guard_added_while_running(subject)
+    if added is not None:  # descriptions made since say the specialised sizes
+        details["repropagated"] = (f"not compared: the transform added {added.guard.expr} to the "
                                    "ShapeEnv while it ran (the dynamic check's finding)")
         return {}, set(), ""
-    found = v.repropagated("result")
+    found = _shapes.repropagated(subject, "result")
     if found is None:
         details["repropagated"] = "not compared: the placeholders' sizes belong to a ShapeEnv fxverify cannot copy"
         return {}, set(), ""
     fakes = "FakeTensors made from the placeholders' meta['val']" + (
         f", on a copy of their ShapeEnv ({', '.join(f'{s} in [{lo}, {hi}]' for s, (lo, hi) in found.ranges.items())})"
         if found.ranges else "")
-    cut = v.guard_violation  # from there on, sizes are the specialised ones: the dynamic check reports that
+    cut = _shapes.guard_violation(subject)  # from there on, sizes are the specialised ones: the dynamic check reports that
     if cut is not None:
         details["repropagated_until"] = f"%{cut.guard.node} ({cut.describe()}: the dynamic check's finding)"
     stop = found.stopped
     if stop is not None and stop.raised is not None and cut is None:
-        baseline = v.repropagated("original")
+        baseline = _shapes.repropagated(subject, "original")
         node, raised = stop.node, stop.raised
         if baseline is not None and baseline.stopped is None:
             raise Finding(
@@ -139,14 +141,14 @@ def _fake_mismatches(v: Subject, result: fx.GraphModule, original: fx.GraphModul
                 "re-propagates: tools that trace a program with FakeTensors (run_decompositions, re-export, "
                 "ExecuTorch's to_edge, torch.compile) fail on the result. Give the node's target a FakeTensor "
                 "implementation (torch.library.register_fake for a custom op) or keep data-dependent code out of it",
-                input=fakes, node=_node_text(result, node))
+                input=fakes, node=node_text(result, node))
         details["repropagated_until"] = f"%{node} (the capture's own graph does not re-propagate either: {raised})"
     elif stop is not None and stop.raised is None:
         details["repropagated_until"] = stop.describe()
     compared = _compared(result, found, until=cut.guard.node if cut is not None else None)
     wrong = _described_wrong(result, found, compared)
     if wrong:
-        baseline = v.repropagated("original")
+        baseline = _shapes.repropagated(subject, "original")
         already = set(_keys(original, _described_wrong(original, baseline, _compared(original, baseline)))) \
             if baseline is not None else set()
         wrong = {name: m for name, m in wrong.items() if _key(result, name) not in already}
@@ -165,7 +167,7 @@ def _compared(gm: fx.GraphModule, found: Repropagation, until: str | None = None
     return names
 
 
-def _described_wrong(gm: fx.GraphModule, found: Repropagation, names: set[str]) -> dict[str, Mismatch]:
+def _described_wrong(gm: fx.GraphModule, found: Repropagation, names: set[str]) -> dict[str, DescriptionMismatch]:
     """The nodes ``names`` of ``gm`` whose ``meta['val']`` is not what ``found`` describes."""
     wrong = {}
     for node in gm.graph.nodes:
@@ -175,10 +177,11 @@ def _described_wrong(gm: fx.GraphModule, found: Repropagation, names: set[str]) 
     return wrong
 
 
-def _real_mismatches(v: Subject, result: fx.GraphModule, original: fx.GraphModule, where: str) -> dict[str, Mismatch]:
+def _real_mismatches(subject: Subject, result: fx.GraphModule, original: fx.GraphModule,
+                     where: str) -> dict[str, DescriptionMismatch]:
     """The nodes of ``result`` whose value in a real run on the primary inputs has another shape, dtype or
     device than its ``meta['val']`` says (but those of the original's run that do too)."""
-    inputs = v.primary.make(v.case.seed)
+    inputs = subject.primary.make(subject.case.seed)
     wrong = _run_wrong(result, inputs, "result", where)
     if wrong:  # the original is run only then: an interpreted run of a large graph is not cheap
         already = set(_keys(original, _run_wrong(original, inputs, "original", where)))
@@ -186,8 +189,8 @@ def _real_mismatches(v: Subject, result: fx.GraphModule, original: fx.GraphModul
     return wrong
 
 
-def _finding(wrong: list[fx.Node], fake: dict[str, Mismatch], real: dict[str, Mismatch], *, compared: set[str],
-             fakes: str, where: str) -> Finding:
+def _finding(wrong: list[fx.Node], fake: dict[str, DescriptionMismatch], real: dict[str, DescriptionMismatch], *,
+             compared: set[str], fakes: str, where: str) -> Finding:
     """The finding for the first node of ``wrong``, blaming whoever is to blame: the FakeTensor implementation
     of the node's target where a real run and re-propagated FakeTensors disagree and one of them agrees with
     ``meta['val']`` (a custom op's ``register_fake``, say), else a stale ``meta['val']`` (the pass). ``compared``:
@@ -233,16 +236,11 @@ def _key(gm: fx.GraphModule, name: str) -> tuple[str, Any]:
     return name, node.target
 
 
-def _keys(gm: fx.GraphModule, wrong: dict[str, Mismatch]) -> list[tuple[str, Any]]:
+def _keys(gm: fx.GraphModule, wrong: dict[str, DescriptionMismatch]) -> list[tuple[str, Any]]:
     return [_key(gm, name) for name in wrong]
 
 
-def _node_text(gm: fx.GraphModule, name: str) -> str:
-    node = next((n for n in gm.graph.nodes if n.name == name), None)
-    return (node.format_node() or name) if node is not None else f"%{name}"
-
-
-def _run_wrong(gm: fx.GraphModule, inputs: tuple[Any, ...], which: str, where: str) -> dict[str, Mismatch]:
+def _run_wrong(gm: fx.GraphModule, inputs: tuple[Any, ...], which: Which, where: str) -> dict[str, DescriptionMismatch]:
     """The nodes of ``gm`` whose values, in a real run on ``inputs``, differ from their ``meta['val']``."""
     recorder = _Recorder(gm)
     with torch.no_grad():
@@ -296,24 +294,25 @@ def _concrete(size: Any, bindings: dict[sympy.Symbol, int]) -> int | None:
     return int(expr) if expr.is_number else None
 
 
-def _differs(meta: Any, real: Any, bindings: dict[sympy.Symbol, int]) -> Mismatch | None:
+def _differs(meta: Any, real: Any, bindings: dict[sympy.Symbol, int]) -> DescriptionMismatch | None:
     """How the real value ``real`` (as :func:`_described` gives it) differs from ``meta``, or None."""
     if isinstance(meta, (int, torch.SymInt)) and not isinstance(meta, bool) and isinstance(real, int):
         size = _concrete(meta, bindings)
-        return None if size is None or size == real else Mismatch("size", str(size), str(real))
+        return None if size is None or size == real else DescriptionMismatch("size", str(size), str(real))
     metas = pytree.tree_leaves(meta)
     reals = pytree.tree_leaves(real, is_leaf=lambda x: isinstance(x, tuple) and bool(x) and x[0] == "tensor")
     tensors = [m for m in metas if isinstance(m, torch.Tensor)]
     real_tensors = [r for r in reals if isinstance(r, tuple) and r and r[0] == "tensor"]
     if len(tensors) != len(real_tensors):
-        return Mismatch("tensors", str(len(tensors)), str(len(real_tensors)))
+        return DescriptionMismatch("tensors", str(len(tensors)), str(len(real_tensors)))
     for i, (m, (_, shape, dtype, device)) in enumerate(zip(tensors, real_tensors, strict=True)):
         label = f"output {i}: " if len(tensors) > 1 else ""
         if m.dtype != dtype:
-            return Mismatch("dtype", str(m.dtype), str(dtype), label)
+            return DescriptionMismatch("dtype", str(m.dtype), str(dtype), label)
         if m.device.type != device:
-            return Mismatch("device", m.device.type, device, label)
+            return DescriptionMismatch("device", m.device.type, device, label)
         sizes = [_concrete(s, bindings) for s in m.shape]
         if len(sizes) != len(shape) or any(s is not None and s != a for s, a in zip(sizes, shape, strict=False)):
-            return Mismatch("shape", shape_text(tuple("?" if s is None else s for s in sizes)), shape_text(shape), label)
+            said = shape_text(tuple("?" if s is None else s for s in sizes))
+            return DescriptionMismatch("shape", said, shape_text(shape), label)
     return None

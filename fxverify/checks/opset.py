@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from fxverify.checks._common import graph_result
 from fxverify.core.results import Finding, Skip
 from fxverify.engine.subject import Subject
 
@@ -31,17 +32,16 @@ _CORE_HINT = ("Emit the core ATen operators it decomposes to (its entry in torch
               "or run ep.run_decompositions() on the program after the pass")
 
 
-def check(v: Subject) -> dict[str, Any]:
-    opset = v.capture.traits.opset
+def check(subject: Subject) -> dict[str, Any]:
+    opset = subject.capture.traits.opset
     assert opset is not None, "the registry collects opset only under captures with the opset trait"
-    if not v.contract.keeps_opset:
+    if not subject.contract.keeps_opset:
         raise Skip("the contract declares that the result leaves the capture's operator set (keeps_opset=False)")
-    applied = v.applied()
-    if not isinstance(applied.result, fx.GraphModule):
-        raise Skip(f"the transform returned a {type(applied.result).__name__}, not a GraphModule: no graph to check")
+    applied = subject.applied()
+    result = graph_result(applied.result, "no graph to check")
     known = {(node.op, node.target) for node in applied.original.graph.nodes}
     checked = 0
-    for node in applied.result.graph.nodes:
+    for node in result.graph.nodes:
         if node.op in ("placeholder", "get_attr", "output") or (node.op, node.target) in known:
             continue
         checked += 1
@@ -49,7 +49,7 @@ def check(v: Subject) -> dict[str, Any]:
         if outside is not None:
             what, fix = outside
             raise Finding(
-                f"the result has %{node.name}, {what}, where {v.capture.name} graphs hold {_PROMISES[opset]} and the "
+                f"the result has %{node.name}, {what}, where {subject.capture.name} graphs hold {_PROMISES[opset]} and the "
                 "capture's own graph has no such node: what reads the graph after this pass assumes that operator "
                 f"set (the export Verifier, lowerings, backends). {fix}.",
                 node=node.format_node() or node.name)

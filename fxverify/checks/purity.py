@@ -18,10 +18,10 @@ from fxverify.core.results import Finding, exception_summary
 from fxverify.engine.subject import Subject
 
 
-def check(v: Subject) -> dict[str, Any]:
-    applied = v.applied()
+def check(subject: Subject) -> dict[str, Any]:
+    applied = subject.applied()
     if applied.input_change is not None:
-        if v.transform.form == "program":
+        if subject.transform.form == "program":
             raise Finding(
                 f"the transform returned a new ExportedProgram but also mutated the one it was given: "
                 f"{applied.input_change}. Return the program it was given (changed in place) or None to declare an "
@@ -34,11 +34,11 @@ def check(v: Subject) -> dict[str, Any]:
             "Work on a copy (copy.deepcopy) or return None to declare an in-place transform",
             where="the transform's input module",
         )
-    config = v.primary
+    config = subject.primary
     where = f"{config.describe()}, float32, {applied.mode} mode"
     layouts = []
     for module in (applied.original, applied.result):
-        inputs = config.make(v.case.seed)
+        inputs = config.make(subject.case.seed)
         try:
             with torch.no_grad():
                 outputs = module(*inputs)

@@ -62,114 +62,114 @@ from fxverify.analysis.module_state import first_line_difference, resolve
 from fxverify.analysis.recording import RecordingInterpreter
 from fxverify.capture.export import PROGRAM, named_as_exported, program_of
 from fxverify.capture.symbolic import forget_unpatchable_wraps
+from fxverify.checks._common import graph_result
 from fxverify.checks.verifier import validation_error
-from fxverify.core.results import Finding, Skip, exception_summary
+from fxverify.core.results import Finding, Skip, Which, exception_summary
 from fxverify.engine.subject import Subject
 
-Trip = Callable[[Subject, str], None]  # (subject, "result" or "original"): raises Finding
+Trip = Callable[[Subject, Which], None]  # (subject, "result" or "original"): raises Finding
 
 
-def check_recompile(v: Subject) -> dict[str, Any]:
-    return _round_trip(v, _recompile)
+def check_recompile(subject: Subject) -> dict[str, Any]:
+    return _round_trip(subject, _recompile)
 
 
-def check_retrace(v: Subject) -> dict[str, Any]:
-    return _round_trip(v, _retrace, retraces=True)
+def check_retrace(subject: Subject) -> dict[str, Any]:
+    return _round_trip(subject, _retrace, retraces=True)
 
 
-def check_reexport(v: Subject) -> dict[str, Any]:
-    if not v.contract.keeps_opset:  # prepare_pt2e's observers: export raises on their data-dependent code
+def check_reexport(subject: Subject) -> dict[str, Any]:
+    if not subject.contract.keeps_opset:  # prepare_pt2e's observers: export raises on their data-dependent code
         raise Skip("the contract declares that the result leaves the capture's operator set for a later step to "
                    "bring back (keeps_opset=False, as prepare_pt2e's observers before convert_pt2e): it is not "
                    "exported again before that step")
-    if not {"graph", "state"} & set(v.applied().changes):  # an export each: worth sparing where it says nothing
+    if not {"graph", "state"} & set(subject.applied().changes):  # an export each: worth sparing where it says nothing
         raise Skip("the transform left the graph and the tensors as captured: exporting the result again is "
                    "exporting the capture again, which says nothing of the transform")
-    return _round_trip(v, _reexport)
+    return _round_trip(subject, _reexport)
 
 
-def check_to_folder(v: Subject) -> dict[str, Any]:
-    _require_serializable(v)
-    result = v.applied().result
+def check_to_folder(subject: Subject) -> dict[str, Any]:
+    _require_serializable(subject)
+    result = subject.applied().result
     if isinstance(result, fx.GraphModule) and _WRAP_REGISTRATION in result.code:
         raise Skip("torch's to_folder() cannot export code that registers torch.fx.wrap-ed functions (it puts "
                    "the registration inside the class body, where wrap() refuses to run): nothing to compare")
-    return _round_trip(v, _to_folder)
+    return _round_trip(subject, _to_folder)
 
 
 _WRAP_REGISTRATION = "torch.fx._symbolic_trace.wrap("
 
 
-def check_pickle(v: Subject) -> dict[str, Any]:
-    _require_serializable(v)
-    return _round_trip(v, _pickle, retraces=True)  # unpickling re-traces the code
+def check_pickle(subject: Subject) -> dict[str, Any]:
+    _require_serializable(subject)
+    return _round_trip(subject, _pickle, retraces=True)  # unpickling re-traces the code
 
 
-def _require_serializable(v: Subject) -> None:
-    if not v.contract.serializable:
+def _require_serializable(subject: Subject) -> None:
+    if not subject.contract.serializable:
         raise Skip("the contract declares the result not serializable (serializable=False): a run-time "
                    "optimisation that torch.save cannot write, so it is not saved and loaded")
 
 
-def check_interpreter(v: Subject) -> dict[str, Any]:
-    return _round_trip(v, _interpreter)
+def check_interpreter(subject: Subject) -> dict[str, Any]:
+    return _round_trip(subject, _interpreter)
 
 
-def check_serde(v: Subject) -> dict[str, Any]:
-    _require_serializable(v)
-    program = program_of(v.applied().result)
+def check_serde(subject: Subject) -> dict[str, Any]:
+    _require_serializable(subject)
+    program = program_of(subject.applied().result)
     if program is None:
-        raise Skip(f"the transform takes the program's module() (form={v.transform.form}) and returns no "
+        raise Skip(f"the transform takes the program's module() (form={subject.transform.form}) and returns no "
                    "ExportedProgram to save")
     invalid = validation_error(program)
     if invalid is not None:
         raise Skip(f"the program fails validate() ({invalid}), which torch.export.save runs first: the verifier "
                    "check reports it")
-    return _round_trip(v, _serde)
+    return _round_trip(subject, _serde)
 
 
-def _round_trip(v: Subject, trip: Trip, *, retraces: bool = False) -> dict[str, Any]:
+def _round_trip(subject: Subject, trip: Trip, *, retraces: bool = False) -> dict[str, Any]:
     """Run ``trip`` on the result; when it fails, run it on the original to see whose fault it is (each
     in a process that can trace: a failed trip may leave torch.fx unable to, see ``forget_unpatchable_wraps``)."""
-    result = v.applied().result
-    if not isinstance(result, fx.GraphModule):
-        raise Skip(f"the transform returned a {type(result).__name__}, not a GraphModule: no graph to round-trip")
+    result = subject.applied().result
+    result = graph_result(result, "no graph to round-trip")
     try:
-        _trip_result(v, trip)
+        _trip_result(subject, trip)
     except Finding as finding:
         try:
             forget_unpatchable_wraps()
-            trip(v, "original")
+            trip(subject, "original")
         except Finding as also:
             result_too = "" if also.what == finding.what else f" (the result: {finding.what})"
             raise Skip(f"the original trace fails this round trip too, so it is not the transform's doing: "
                        f"{also.what}{result_too}") from None
-        lost = _lost_wraps(v) if retraces else None
+        lost = _lost_wraps(subject) if retraces else None
         if lost:
             raise Finding(finding.what + "; " + lost, input=finding.input, where=finding.where) from None
         raise
-    return {"mode": v.applied().mode}
+    return {"mode": subject.applied().mode}
 
 
-def _trip_result(v: Subject, trip: Trip) -> None:
+def _trip_result(subject: Subject, trip: Trip) -> None:
     """``trip`` on the result; again on fresh copies of it where it failed on a copy ``copy.deepcopy`` made that
     raises where the result runs (:meth:`~fxverify.engine.subject.Subject.renew_result_copies`): fxverify's copy
     failed, not the result, and only the pickle check, whose round trip that copy is, reports it."""
     forget_unpatchable_wraps()
     try:
-        trip(v, "result")
+        trip(subject, "result")
     except Finding:
-        if not v.renew_result_copies():
+        if not subject.renew_result_copies():
             raise
         forget_unpatchable_wraps()
-        trip(v, "result")
+        trip(subject, "result")
 
 
-def _lost_wraps(v: Subject) -> str | None:
+def _lost_wraps(subject: Subject) -> str | None:
     """Why re-tracing the result may trace into functions the original kept opaque, if that is why."""
-    applied = v.applied()
+    applied = subject.applied()
     wrapped = {n.target for n in applied.original.graph.nodes if n.op == "call_function" and n.meta.get("is_wrapped")}
-    lost = [f"%{n.name}" for n in _graph_module(v, "result").graph.nodes
+    lost = [f"%{n.name}" for n in _graph_module(subject, "result").graph.nodes
             if n.op == "call_function" and n.target in wrapped and not n.meta.get("is_wrapped")]
     if not lost:
         return None
@@ -184,38 +184,39 @@ def _lost_wraps(v: Subject) -> str | None:
 # -- the round trips ---------------------------------------------------------------------
 
 
-def _recompile(v: Subject, which: str) -> None:
-    module = _graph_module(v, which)
-    copied = _step("copying the module", lambda: v.copy_of(which))
+def _recompile(subject: Subject, which: Which) -> None:
+    module = _graph_module(subject, which)
+    copied = _step("copying the module", lambda: subject.copy_of(which))
     assert isinstance(copied, fx.GraphModule), type(copied)
     _step("recompile()", copied.recompile)
     _same_code(module, copied, "recompile() changes the generated code: the graph was edited without calling "
                                "gm.recompile() afterwards")
-    _same_outputs(v, which, copied, "after recompile() the module computes something else: its forward was not "
+    _same_outputs(subject, which, copied, "after recompile() the module computes something else: its forward was not "
                                     "the code generated from its graph (patched by hand?), and the next pass that "
                                     "recompiles discards it")
 
 
-def _retrace(v: Subject, which: str) -> None:
-    module = _graph_module(v, which)
-    name = v.capture.describe()
-    graph = _step(f"capturing again with {name}", lambda: v.capture.recapture(module))
+def _retrace(subject: Subject, which: Which) -> None:
+    module = _graph_module(subject, which)
+    name = subject.capture.describe()
+    graph = _step(f"capturing again with {name}", lambda: subject.capture.recapture(module))
     _same_graph(module, module.graph, module, graph,
                 f"capturing the generated code again with {name} gives another graph: a call_function target "
                 "that is a plain Python function is traced into unless registered with torch.fx.wrap; a pass that "
                 "retraces will see the other graph")
 
 
-def _reexport(v: Subject, which: str) -> None:
-    module = _graph_module(v, which)
-    name = v.capture.describe()
-    again = _step(f"exporting it again with {name}", lambda: v.capture.reexport(module, v.primary.make(v.case.seed)))
+def _reexport(subject: Subject, which: Which) -> None:
+    module = _graph_module(subject, which)
+    name = subject.capture.describe()
+    again = _step(f"exporting it again with {name}",
+                  lambda: subject.capture.reexport(module, subject.primary.make(subject.case.seed)))
     before, after = _operators(module.graph), _operators(again.graph)
     if before != after:
         raise Finding(f"exporting it again with {name} runs other operators: PT2E and ExecuTorch flows export the "
                       "transformed module again (a converted model is exported for lowering) and see those",
                       where=first_line_difference(before, after))
-    _same_outputs(v, which, again, f"the module exported again with {name} computes something else")
+    _same_outputs(subject, which, again, f"the module exported again with {name} computes something else")
 
 
 def _operators(graph: fx.Graph) -> str:
@@ -227,8 +228,8 @@ def _operators(graph: fx.Graph) -> str:
                      if node.op == "call_function" and (node.users or node.is_impure()))
 
 
-def _to_folder(v: Subject, which: str) -> None:
-    module = _graph_module(v, which)
+def _to_folder(subject: Subject, which: Which) -> None:
+    module = _graph_module(subject, which)
     with tempfile.TemporaryDirectory(prefix="fxverify-") as tmp:
         folder = Path(tmp) / "exported"
         with warnings.catch_warnings():
@@ -237,11 +238,11 @@ def _to_folder(v: Subject, which: str) -> None:
         exported = _step("importing the package that to_folder() wrote", lambda: _import_fresh(folder).FxModule(),
                          saving=True)
     exported.train(module.training)
-    _same_outputs(v, which, exported, "the module exported by to_folder() and imported again computes something else")
+    _same_outputs(subject, which, exported, "the module exported by to_folder() and imported again computes something else")
 
 
-def _serde(v: Subject, which: str) -> None:
-    program = named_as_exported(_graph_module(v, which).meta[PROGRAM])
+def _serde(subject: Subject, which: Which) -> None:
+    program = named_as_exported(_graph_module(subject, which).meta[PROGRAM])
     buffer = io.BytesIO()
     try:
         _step("torch.export.save", lambda: torch.export.save(program, buffer))
@@ -253,33 +254,33 @@ def _serde(v: Subject, which: str) -> None:
     buffer.seek(0)
     loaded = _step("torch.export.load", lambda: torch.export.load(buffer))
     module = _step("module() of the loaded program", loaded.module)
-    _same_outputs(v, which, module, "the program saved with torch.export.save and loaded again computes something else")
+    _same_outputs(subject, which, module, "the program saved with torch.export.save and loaded again computes something else")
 
 
-def _pickle(v: Subject, which: str) -> None:
-    module = _graph_module(v, which)
+def _pickle(subject: Subject, which: Which) -> None:
+    module = _graph_module(subject, which)
     copied = _step("copy.deepcopy", lambda: copy.deepcopy(module))
     _same_code(module, copied, "copy.deepcopy generates different code")
-    _same_outputs(v, which, copied, "copy.deepcopy computes something else",
+    _same_outputs(subject, which, copied, "copy.deepcopy computes something else",
                   running="running the module copy.deepcopy made", note=_lost_in_copy(module, copied))
     data = _step("pickle.dumps", functools.partial(pickle.dumps, copied))  # not the module: pickling recompiles it
     del copied  # one extra copy of a big model in memory at a time
     loaded = _step("pickle.loads", functools.partial(pickle.loads, data), saving=True)  # re-traces the pickled code
     del data
     _same_graph(module, module.graph, loaded, loaded.graph, "the unpickled module has another graph")
-    _same_outputs(v, which, loaded, "the unpickled module computes something else")
+    _same_outputs(subject, which, loaded, "the unpickled module computes something else")
 
 
-def _interpreter(v: Subject, which: str) -> None:
-    module = _runnable(v, which)
+def _interpreter(subject: Subject, which: Which) -> None:
+    module = _runnable(subject, which)
     interpreter = RecordingInterpreter(module)  # torch.fx.Interpreter, passing fresh lists as generated code does
-    interpreted = _step("running the graph with torch.fx.Interpreter", lambda: _run(v, interpreter.run))
-    found = compare_trees(interpreted, _reference(v, which), tolerance=v.tolerance)
+    interpreted = _step("running the graph with torch.fx.Interpreter", lambda: _run(subject, interpreter.run))
+    found = compare_trees(interpreted, _reference(subject, which), tolerance=subject.tolerance)
     if found is not None:
         raise Finding(
             "torch.fx.Interpreter running the graph and the generated forward disagree: "
             f"{found.describe()}; the code is not what the graph says (a custom CodeGen, or a forward patched by hand)",
-            input=_where(v), where=found.path,
+            input=_where(subject), where=found.path,
         )
 
 
@@ -384,49 +385,49 @@ def _reads_before_first_use(graph: fx.Graph) -> None:
                 placed.add(read)
 
 
-def _same_outputs(v: Subject, which: str, other: nn.Module, what: str, *,
+def _same_outputs(subject: Subject, which: Which, other: nn.Module, what: str, *,
                   running: str = "running the round-tripped module", note: str = "") -> None:
-    """``other`` gives the outputs of ``v``'s ``which`` module, or a finding saying ``what`` (``running`` it
+    """``other`` gives the outputs of ``subject``'s ``which`` module, or a finding saying ``what`` (``running`` it
     raised, with ``note``)."""
-    actual = _step(running, lambda: _run(v, other), note=note)
-    found = compare_trees(actual, _reference(v, which), tolerance=v.tolerance)
+    actual = _step(running, lambda: _run(subject, other), note=note)
+    found = compare_trees(actual, _reference(subject, which), tolerance=subject.tolerance)
     if found is not None:
-        raise Finding(f"{what}: {found.describe()}", input=_where(v), where=found.path)
+        raise Finding(f"{what}: {found.describe()}", input=_where(subject), where=found.path)
 
 
-def _reference(v: Subject, which: str) -> Any:
+def _reference(subject: Subject, which: Which) -> Any:
     """The module's own outputs (cached by the subject in eval mode; train mode reseeds dropout)."""
-    if v.applied().mode == "eval":
-        return v.outputs(which)
-    return _run(v, _runnable(v, which))
+    if subject.applied().mode == "eval":
+        return subject.outputs(which)
+    return _run(subject, _runnable(subject, which))
 
 
-def _runnable(v: Subject, which: str) -> fx.GraphModule:
+def _runnable(subject: Subject, which: Which) -> fx.GraphModule:
     """The module to run: in train mode a copy, since a run updates state (BatchNorm running
     statistics) that later checks read from the shared module."""
-    module = _graph_module(v, which)
-    if v.applied().mode == "eval":
+    module = _graph_module(subject, which)
+    if subject.applied().mode == "eval":
         return module
-    copied = v.copy_of(which)
+    copied = subject.copy_of(which)
     assert isinstance(copied, fx.GraphModule), type(copied)
     return copied
 
 
-def _graph_module(v: Subject, which: str) -> fx.GraphModule:
-    """``v.module(which)``, known to be a GraphModule: the round trips run only on a result that is one."""
-    module = v.module(which)
+def _graph_module(subject: Subject, which: Which) -> fx.GraphModule:
+    """``subject.module(which)``, known to be a GraphModule: the round trips run only on a result that is one."""
+    module = subject.module(which)
     assert isinstance(module, fx.GraphModule), type(module)
     return module
 
 
-def _run(v: Subject, fn: Callable[..., Any]) -> Any:
+def _run(subject: Subject, fn: Callable[..., Any]) -> Any:
     with torch.random.fork_rng(devices=[]), torch.no_grad():
-        torch.manual_seed(v.case.seed + 1)
-        return fn(*v.primary.make(v.case.seed))
+        torch.manual_seed(subject.case.seed + 1)
+        return fn(*subject.primary.make(subject.case.seed))
 
 
-def _where(v: Subject) -> str:
-    return f"{v.primary.describe()}, float32, {v.applied().mode} mode"
+def _where(subject: Subject) -> str:
+    return f"{subject.primary.describe()}, float32, {subject.applied().mode} mode"
 
 
 def _import_fresh(folder: Path) -> Any:

@@ -23,7 +23,9 @@ from torch import fx
 
 from fxverify.analysis.compare import compare_trees, compare_values
 from fxverify.analysis.module_state import tensor_state
-from fxverify.checks.numerics import finding_of
+from fxverify.analysis.parameters import tensor_fates
+from fxverify.checks._outputs import finding_of
+from fxverify.core.contracts import Mode
 from fxverify.core.results import Finding, ModuleRaised, Skip
 from fxverify.engine.subject import Subject
 
@@ -31,31 +33,33 @@ TAG = "stateful"
 CALLS = 3
 
 
-def check(v: Subject) -> dict[str, Any]:
-    mode = v.applied().mode
-    if TAG not in v.case.entry.tags and not _updates_buffers(v, mode):
+def check(subject: Subject) -> dict[str, Any]:
+    mode = subject.applied().mode
+    if TAG not in subject.case.entry.tags and not _updates_buffers(subject, mode):
         raise Skip(f"no buffer of the original changed in one call in {mode} mode (tag the corpus entry "
                    f"{TAG!r} to compare its buffers anyway)")
-    original, result = v.capture_fresh(mode), v.transformed_fresh(mode)
+    original, result = subject.capture_fresh(mode), subject.transformed_fresh(mode)
     initial = {name: t.clone() for name, t in original.named_buffers()}
+    moved = {fate.name: fate.now for fate in tensor_fates(original, result) if fate.now is not None}
     updated: set[str] = set()  # the buffers the original has changed so far
     for call in range(1, CALLS + 1):
-        where = f"{v.primary.describe()}, float32, {mode} mode, call {call} of {CALLS} on fresh modules"
-        inputs = v.primary.make(v.case.seed)
+        where = f"{subject.primary.describe()}, float32, {mode} mode, call {call} of {CALLS} on fresh modules"
+        inputs = subject.primary.make(subject.case.seed)
         with torch.no_grad():
             expected = ModuleRaised.guard("original", where, functools.partial(original, *inputs))
             actual = ModuleRaised.guard("result", where, functools.partial(result, *inputs))
-        found = compare_trees(actual, expected, tolerance=v.tolerance)
+        found = compare_trees(actual, expected, tolerance=subject.tolerance)
         if found is not None:
             raise finding_of(found, where)
         before, after = dict(original.named_buffers()), tensor_state(result)
         updated.update(name for name, t in before.items() if not torch.equal(t, initial[name]))
         for name in sorted(updated):
-            if name not in after:
+            now = _held_as(name, after, moved)
+            if now is None:
                 raise Finding(f"the result no longer holds the buffer {name!r} that the original updates in "
                               "forward", input=where)
-            found_buffer = compare_values(after[name], before[name], path=f"buffer {name!r} after call {call}",
-                                          tolerance=v.tolerance)
+            found_buffer = compare_values(after[now], before[name], path=f"buffer {name!r} after call {call}",
+                                          tolerance=subject.tolerance)
             if found_buffer is not None:
                 writers = _writers(original, name)
                 kept = {node.name for node in _writers(result, name)}
@@ -73,15 +77,32 @@ def check(v: Subject) -> dict[str, Any]:
     return {"calls": CALLS, "updated_buffers": sorted(updated)}
 
 
-def _updates_buffers(v: Subject, mode: str) -> bool:
+def _held_as(name: str, state: dict[str, torch.Tensor], moved: dict[str, str]) -> str | None:
+    """The name under which the result holds the original's buffer ``name``: the same name, the one name that
+    ends with it (a result nesting the model, ``inner.calls``), or where it went before the first call (the
+    fates of the original's tensors, matched by value); None where it holds it nowhere.
+
+    >>> _held_as("calls", {"inner.calls": torch.zeros(())}, {}), _held_as("calls", {}, {"calls": "c"})
+    ('inner.calls', None)
+    """
+    if name in state:
+        return name
+    nested = [now for now in state if now.endswith(f".{name}")]
+    if len(nested) == 1:
+        return nested[0]
+    now = moved.get(name)
+    return now if now in state else None
+
+
+def _updates_buffers(subject: Subject, mode: Mode) -> bool:
     """Whether one call of a fresh original on the primary inputs changes any of its buffers."""
-    original = v.capture_fresh(mode)
+    original = subject.capture_fresh(mode)
     initial = {name: t.clone() for name, t in original.named_buffers()}
     if not initial:
         return False
-    where = f"{v.primary.describe()}, float32, {mode} mode, a first call to see whether its buffers change"
+    where = f"{subject.primary.describe()}, float32, {mode} mode, a first call to see whether its buffers change"
     with torch.no_grad():
-        ModuleRaised.guard("original", where, functools.partial(original, *v.primary.make(v.case.seed)))
+        ModuleRaised.guard("original", where, functools.partial(original, *subject.primary.make(subject.case.seed)))
     return any(not torch.equal(t, initial[name]) for name, t in original.named_buffers())
 
 

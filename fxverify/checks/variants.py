@@ -17,22 +17,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch import fx
-
 from fxverify.analysis.op_variants import OP_COUNTS, coverage, first_node, op_counts
-from fxverify.core.results import Finding, Skip
+from fxverify.checks._common import graph_result
+from fxverify.core.results import Finding
 from fxverify.engine.subject import Subject
 
 
-def check(v: Subject) -> dict[str, Any]:
-    applied = v.applied()
-    if not isinstance(applied.result, fx.GraphModule):
-        raise Skip(f"the transform returned a {type(applied.result).__name__}, not a GraphModule: no graph to count")
-    counts = {"before": op_counts(applied.original), "after": op_counts(applied.result)}
-    found = coverage({v.case.name: counts})
+def check(subject: Subject) -> dict[str, Any]:
+    applied = subject.applied()
+    result = graph_result(applied.result, "no graph to count")
+    counts = {"before": op_counts(applied.original), "after": op_counts(result)}
+    found = coverage({subject.case.name: counts})
     details: dict[str, Any] = {OP_COUNTS: counts, "rewrote": {r.op: r.count for r in found.rewrote},
                                "left": [f"{left.op} x{left.count}: {left.kind} of {left.of}" for left in found.left]}
-    if found.left and v.contract.rewrites_every_occurrence:
+    if found.left and subject.contract.rewrites_every_occurrence:
         left = found.left[0]
         node = first_node(applied.result, left.op)
         rewrote = next(r for r in found.rewrote if r.op == left.of)

@@ -26,16 +26,16 @@ from fxverify.core.results import Finding, Skip, exception_summary
 from fxverify.engine.subject import Subject
 
 
-def check(v: Subject) -> dict[str, Any]:
-    applied = v.applied()
+def check(subject: Subject) -> dict[str, Any]:
+    applied = subject.applied()
     result = program_of(applied.result)
     if result is None:
-        raise Skip(f"the transform takes the program's module() (form={v.transform.form}) and returns no "
+        raise Skip(f"the transform takes the program's module() (form={subject.transform.form}) and returns no "
                    "ExportedProgram: no signature to verify (meta and opset check its nodes)")
     given = named_as_exported(applied.original.meta[PROGRAM])
     untouched = validation_error(given)
     if untouched is not None:
-        raise Skip(f"the {v.capture.name} program fails its own verifier untouched ({untouched}): nothing to "
+        raise Skip(f"the {subject.capture.name} program fails its own verifier untouched ({untouched}): nothing to "
                    "compare the result with")
     found = validation_error(result)
     if found is None:

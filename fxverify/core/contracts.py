@@ -13,12 +13,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from fxverify.core.captures import capture_names
 from fxverify.errors import FxVerifyError
 
-MODES = ("eval", "train")
+Mode = Literal["eval", "train"]  # a module mode, as contracts and checks name it
+MODES: tuple[Mode, ...] = ("eval", "train")
 FORMS = ("module", "program", "lifted")  # what a transform takes (see Contract.form)
 DTYPES = ("float32", "float64")  # the floating dtypes the checks run a result in
 DEVICES = ("cpu", "cuda", "meta")  # the device types the checks run a result on
@@ -74,7 +75,7 @@ class Contract:
     'declared: modes=eval changes_parameters=no dtypes=float32'
     """
 
-    modes: tuple[str, ...] = MODES
+    modes: tuple[Mode, ...] = MODES
     changes_parameters: bool = False
     dtypes: tuple[str, ...] | None = None
     devices: tuple[str, ...] | None = None
@@ -111,7 +112,7 @@ class Contract:
                 raise FxVerifyError(f"contract {name} must be True or False, got {name}={getattr(self, name)!r}")
 
     @property
-    def primary_mode(self) -> str:
+    def primary_mode(self) -> Mode:
         """The mode most checks run in: eval when supported, else the first mode."""
         return "eval" if "eval" in self.modes else self.modes[0]
 
@@ -175,7 +176,7 @@ STRICT = Contract()
 
 def contract(
     *,
-    modes: tuple[str, ...] = MODES,
+    modes: tuple[Mode, ...] = MODES,
     changes_parameters: bool = False,
     dtypes: tuple[Any, ...] | None = None,
     devices: tuple[str, ...] | None = None,

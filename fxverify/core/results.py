@@ -7,11 +7,14 @@ import dataclasses
 import enum
 import re
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
+from fxverify.core.contracts import Mode
 from fxverify.errors import CheckFailed
 
 T = TypeVar("T")
+Which = Literal["original", "result"]  # the two modules a check compares: the capture, and the transform's result
+WRITTEN = "written"  # a check's details key: (status, path) of a file it wrote, which the run lists at its end
 
 
 class Outcome(str, enum.Enum):
@@ -51,7 +54,7 @@ class Finding(Exception):
 
     def __init__(self, what: str, *, input: str | None = None, where: str | None = None,
                  node: str | None = None, divergence: dict[str, Any] | None = None,
-                 max_abs: float | None = None, max_rel: float | None = None, mode: str | None = None,
+                 max_abs: float | None = None, max_rel: float | None = None, mode: Mode | None = None,
                  details: dict[str, Any] | None = None) -> None:
         super().__init__(what)
         self.what = what
@@ -71,13 +74,13 @@ class ModuleRaised(Finding):
     corpus entry is to blame (it cannot run this configuration), for the result the transform.
     ``cause`` is the exception in one line."""
 
-    def __init__(self, which: str, exc: BaseException, where: str) -> None:
+    def __init__(self, which: Which, exc: BaseException, where: str) -> None:
         self.which, self.cause = which, exception_summary(exc)
         what = (ORIGINAL_RAISED if which == "original" else RESULT_RAISED).format(error=self.cause)
         super().__init__(what, input=where)
 
     @classmethod
-    def guard(cls, which: str, where: str, run: Callable[[], T]) -> T:
+    def guard(cls, which: Which, where: str, run: Callable[[], T]) -> T:
         """``run()``, what it raises made the finding that the ``original`` or ``result`` module raised at
         ``where`` (the inputs it ran on)."""
         try:
@@ -90,7 +93,7 @@ class CaptureFailed(Finding):
     """Building the model or capturing its graph raised, before any transform: the model or
     how it is captured is to blame (a corpus entry, or your own case), never the transform."""
 
-    def __init__(self, model: str, capture: str, exc: BaseException, mode: str) -> None:
+    def __init__(self, model: str, capture: str, exc: BaseException, mode: Mode) -> None:
         self.cause = exception_summary(exc)
         super().__init__(
             f"building or capturing model {model!r} ({capture}) in {mode} mode raised {self.cause}, before any "

@@ -143,7 +143,7 @@ def minimise_module(
     )
 
 
-def minimise_failure(v: Subject, *, budget_s: float = DEFAULT_BUDGET) -> Minimised:
+def minimise_failure(subject: Subject, *, budget_s: float = DEFAULT_BUDGET) -> Minimised:
     """Minimise a failing numerics check of a :class:`~fxverify.engine.subject.Subject`: the
     first input configuration at which the transform fails (float64 first, with its tight
     tolerance, then as built with the check's), on the primary-mode original. On a capture with a
@@ -163,24 +163,24 @@ def minimise_failure(v: Subject, *, budget_s: float = DEFAULT_BUDGET) -> Minimis
     """
     deadline = time.monotonic() + budget_s
     attempts: list[tuple[InputConfig, torch.dtype | None, Tolerance]] = [
-        (config, torch.float64, v.float64_tolerance) for config in v.configs
+        (config, torch.float64, subject.float64_tolerance) for config in subject.configs
     ]
-    attempts += [(config, None, v.tolerance) for config in v.configs]  # None: as built
-    recaptured = v.capture if v.capture.repro_given is not None else None
-    training = v.contract.primary_mode == "train"
+    attempts += [(config, None, subject.tolerance) for config in subject.configs]  # None: as built
+    recaptured = subject.capture if subject.capture.repro_given is not None else None
+    training = subject.contract.primary_mode == "train"
     prepare: Prepare | None = None
     if recaptured is not None:
         prepare = lambda candidate, inputs: recaptured.capture(candidate, training=training, inputs=tuple(inputs))
     for config, dtype, tolerance in attempts:
-        inputs = config.make(v.case.seed, dtype=dtype)
+        inputs = config.make(subject.case.seed, dtype=dtype)
         try:
-            found = minimise_module(v.transform, v.module("original", dtype), inputs, tolerance=tolerance,
-                                    capture=v.capture, budget_s=max(0.0, deadline - time.monotonic()),
-                                    timeout=v.timeout, prepare=prepare)
+            found = minimise_module(subject.transform, subject.module("original", dtype), inputs, tolerance=tolerance,
+                                    capture=subject.capture, budget_s=max(0.0, deadline - time.monotonic()),
+                                    timeout=subject.timeout, prepare=prepare)
         except FxVerifyError:
             continue
-        return dataclasses.replace(found, given=v.capture.repro_given)
-    raise FxVerifyError(f"transform {v.transform.spec} fails on none of {v.case.name}'s input configurations")
+        return dataclasses.replace(found, given=subject.capture.repro_given)
+    raise FxVerifyError(f"transform {subject.transform.spec} fails on none of {subject.case.name}'s input configurations")
 
 
 def _drop_unread(gm: fx.GraphModule, inputs: Sequence[Any], fails: _Predicate) -> None:

@@ -28,6 +28,7 @@ from torch import fx
 
 from fxverify.analysis.compare import Tolerance
 from fxverify.capture.export import Export, program_of
+from fxverify.core.contracts import Mode
 from fxverify.core.results import exception_summary
 from fxverify.diagnose.minimise import DEFAULT_BUDGET, cloned, minimise_module
 from fxverify.diagnose.repro_script import DIFFERS, RAISES, absolute_spec, check_reproduces, script_source
@@ -51,9 +52,9 @@ class _Failing:
     minimised: str = ""
 
 
-def write_program_repro(v: Subject, directory: str | os.PathLike[str], stem: str, *, title: str = "",
+def write_program_repro(subject: Subject, directory: str | os.PathLike[str], stem: str, *, title: str = "",
                         budget_s: float = DEFAULT_BUDGET) -> tuple[Path, str]:
-    """Write the repro of ``v``'s failing numerics on an export capture into ``directory`` and return
+    """Write the repro of ``subject``'s failing numerics on an export capture into ``directory`` and return
     the ``.py`` path, once a fresh Python process running it fails as the check did, and how the
     program was minimised (``Minimised.describe()``; empty where the whole program is written).
 
@@ -71,13 +72,13 @@ def write_program_repro(v: Subject, directory: str | os.PathLike[str], stem: str
         subject = Subject("my_passes:fold_bn", "resnet18", capture=load_case("resnet18").capture_named("export"))
         path, how = write_program_repro(subject, "repros", "resnet18-fold_bn")  # repros/resnet18-fold_bn.py, .pt2, .pt
     """
-    if not isinstance(v.capture, Export):  # the program is Export's
-        raise FxVerifyError(f"a saved-program repro is written for export captures, not {v.capture.name}")
-    if not v.transform.reloadable:
+    if not isinstance(subject.capture, Export):  # the program is Export's
+        raise FxVerifyError(f"a saved-program repro is written for export captures, not {subject.capture.name}")
+    if not subject.transform.reloadable:
         raise FxVerifyError(
-            f"transform {v.transform.spec} cannot be imported by name (a lambda, a local function or one defined "
+            f"transform {subject.transform.spec} cannot be imported by name (a lambda, a local function or one defined "
             "in __main__), so a standalone repro cannot call it: define it in an importable module")
-    found = _minimised(v, v.capture, _first_failing(v, v.capture), budget_s)
+    found = _minimised(subject, subject.capture, _first_failing(subject, subject.capture), budget_s)
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
     written = [folder / f"{stem}{suffix}" for suffix in (".py", ".pt2", ".pt")]
@@ -85,16 +86,16 @@ def write_program_repro(v: Subject, directory: str | os.PathLike[str], stem: str
         torch.export.save(found.program, written[1])
     except Exception as exc:
         written[1].unlink(missing_ok=True)
-        raise FxVerifyError(f"torch.export.save of the {v.capture.name} program raised {exception_summary(exc)}") \
+        raise FxVerifyError(f"torch.export.save of the {subject.capture.name} program raised {exception_summary(exc)}") \
             from None
     torch.save({"inputs": list(found.inputs)}, written[2])
     written[0].write_text(script_source(
         _DOCSTRING, _BODY,
-        title=title or f"transform {v.transform.spec} fails on {v.case.name}",
-        where=found.where, capture=v.capture.describe(), failure=found.failure,
+        title=title or f"transform {subject.transform.spec} fails on {subject.case.name}",
+        where=found.where, capture=subject.capture.describe(), failure=found.failure,
         minimised=f", a subgraph of it ({found.minimised})" if found.minimised else "",
-        run_path=os.path.relpath(written[0]), stem=stem, form=v.transform.form,
-        spec=absolute_spec(v.transform.spec), rtol=found.tolerance[0], atol=found.tolerance[1],
+        run_path=os.path.relpath(written[0]), stem=stem, form=subject.transform.form,
+        spec=absolute_spec(subject.transform.spec), rtol=found.tolerance[0], atol=found.tolerance[1],
     ))
     try:
         check_reproduces(written[0], found.kind, found.failure, found.raised)
@@ -105,48 +106,48 @@ def write_program_repro(v: Subject, directory: str | os.PathLike[str], stem: str
     return written[0], found.minimised
 
 
-def _first_failing(v: Subject, capture: Export) -> _Failing:
+def _first_failing(subject: Subject, capture: Export) -> _Failing:
     """The first program and inputs (float64 first, see :func:`write_program_repro`) on which the
     transform's result fails."""
-    mode = v.contract.primary_mode
+    mode = subject.contract.primary_mode
     attempts: list[tuple[Any, torch.dtype | None, Tolerance]] = []
-    if v.float64_skip is None:
-        attempts.append((v.primary, torch.float64, v.float64_tolerance))
-    attempts += [(config, None, v.tolerance) for config in v.configs]
+    if subject.float64_skip is None:
+        attempts.append((subject.primary, torch.float64, subject.float64_tolerance))
+    attempts += [(config, None, subject.tolerance) for config in subject.configs]
     programs: dict[str, Any] = {}
     for config, dtype, tolerance in attempts:
         if str(dtype) not in programs:
-            programs[str(dtype)] = _exported(v, capture, mode, dtype)
+            programs[str(dtype)] = _exported(subject, capture, mode, dtype)
         gm = programs[str(dtype)]
-        inputs = tuple(config.make(v.case.seed, dtype=dtype))
+        inputs = tuple(config.make(subject.case.seed, dtype=dtype))
         rtol, atol = tolerance.for_dtype(dtype or torch.float32)
         where = f"{config.describe()}, {str(dtype or 'float32').removeprefix('torch.')}, {mode} mode"
-        failing = _failure(v, gm, inputs, (rtol, atol), where)
+        failing = _failure(subject, gm, inputs, (rtol, atol), where)
         if failing is not None:
             return failing
-    raise FxVerifyError(f"transform {v.transform.spec} fails on none of {v.case.name}'s input configurations "
-                        f"when its {v.capture.name} program is given to it alone")
+    raise FxVerifyError(f"transform {subject.transform.spec} fails on none of {subject.case.name}'s input configurations "
+                        f"when its {subject.capture.name} program is given to it alone")
 
 
-def _minimised(v: Subject, capture: Export, found: _Failing, budget_s: float) -> _Failing:
+def _minimised(subject: Subject, capture: Export, found: _Failing, budget_s: float) -> _Failing:
     """``found`` shrunk by torch's minifier (:func:`~fxverify.diagnose.minimise.minimise_module`) to a subgraph on
     which the transform still fails, each candidate exported again as ``capture`` exports it but at its inputs'
     shapes (a static batch), so that the pass gets ``meta['val']`` and the program's form as it always does; the
     smallest such program, judged again as the repro judges it, or ``found`` where none is smaller."""
     static = dataclasses.replace(capture, dynamic_batch=False, keeps_program=True)
-    training = v.contract.primary_mode == "train"
+    training = subject.contract.primary_mode == "train"
 
     def exported(candidate: fx.GraphModule, inputs: Sequence[Any]) -> fx.GraphModule:
         return static.capture(candidate, training=training, inputs=tuple(inputs))
 
     try:
-        small = minimise_module(v.transform, flat_copy(found.module), found.inputs, tolerance=Tolerance(*found.tolerance),
-                                capture=v.capture, budget_s=budget_s, timeout=v.timeout, prepare=exported)
+        small = minimise_module(subject.transform, flat_copy(found.module), found.inputs, tolerance=Tolerance(*found.tolerance),
+                                capture=subject.capture, budget_s=budget_s, timeout=subject.timeout, prepare=exported)
     except FxVerifyError:
         return found
     if small.nodes_after >= small.nodes_before:
         return found
-    failing = _failure(v, exported(small.module, small.inputs), tuple(small.inputs), found.tolerance, found.where)
+    failing = _failure(subject, exported(small.module, small.inputs), tuple(small.inputs), found.tolerance, found.where)
     return dataclasses.replace(failing, minimised=small.describe()) if failing is not None else found
 
 
@@ -162,23 +163,23 @@ def flat_copy(gm: fx.GraphModule) -> fx.GraphModule:
     return flat
 
 
-def _exported(v: Subject, capture: Export, mode: str, dtype: torch.dtype | None) -> Any:
+def _exported(subject: Subject, capture: Export, mode: Mode, dtype: torch.dtype | None) -> Any:
     """The model exported as ``capture`` exports it, keeping its program (``meta[PROGRAM]``)."""
-    module = v.case.build(training=mode == "train")
+    module = subject.case.build(training=mode == "train")
     if dtype is not None:
         module = module.to(dtype)
-    inputs = tuple(v.case.configs[0].make(v.case.seed, dtype=dtype))
+    inputs = tuple(subject.case.configs[0].make(subject.case.seed, dtype=dtype))
     return dataclasses.replace(capture, keeps_program=True).capture(module, training=mode == "train", inputs=inputs)
 
 
-def _failure(v: Subject, gm: Any, inputs: tuple[Any, ...], tolerance: tuple[float, float], where: str) -> _Failing | None:
+def _failure(subject: Subject, gm: Any, inputs: tuple[Any, ...], tolerance: tuple[float, float], where: str) -> _Failing | None:
     """How the transform fails on the captured ``gm`` at ``inputs``, judged as the repro judges it."""
     program = program_of(gm)
     assert program is not None  # captured with keeps_program
     with torch.no_grad():
         expected = gm(*cloned(inputs))
     try:
-        result, _ = v.capture.apply(v.transform, copy.deepcopy(gm), timeout=v.timeout)
+        result, _ = subject.capture.apply(subject.transform, copy.deepcopy(gm), timeout=subject.timeout)
     except TransformFailed:
         return None  # another failure: numerics' is what the repro shows
     try:

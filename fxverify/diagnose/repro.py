@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from fxverify import checks
 from fxverify.analysis.golden import portable_spec, safe_name
 from fxverify.analysis.module_state import resolve
 from fxverify.cases.catalogue import file_label
@@ -59,7 +60,7 @@ class ReproOnFailure:
         self.directory = directory
 
     def __call__(self, subject: Subject, check: str, finding: Finding) -> None:
-        if check != "numerics":
+        if not checks.spec(check).repro:  # the minimiser shrinks a numerics failure
             return
         exported = subject.capture.traits.has_program
         # a symbolic trace of each candidate is what a torch-level capture gives; an ATen-level one says how

@@ -54,6 +54,7 @@ from fxverify.capture.symbolic import SymbolicTrace
 from fxverify.cases.case import ModelCase
 from fxverify.cases.catalogue import TRACERS, catalogue
 from fxverify.cases.inputs import InputConfig
+from fxverify.core.contracts import Mode
 
 REFERENCES_DIR = "fxverify-references"  # the store's folder in pytest's cache directory
 MAX_BYTES = 64 * 2**20  # larger outputs are computed each time
@@ -65,7 +66,7 @@ class ReferenceStore:
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory)
 
-    def key(self, case: ModelCase, capture: Capture, config: InputConfig, dtype: torch.dtype | None, mode: str,
+    def key(self, case: ModelCase, capture: Capture, config: InputConfig, dtype: torch.dtype | None, mode: Mode,
             *, threads: int | None = None) -> str | None:
         """The name of the outputs of ``case`` captured by ``capture``, on ``config`` in ``dtype`` and
         ``mode``, with torch on ``threads`` threads (default: as now); None when they are not to be

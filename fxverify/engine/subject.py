@@ -15,38 +15,31 @@ import copy
 import dataclasses
 import functools
 import gc
-import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypeVar, cast, overload
 
 import sympy
 import torch
 from torch import fx, nn
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.utils._pytree import PyTree
 
 from fxverify.analysis.compare import Tolerance
 from fxverify.analysis.module_state import Snapshot, buffers_digest
 from fxverify.analysis.parameters import Fate, rewrites_state, tensor_fates
 from fxverify.analysis.recording import raising_node
 from fxverify.analysis.repropagation import (
-    AddedGuard,
-    Repropagation,
-    Violation,
     copied_shape_env,
-    input_ranges,
-    repropagate,
-    same_descriptions,
     shape_env_of,
-    violation,
-    violations,
 )
 from fxverify.capture import Capture
 from fxverify.capture.export import symbol_ranges
 from fxverify.cases.case import ModelCase, load_case
 from fxverify.cases.inputs import InputConfig
-from fxverify.core.contracts import Contract
+from fxverify.core.contracts import Contract, Mode
 from fxverify.core.memory import trim_heap
-from fxverify.core.results import CaptureFailed, ModuleRaised, exception_summary
+from fxverify.core.results import CaptureFailed, ModuleRaised, Which, exception_summary
+from fxverify.core.stash import Stash
 from fxverify.core.transform import Transform, as_transform
 from fxverify.engine.references import ReferenceStore
 from fxverify.errors import CopyFailed, TransformFailed
@@ -80,7 +73,7 @@ class Applied:
     again by the node that needs it), and ``guards_added`` the guards it added while it ran.
     """
 
-    mode: str
+    mode: Mode
     original: fx.GraphModule
     result: nn.Module
     in_place: bool
@@ -101,22 +94,23 @@ class Applied:
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """What single checks need beyond the subject: ``cross_process(name, mode=..., static=...)`` supplies digests
-    of the result computed in another process (the determinism check, :mod:`fxverify.checks._digest_server`);
-    ``golden_dir`` and ``update_golden`` are the golden check's folder and mode; ``references`` keeps
-    the original's outputs between transforms and runs (:mod:`fxverify.engine.references`);
-    ``captures`` are the captures the run selects, which the agreement check compares, and
-    ``peer_outputs`` hands it another capture's outputs the run already has (or None: it makes them;
-    see :mod:`fxverify.checks.agreement`); ``train_capture`` (on by default): numerics' train stage captures the model in
-    train mode where the capture fixes the mode (``torch.export``), which costs a capture per model."""
+    """What the checks need beyond the subject, built once for a run and handed whole to each subject.
 
-    cross_process: Callable[..., str] | None = None
-    golden_dir: str | os.PathLike[str] | None = None
-    update_golden: bool = False
+    ``references`` keeps the original's outputs between transforms and runs (:mod:`fxverify.engine.references`);
+    ``captures`` are the captures the run selects (the agreement check compares them); ``options``: the run's
+    value of check options by key (each check declares the keys it reads and their defaults in its registry
+    entry, and reads them with :func:`fxverify.checks.option`: the golden check's ``golden_dir``); ``services``:
+    by check name, what the check's run-scoped service hands this subject (:class:`fxverify.checks.RunService`:
+    the determinism check's cross-process digests).
+
+    >>> Settings(options={"update_golden": True}).options["update_golden"]
+    True
+    """
+
     references: ReferenceStore | None = None
     captures: tuple[str, ...] = ()
-    peer_outputs: Callable[[str], Any] | None = None
-    train_capture: bool = True
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    services: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class Subject:
@@ -141,7 +135,7 @@ class Subject:
         self.fresh_copies: str | None = None  # why copies of the result are made anew (see renew_result_copies)
         # (mode, dtype, static) -> the capture copied for each use, when the capture keeps captures; or why it failed
         self._captured: dict[tuple[str, str, bool], fx.GraphModule | CaptureFailed] = {}
-        self._repropagated: dict[str, Repropagation | None] = {}
+        self.stash = Stash()  # what single checks keep per subject (fxverify.core.stash)
         self._changed_in: dict[str, list[str]] = {}  # another mode a check applied it in -> what it changed there
 
     @property
@@ -178,7 +172,7 @@ class Subject:
         return [c for c in self.case.configs if self.capture.accepts([spec.shape for spec in c.specs], captured)]
 
     # -- the transform -------------------------------------------------------
-    def applied(self, mode: str | None = None) -> Applied:
+    def applied(self, mode: Mode | None = None) -> Applied:
         """The transform applied to a fresh trace in ``mode`` (default: the contract's primary mode).
 
         Raises :class:`TransformFailed` (remembered, not retried) when the transform fails.
@@ -194,7 +188,7 @@ class Subject:
             raise found
         return found
 
-    def apply_fresh(self, mode: str) -> Applied:
+    def apply_fresh(self, mode: Mode) -> Applied:
         """Trace the case anew in ``mode`` and apply the transform to a copy."""
         original = self.capture_fresh(mode)
         copies: dict[int, Any] = {}
@@ -216,7 +210,7 @@ class Subject:
                        (buffers_digest(original), buffers_digest(result)),
                        {name: bounds for name, bounds in symbols.items() if name not in left}, pristine, added)
 
-    def capture_fresh(self, mode: str, dtype: torch.dtype | None = None, *, static: bool = False) -> fx.GraphModule:
+    def capture_fresh(self, mode: Mode, dtype: torch.dtype | None = None, *, static: bool = False) -> fx.GraphModule:
         """A fresh graph of a fresh instance of the model, in ``mode`` (with ``dtype``: of the instance
         in ``dtype``, for captures that bake dtypes into their graphs; ``static``: without dynamic
         dimensions, for a stage that runs the example inputs only); for a capture that
@@ -228,9 +222,9 @@ class Subject:
         captured = self.capture_source(mode, dtype, static=static)
         return copy.deepcopy(captured) if self.capture.keeps_captures else captured
 
-    def capture_source(self, mode: str, dtype: torch.dtype | None = None, *, static: bool = False) -> fx.GraphModule:
+    def capture_source(self, mode: Mode, dtype: torch.dtype | None = None, *, static: bool = False) -> fx.GraphModule:
         """What :meth:`capture_fresh` gives, without its copy of a kept capture: the graph to copy, never to
-        change or run (:meth:`transformed_copy` copies it anyway; a copy of an export costs 0.1-0.4 s).
+        change or run (:meth:`transformed_copy` copies it anyway; copying an export is not free).
 
         Raises :class:`CaptureFailed` as :meth:`capture_fresh` does.
         """
@@ -252,14 +246,14 @@ class Subject:
             raise kept
         return kept
 
-    def _retyped(self, mode: str, dtype: torch.dtype | None, static: bool) -> fx.GraphModule | None:
+    def _retyped(self, mode: Mode, dtype: torch.dtype | None, static: bool) -> fx.GraphModule | None:
         """The capture kept in ``mode`` (and ``static``) as capturing the model in ``dtype`` gives it, made by
         the capture without capturing again (:meth:`~fxverify.capture.Capture.in_dtype`: exporting again
-        costs 3-13x more), or None."""
+        costs several times more), or None."""
         kept = self._captured.get((mode, "None", static))
         return self.capture.in_dtype(kept, dtype) if dtype is not None and isinstance(kept, fx.GraphModule) else None
 
-    def transformed_fresh(self, mode: str, *, static: bool = False) -> nn.Module:
+    def transformed_fresh(self, mode: Mode, *, static: bool = False) -> nn.Module:
         """Only the result of the transform applied to a fresh capture in ``mode`` (``static``: see
         :meth:`capture_fresh`), for work that needs no reference (train mode, the stateful check). The first
         in a mode other than the primary one records what the transform changed there (see :attr:`changes`)."""
@@ -270,7 +264,7 @@ class Subject:
             self._changed_in[mode] = before.differences(result)
         return self.capture.set_mode(result, mode == "train")
 
-    def copy_of(self, which: str) -> nn.Module:
+    def copy_of(self, which: Which) -> nn.Module:
         """A copy of the primary-mode ``original`` or ``result`` to change or run (recompile it, switch its mode,
         step its buffers): ``copy.deepcopy`` of it; for a result that ``copy.deepcopy`` cannot copy, or whose
         copy is known not to run where it does (:meth:`renew_result_copies`), the transform applied to a fresh
@@ -333,60 +327,13 @@ class Subject:
         applied again to a copy of the original in that dtype (a result with new tensors; an ATen graph)."""
         return not (self.applied().rewrites_state or self.capture.bakes_dtypes)
 
-    def transformed_copy(self, original: fx.GraphModule, mode: str) -> nn.Module:
+    def transformed_copy(self, original: fx.GraphModule, mode: Mode) -> nn.Module:
         """The result of the transform applied to a ``copy.deepcopy`` of ``original``, a capture in
         ``mode`` (from :meth:`capture_source`, left as it is), as :meth:`apply_fresh` makes the result the
         checks judge (the determinism reruns and the cross-process digest: a copy orders each node's users
         as the graph orders the nodes, where ``torch.export`` leaves them in the order it made them)."""
         result, _ = self.capture.apply(self.transform, copy.deepcopy(original), timeout=self.timeout)
         return self.capture.set_mode(result, mode == "train")
-
-    def repropagated(self, which: str) -> Repropagation | None:
-        """FakeTensors re-propagated through the primary-mode ``original`` or ``result`` on a copy of its
-        ShapeEnv (:func:`~fxverify.analysis.repropagation.repropagate`, kept: the ``meta`` and ``dynamic``
-        checks both read it); None for a module that is not a GraphModule or carries no ``meta['val']``."""
-        if which not in self._repropagated:
-            applied = self.applied()
-            module = applied.original if which == "original" else applied.result
-            self._repropagated[which] = repropagate(module, applied.shape_env) \
-                if isinstance(module, fx.GraphModule) else None
-        return self._repropagated[which]
-
-    @functools.cached_property
-    def described_as_captured(self) -> bool:
-        """Whether the result is a GraphModule of the original's structure, tensors, modules and ``meta['val']``
-        (a transform that did nothing to this model but regenerate code): re-propagating FakeTensors through it
-        would find what re-propagating through the original finds, which is never the transform's doing."""
-        applied = self.applied()
-        return isinstance(applied.result, fx.GraphModule) and not {"graph", "state", "modules"} & set(applied.changes) \
-            and same_descriptions(applied.original.graph, applied.result.graph)
-
-    @functools.cached_property
-    def guard_violation(self) -> Violation | None:
-        """The first guard that re-propagating through the result adds which is false somewhere inside the
-        range the capture promises for its symbolic sizes (``Eq(s77, 2)`` for a batch in ``[2, 8]``), and
-        which re-propagating through the original does not add; None (also where the result is
-        :attr:`described_as_captured`)."""
-        if self.described_as_captured:
-            return None
-        found = self.repropagated("result")
-        if found is None or not violations(found):
-            return None
-        baseline = self.repropagated("original")
-        exempt = {str(g.expr) for g in baseline.guards} if baseline is not None else set()
-        return next(iter(violations(found, exempt)), None)
-
-    @functools.cached_property
-    def guard_added_while_running(self) -> Violation | None:
-        """The first guard the transform added while it ran to the ShapeEnv that every copy of an export
-        shares which is false somewhere inside the ranges of the input sizes as captured (``Eq(s77, 2)``,
-        a specialisation; ``Eq(Mod(s77, 2), 0)``); None."""
-        applied = self.applied()
-        if applied.shape_env is None or not applied.guards_added:
-            return None
-        ranges = input_ranges(applied.original, applied.shape_env)
-        found = ((guard, violation(guard, ranges)) for guard in applied.guards_added)
-        return next((Violation(AddedGuard(None, g), point) for g, point in found if point is not None), None)
 
     @property
     def changes(self) -> list[str] | None:
@@ -445,8 +392,8 @@ class Subject:
         return None
 
     # -- running modules -----------------------------------------------------
-    def outputs(self, which: str, config: InputConfig | None = None, dtype: torch.dtype | None = None, *,
-                threads: int | None = None) -> Any:
+    def outputs(self, which: Which, config: InputConfig | None = None, dtype: torch.dtype | None = None, *,
+                threads: int | None = None) -> PyTree:
         """Eval-time outputs of the ``original`` or ``result`` module on ``config`` (cached), as built
         (inputs in their own dtypes, float32 for the corpus), or with every float in ``dtype``; with
         torch on ``threads`` threads (default: as it is). The original's come from the settings'
@@ -472,7 +419,7 @@ class Subject:
             raise found
         return found
 
-    def _run(self, which: str, config: InputConfig, dtype: torch.dtype | None, threads: int | None) -> Any:
+    def _run(self, which: Which, config: InputConfig, dtype: torch.dtype | None, threads: int | None) -> PyTree:
         """What :meth:`outputs` computes: the outputs, or the :class:`ModuleRaised` of the module."""
         now = torch.get_num_threads()
         module: nn.Module | None = None
@@ -494,9 +441,9 @@ class Subject:
     @overload
     def module(self, which: Literal["original"], dtype: torch.dtype | None = None) -> fx.GraphModule: ...
     @overload
-    def module(self, which: str, dtype: torch.dtype | None = None) -> nn.Module: ...
+    def module(self, which: Which, dtype: torch.dtype | None = None) -> nn.Module: ...
 
-    def module(self, which: str, dtype: torch.dtype | None = None) -> nn.Module:
+    def module(self, which: Which, dtype: torch.dtype | None = None) -> nn.Module:
         """The primary-mode ``original`` or ``result`` module as built, or in ``dtype`` (a copy, cached).
 
         A result holding other parameters than the original's (a fusion) is the transform applied
@@ -522,7 +469,7 @@ class Subject:
                     self._float64_exact = True
         return self._float64[key]
 
-    def release_copy(self, which: str, dtype: torch.dtype) -> None:
+    def release_copy(self, which: Which, dtype: torch.dtype) -> None:
         """Forget the ``dtype`` copy of the ``original`` or the ``result`` (:meth:`module` makes it again
         when asked), so that a stage done with it leaves its memory to the next one. Made again, the
         result's copy of a fusion is the transform applied again: for a transform that does not give
@@ -548,7 +495,7 @@ class Subject:
             gc.collect()
             trim_heap()
 
-    def convert(self, which: str, module: ModuleT, *, dtype: torch.dtype | None = None,
+    def convert(self, which: Which, module: ModuleT, *, dtype: torch.dtype | None = None,
                 device: str | None = None) -> ModuleT:
         """``module`` (the ``original``'s or the ``result``'s) converted by the capture; when copying it
         raises, why is remembered in ``uncopyable``: fxverify cannot make its converted copies, which

@@ -14,21 +14,18 @@ handed to the agreement items of the others.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import pytest
 
 from fxverify.api import Verification
 from fxverify.cases.case import ModelCase
-from fxverify.checks import not_applicable
-from fxverify.checks._digest_server import CrossProcessDigests
-from fxverify.checks.agreement import CaptureOutputs, capture_outputs, reference_capture
-from fxverify.checks.determinism import cross_process_capture
+from fxverify.checks import not_applicable, services_for
 from fxverify.core.memory import release_memory
-from fxverify.core.results import ERROR, FAILED, SKIPPED, XFAILED
+from fxverify.core.results import ERROR, FAILED, SKIPPED, WRITTEN, XFAILED
 from fxverify.core.transform import Transform
 from fxverify.engine.references import ReferenceStore
+from fxverify.engine.subject import Settings
 from fxverify.errors import CheckFailed
 from fxverify.plugin.ledger import CHANGED, GOLDEN, OUTCOME, SUMMED
 from fxverify.plugin.nodeids import item_name, model_label
@@ -51,69 +48,39 @@ class FxVerifyRun:
 
     def __post_init__(self) -> None:
         self._verification: tuple[tuple[str, str, str], Verification] | None = None
-        self._digests = {
-            (t.spec, capture): CrossProcessDigests(t, self.cases, timeout=self.options.timeout, capture=capture)
-            for t in self.transforms for capture in self.options.captures
-        }
-        # (transform, model, capture) with a selected determinism item
-        self._digest_wanted: set[tuple[str, str, str]] = set()
-        # (transform, model) with a selected agreement item outside its reference capture
-        self._agreement_wanted: set[tuple[str, str]] = set()
-        # the reference capture's outputs, handed to the model's agreement items under its other captures
-        self._handed: dict[tuple[str, str, str], CaptureOutputs] = {}
+        o = self.options
+        self.settings = Settings(references=self.references, captures=o.captures, options=o.check_options)
+        # what the selected checks need from the run as a whole (the registry's CheckSpec.service)
+        self.services = services_for(o.checks, self.transforms, self.cases, captures=o.captures, timeout=o.timeout,
+                                     options=o.check_options)
 
     def verification(self, transform: Transform, case: ModelCase, capture: str) -> Verification:
         """The shared Verification of (transform, case, capture); only the latest is kept in memory."""
         key = (transform.spec, case.name, capture)
         if self._verification is None or self._verification[0] != key:
             if self._verification is not None:
-                self._hand_over(*self._verification)
+                for service in self.services.values():
+                    service.release(self._verification[1])
             self._verification = None  # release the previous model before building the next
             release_memory()
-            o = self.options
-            digests, captured = self._digests[transform.spec, capture], case.capture_named(capture)
-            if key in self._digest_wanted:  # the server works on it while the other checks run
-                mode, static = cross_process_capture(transform.contract, captured, o.train_capture)
-                digests.request(case.name, mode=mode, static=static)
-            v = Verification(transform, case, timeout=o.timeout, cross_process=digests, golden_dir=o.golden_dir,
-                             update_golden=o.update_golden, repro_dir=o.repro_dir, references=self.references,
-                             capture=captured, captures=o.captures, train_capture=o.train_capture,
-                             peer_outputs=functools.partial(self._handed_outputs, transform.spec, case.name))
-            self._verification = (key, v)
+            captured = case.capture_named(capture)
+            handed = {name: service.prepare(transform, case, captured) for name, service in self.services.items()}
+            verification = Verification(transform, case, timeout=self.options.timeout, capture=captured,
+                             repro_dir=self.options.repro_dir,
+                             settings=dataclasses.replace(self.settings, services=handed))
+            self._verification = (key, verification)
         return self._verification[1]
-
-    def _hand_over(self, key: tuple[str, str, str], v: Verification) -> None:
-        """Keep the outputs of a reference capture whose model has agreement items under other captures
-        still to run (one model's at a time), before its Verification is released."""
-        spec, model, capture = key
-        if (spec, model) not in self._agreement_wanted or \
-                capture != reference_capture(v.transform, v.case.entry, self.options.captures):
-            return
-        self._handed = {}
-        try:
-            self._handed[key] = capture_outputs(v.subject)
-        except Exception:  # the agreement items make them again, and report what fails there
-            pass
-
-    def _handed_outputs(self, spec: str, model: str, capture: str) -> CaptureOutputs | None:
-        return self._handed.get((spec, model, capture))
 
     # -- pytest hooks ------------------------------------------------------------
     @pytest.hookimpl(trylast=True)  # after -k, --deselect and --lf have had their say
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        self._digest_wanted = {
-            (item.transform.spec, item.case.name, item.capture)
-            for item in items if isinstance(item, CheckItem) and item.check == "determinism"
-        }
-        self._agreement_wanted = {
-            (item.transform.spec, item.case.name) for item in items
-            if isinstance(item, CheckItem) and item.check == "agreement"
-            and item.capture != reference_capture(item.transform, item.case.entry, self.options.captures)
-        }
+        for item in items:
+            if isinstance(item, CheckItem) and item.check in self.services:
+                self.services[item.check].want(item.transform, item.case, item.capture)
 
     def pytest_unconfigure(self) -> None:
-        for digests in self._digests.values():
-            digests.close()
+        for service in self.services.values():
+            service.close()
 
     @pytest.hookimpl(wrapper=True)
     def pytest_make_collect_report(self, collector: pytest.Collector) -> Any:
@@ -174,23 +141,23 @@ class CheckItem(pytest.Item):
     def _run_check(self) -> None:
         assert isinstance(self.parent, TransformCollector)
         run = self.parent.run
-        v = run.verification(self.transform, self.case, self.capture)
-        result = v.run(self.check)
-        v.subject.collect_garbage()  # what the check made and dropped, before the next check makes more
+        verification = run.verification(self.transform, self.case, self.capture)
+        result = verification.run(self.check)
+        verification.subject.collect_garbage()  # what the check made and dropped, before the next check makes more
         try:
-            changes = None if v.subject.expected_failure else v.subject.changes
-            if run.options.json or run.options.html:
-                self.user_properties.extend(report_properties(result, v.subject, html=bool(run.options.html),
+            changes = None if verification.subject.expected_failure else verification.subject.changes
+            if run.options.reports:
+                self.user_properties.extend(report_properties(result, verification.subject, reports=run.options.reports,
                                                               changed=changes))
-            if not v.subject.expected_failure:
+            if not verification.subject.expected_failure:
                 self.user_properties.append((CHANGED, changes))
                 self.user_properties.extend((key, result.details[key]) for key in SUMMED if key in result.details)
-            if run.options.update_golden and "golden_file" in result.details:
-                self.user_properties.append((GOLDEN, (result.details["golden"], result.details["golden_file"])))
+            if WRITTEN in result.details:  # a file the check wrote (a golden file under --fxverify-update-golden)
+                self.user_properties.append((GOLDEN, result.details[WRITTEN]))
         except Exception as exc:  # fxverify's bookkeeping must not turn the check's verdict into a failure
-            result = v.internal_error(self.check, exc, doing="recording the item's result for the summary and reports")
-            if run.options.json or run.options.html:
-                self.user_properties.extend(report_properties(result, None, html=False))
+            result = verification.internal_error(self.check, exc, doing="recording the item's result for the summary and reports")
+            if run.options.reports:
+                self.user_properties.extend(report_properties(result, None, reports={}))
         if result.outcome == SKIPPED:
             pytest.skip(result.message)
         if result.outcome == XFAILED:

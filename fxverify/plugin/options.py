@@ -19,10 +19,11 @@ from typing import Any, Literal
 
 import pytest
 
-from fxverify.checks import NAMES
+from fxverify.checks import NAMES, names, option_keys, owner_of
 from fxverify.core.captures import DEFAULT_CAPTURE, capture_names, summaries
 
-TEXT, LINES, PATH, FLAG = "text", "lines", "path", "flag"
+TEXT, LINES, PATH, FLAG, SWITCH, REPORT = "text", "lines", "path", "flag", "switch", "report"
+PREFIX = "fxverify_"  # of every option's ini name
 FAST_ORDER, CATALOGUE_ORDER = "fast", "catalogue"  # the values of --fxverify-order
 
 
@@ -31,7 +32,11 @@ class Option:
     """One option: ``--<flag>`` on the command line and ``name`` in the ini file (``ini=False``:
     command line only); ``default`` as the ini file would give it; ``kind`` one of ``text``,
     ``lines`` (repeatable / one per line), ``path`` (relative to where pytest was started on the
-    command line, to the rootdir in the ini file) and ``flag`` (on or off)."""
+    command line, to the rootdir in the ini file), ``flag`` (given or not), ``switch`` (``on`` or ``off``) and
+    ``report`` (a path where the report of format ``<name>`` of ``fxverify_<name>`` is written, a row of
+    :data:`fxverify.reports.FORMATS`).
+    An option named ``fxverify_<key>`` where a check declares ``key`` in the check registry
+    (``CheckSpec.options``) is handed to that check (:attr:`RunOptions.check_options`)."""
 
     name: str
     metavar: str
@@ -75,10 +80,10 @@ OPTIONS: tuple[Option, ...] = (
            "timed them: pytest's cache) or 'catalogue' (the catalogue's order)"),
     Option("fxverify_reference_cache", "on/off", "on", "keep the untransformed models' reference outputs in "
            "pytest's cache directory, for the other transforms of the run and for later runs ('off': compute them "
-           "for each transform; --cache-clear drops them)"),
+           "for each transform; --cache-clear drops them)", SWITCH),
     Option("fxverify_train_capture", "on/off", "on", "numerics' train stage on the captures that fix the mode "
            "when they capture (export, export_core, make_fx): 'on' also captures each model in train mode, for a "
-           "contract covering it (its cost: docs/performance.md); 'off' checks the primary mode only there"),
+           "contract covering it (its cost: docs/performance.md); 'off' checks the primary mode only there", SWITCH),
     Option("fxverify_timeout", "SECONDS", "300", "seconds a transform may run on one model before its items fail"),
     Option("fxverify_golden_dir", "DIR", "fxverify_golden", "golden files of the golden check: "
            "DIR/<transform>/<model>.golden", PATH),
@@ -94,9 +99,9 @@ OPTIONS: tuple[Option, ...] = (
            "that still fail and write a standalone repro (DIR/<model>-numerics-<transform>.py and its inputs) "
            "there", PATH),
     Option("fxverify_json", "FILE", "", "write machine-readable results (one record per item, with numbers and "
-           "timing) to FILE", PATH),
+           "timing) to FILE", REPORT),
     Option("fxverify_html", "FILE", "", "write a self-contained HTML report (matrix, graph pictures and code diff "
-           "of each failure) to FILE", PATH),
+           "of each failure) to FILE", REPORT),
 )
 
 
@@ -149,33 +154,33 @@ class RunOptions:
     checks: tuple[str, ...]
     order: str
     reference_cache: bool
-    train_capture: bool
     timeout: float
-    golden_dir: Path | None
-    update_golden: bool
+    check_options: dict[str, Any]  # the options checks read, by the key each declares (CheckSpec.options)
     random_graphs: int
     random_graph_options: dict[str, Any]
     repro_dir: Path | None
-    json: Path | None
-    html: Path | None
+    reports: dict[str, Path]  # the report files asked for, by format (fxverify.reports.FORMATS)
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> RunOptions:
         """The options of ``config``; :class:`pytest.UsageError` naming the option for a bad value."""
         transforms = tuple(dict.fromkeys(s.strip() for s in raw(config, "fxverify") if s.strip()))
-        chosen = tuple(c.strip() for c in (raw(config, "fxverify_checks") or "").split(",") if c.strip()) or NAMES
-        unknown = [c for c in chosen if c not in NAMES]
+        chosen = tuple(c.strip() for c in (raw(config, "fxverify_checks") or "").split(",") if c.strip()) or names()
+        unknown = [c for c in chosen if c not in names()]
         if unknown:
-            raise _usage("fxverify_checks", f"names unknown checks {unknown}; known: {', '.join(NAMES)}")
+            raise _usage("fxverify_checks", f"names unknown checks {unknown}; known: {', '.join(names())}")
         captures = tuple(dict.fromkeys(c.strip() for c in (raw(config, "fxverify_capture") or "").split(",")
                                        if c.strip())) or (DEFAULT_CAPTURE,)
         unknown = [c for c in captures if c not in capture_names()]
         if unknown:
             raise _usage("fxverify_capture", f"names unknown captures {unknown}; known: {', '.join(capture_names())}")
-        update_golden = bool(raw(config, "fxverify_update_golden"))
-        if update_golden and "golden" not in chosen:
-            raise pytest.UsageError("fxverify: --fxverify-update-golden writes golden files, but --fxverify-checks "
-                                    "leaves out the golden check: add golden to it")
+        check_options = {option.name.removeprefix(PREFIX): _value(config, option) for option in OPTIONS
+                         if option.name.removeprefix(PREFIX) in option_keys()}
+        for option in OPTIONS:  # a flag given for a check the run leaves out
+            key = option.name.removeprefix(PREFIX)
+            if option.kind == FLAG and check_options.get(key) and owner_of(key) not in chosen:
+                raise _usage(option.name, f"is for the {owner_of(key)} check, which --fxverify-checks leaves out: "
+                                          "add it")
         return cls(
             transforms=transforms,
             corpus=raw(config, "fxverify_corpus") or "default",
@@ -186,21 +191,32 @@ class RunOptions:
             captures=captures,
             checks=chosen,
             order=_choice("fxverify_order", raw(config, "fxverify_order") or FAST_ORDER, (FAST_ORDER, CATALOGUE_ORDER)),
-            reference_cache=_choice("fxverify_reference_cache", (raw(config, "fxverify_reference_cache") or "on").lower(),
-                                    ("on", "off")) == "on",
-            train_capture=_choice("fxverify_train_capture", (raw(config, "fxverify_train_capture") or "on").lower(),
-                                  ("on", "off")) == "on",
+            reference_cache=_value(config, _named("fxverify_reference_cache")),
             timeout=_number("fxverify_timeout", raw(config, "fxverify_timeout"), float, "a number of seconds > 0",
                             lambda n: n > 0),
-            golden_dir=_path(config, "fxverify_golden_dir"),
-            update_golden=update_golden,
+            check_options=check_options,
             random_graphs=_number("fxverify_random_graphs", raw(config, "fxverify_random_graphs"), int,
                                   "a whole number >= 0", lambda n: n >= 0),
             random_graph_options=_graph_options(raw(config, "fxverify_random_graph_options") or ""),
             repro_dir=_path(config, "fxverify_repro_dir"),
-            json=_path(config, "fxverify_json"),
-            html=_path(config, "fxverify_html"),
+            reports={option.name.removeprefix(PREFIX): path for option in OPTIONS
+                     if option.kind == REPORT and (path := _path(config, option.name)) is not None},
         )
+
+
+def _named(name: str) -> Option:
+    return next(o for o in OPTIONS if o.name == name)
+
+
+def _value(config: pytest.Config, option: Option) -> Any:
+    """``option`` as given, read as its kind says: a path, a flag's bool, a switch's bool (on), or text."""
+    if option.kind == PATH:
+        return _path(config, option.name)
+    if option.kind == FLAG:
+        return bool(raw(config, option.name))
+    if option.kind == SWITCH:
+        return _choice(option.name, (raw(config, option.name) or option.default).lower(), ("on", "off")) == "on"
+    return raw(config, option.name)
 
 
 def _number(name: str, value: Any, kind: Callable[[Any], Any], expected: str, valid: Callable[[Any], bool]) -> Any:

@@ -9,9 +9,9 @@ pytest worker) and carried as a JSON-ready dict, so the report is written withou
 ...     for node in gm.graph.find_nodes(op="call_function", target=torch.nn.functional.relu):
 ...         node.target, node.kwargs = torch.sigmoid, {}
 ...     gm.recompile()
->>> v = fxverify.Verification(relu_to_sigmoid, "edge_conv_bn_head")
->>> result = v.run("numerics")
->>> figures = failure_figures(v.subject, result)
+>>> verification = fxverify.Verification(relu_to_sigmoid, "edge_conv_bn_head")
+>>> result = verification.run("numerics")
+>>> figures = failure_figures(verification.subject, result)
 >>> figures["focus"] == result.divergence["result_node"], figures["after_caption"]
 (True, 'all 12 nodes')
 >>> "torch.sigmoid(bn1)" in figures["code_after"]
@@ -33,18 +33,18 @@ from fxverify.errors import TransformFailed
 from fxverify.reports.graph_picture import DEFAULT_HOPS, DEFAULT_MAX_NODES, GraphvizMissing, crop, graph_dot, render_svg
 
 
-def figures_of(v: Subject, result: CheckResult) -> dict[str, Any] | None:
+def figures_of(subject: Subject, result: CheckResult) -> dict[str, Any] | None:
     """The pictures and code of a failed result (None for any other outcome); when drawing them
     raises, a note saying so instead: a picture must never hide the check's own result."""
     if result.outcome != FAILED:
         return None
     try:
-        return failure_figures(v, result)
+        return failure_figures(subject, result)
     except Exception as exc:
         return {"note": f"no pictures: drawing them raised {exception_summary(exc)}"}
 
 
-def failure_figures(v: Subject, result: CheckResult, *, hops: int = DEFAULT_HOPS,
+def failure_figures(subject: Subject, result: CheckResult, *, hops: int = DEFAULT_HOPS,
                     max_nodes: int = DEFAULT_MAX_NODES) -> dict[str, Any]:
     """``focus`` (the node the pictures centre on), ``before_svg`` / ``after_svg`` with their
     ``*_caption``, ``code_before`` / ``code_after``, and ``note`` saying what is missing and why."""
@@ -52,7 +52,7 @@ def failure_figures(v: Subject, result: CheckResult, *, hops: int = DEFAULT_HOPS
         ("focus", "before_svg", "after_svg", "before_caption", "after_caption", "code_before", "code_after", "note")
     )
     try:
-        applied = v.applied()
+        applied = subject.applied()
     except TransformFailed:
         figures["note"] = "no graphs: the transform failed on this model"
         return figures

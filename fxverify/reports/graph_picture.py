@@ -24,7 +24,7 @@ import graphviz
 from torch import fx
 
 from fxverify.analysis.graph_text import target_name
-from fxverify.errors import FxVerifyError
+from fxverify.errors import GraphvizMissing
 
 DEFAULT_HOPS = 4
 DEFAULT_MAX_NODES = 40
@@ -37,10 +37,6 @@ INSTALL_HINT = (
 _FOCUS = {"fillcolor": "#ffc9c9", "color": "red", "penwidth": "3", "style": "filled"}
 _CHANGED = {"fillcolor": "#fff0a8", "style": "filled"}
 _PLAIN = {"fillcolor": "#eef3fb", "style": "filled"}
-
-
-class GraphvizMissing(FxVerifyError):
-    """Graphviz's ``dot`` program cannot be run; the message says how to install it."""
 
 
 @dataclasses.dataclass(frozen=True)
