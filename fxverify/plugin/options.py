@@ -179,8 +179,8 @@ class RunOptions:
         for option in OPTIONS:  # a flag given for a check the run leaves out
             key = option.name.removeprefix(PREFIX)
             if option.kind == FLAG and check_options.get(key) and owner_of(key) not in chosen:
-                raise _usage(option.name, f"is for the {owner_of(key)} check, which --fxverify-checks leaves out: "
-                                          "add it")
+                raise _usage(option.name, f"is for the {owner_of(key)} check, but --fxverify-checks leaves out the "
+                                          f"{owner_of(key)} check: add {owner_of(key)} to it")
         return cls(
             transforms=transforms,
             corpus=raw(config, "fxverify_corpus") or "default",

@@ -129,6 +129,8 @@ def select_ops(ops: Sequence[str] | None, *, limits: Limits) -> list[catalogue.O
             "add ops or dtypes, or raise max_rank"
         )
     fitting = [op for op in usable if op.cost <= limits.max_nodes]  # a composition emits several nodes
+    if limits.max_nodes == 0:  # no node is drawn (a pattern alone, no surroundings): any op is as good
+        return usable
     if not fitting:
         fewest = min(op.cost for op in usable)
         raise InvalidArgument(f"no op of ops={ops!r} fits in max_nodes={limits.max_nodes} (the fewest nodes one "
