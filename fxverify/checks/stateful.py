@@ -62,7 +62,7 @@ def check(subject: Subject) -> dict[str, Any]:
                                           tolerance=subject.tolerance)
             if found_buffer is not None:
                 writers = _writers(original, name)
-                kept = {node.name for node in _writers(result, name)}
+                kept = {node.name for node in _writers(result, now)}
                 lost = [node for node in writers if node.name not in kept]
                 at = (f"; the original updates it at %{lost[0].name} ({lost[0].target}), which the result no longer "
                       "has" if lost else "")

@@ -66,8 +66,8 @@ class FxVerifyRun:
             captured = case.capture_named(capture)
             handed = {name: service.prepare(transform, case, captured) for name, service in self.services.items()}
             verification = Verification(transform, case, timeout=self.options.timeout, capture=captured,
-                             repro_dir=self.options.repro_dir,
-                             settings=dataclasses.replace(self.settings, services=handed))
+                                        repro_dir=self.options.repro_dir,
+                                        settings=dataclasses.replace(self.settings, services=handed))
             self._verification = (key, verification)
         return self._verification[1]
 
