@@ -245,11 +245,11 @@ def bare_loop(corpus: str) -> int:
         if entry.xfail:
             try:
                 with torch.no_grad():
-                    case.trace()(*primary.make(seed))
+                    case.captured()(*primary.make(seed))
             except Exception:
                 return
             raise AssertionError("xfail entry traces and runs")
-        gm = case.trace()
+        gm = case.captured()
         given = copy.deepcopy(gm)
         result = identity(given).eval()
         # purity: the transform left its argument alone
@@ -286,7 +286,7 @@ def bare_loop(corpus: str) -> int:
             assert_same(actual, expected, entry)
         del gm64, result64
         # numerics, train mode
-        train = case.trace(training=True)
+        train = case.captured(training=True)
         train_result = identity(copy.deepcopy(train)).train(True)
         runs = []
         for module in (train, train_result):
@@ -298,7 +298,7 @@ def bare_loop(corpus: str) -> int:
         del train, train_result, runs
         # determinism: two in-process reruns and the cross-process one
         for _ in range(3):
-            assert identity(case.trace()).code == result.code
+            assert identity(case.captured()).code == result.code
         # devices: a meta run
         meta_inputs = primary.make(seed, device="meta")
         with torch.no_grad():

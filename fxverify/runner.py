@@ -183,7 +183,7 @@ class Runner:
     def model_error(self) -> str | None:
         """Why the untransformed model fails to trace or run on its primary inputs (None if it works)."""
         try:
-            traced = self.case.trace(capture=self.subject.capture)
+            traced = self.case.captured(capture=self.subject.capture)
             with torch.no_grad():
                 traced(*self.subject.primary.make(self.case.seed))
         except Exception as exc:  # any failure to trace or run is what an xfail entry records

@@ -66,7 +66,7 @@ def test_the_suites_correct_bn_fold_is_correct_on_the_layer_variants_that_break_
     running statistics, a conv called twice): fixed, it passes where torch's fuse fails."""
     result = fxverify.check_numerics(mutations.bn_fold_correct, model)
     assert result.ok, result.message
-    folded = mutations.bn_fold_correct(fxverify.load_case(model).trace())
+    folded = mutations.bn_fold_correct(fxverify.load_case(model).captured())
     modules = dict(folded.named_modules())
     calls = [n for n in folded.graph.nodes if n.op == "call_module" and isinstance(modules[n.target], torch.nn.BatchNorm2d)]
     left = {"layer_conv_bn_no_affine": 0, "layer_conv_bn_batch_stats": 1, "layer_shared_conv": 2}
@@ -479,7 +479,7 @@ def test_sys_exit_in_a_transform_is_its_failure_and_ctrl_c_still_stops_the_run()
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        fxverify.Transform.from_callable(interrupted).apply(fxverify.load_case("edge_conv_bn_head").trace())
+        fxverify.Transform.from_callable(interrupted).apply(fxverify.load_case("edge_conv_bn_head").captured())
 
 
 def test_an_exception_inside_fxverify_is_an_error_not_a_finding(monkeypatch):

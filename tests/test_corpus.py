@@ -106,7 +106,7 @@ def test_register_model_adds_a_user_entry_to_selections(monkeypatch):
                                  inputs=(fxverify.InputSpec((2, 4)),), tags=("production",))
     fxverify.register_model(entry)
     assert names(catalogue.select("default", tags="production")) == ["my_mlp"]
-    assert fxverify.load_case("my_mlp").trace()(torch.ones(2, 4)).shape == (2, 2)
+    assert fxverify.load_case("my_mlp").captured()(torch.ones(2, 4)).shape == (2, 2)
     with pytest.raises(CorpusError, match="already exists"):
         fxverify.register_model(fxverify.CorpusEntry(name="resnet18", source="user", factory="torch.nn:Identity",
                                                      inputs=(fxverify.InputSpec((1, 1)),)))
@@ -196,16 +196,16 @@ def test_a_none_concrete_arg_retraced_by_the_transform_does_not_break_later_trac
     # make every later trace in the process raise KeyError (torch 2.14)
     case = fxverify.case_from_module("optional_mask", OptionalMask, [(2, 3, 8, 8)], concrete_args={"mask": None})
     assert fxverify.check_numerics(fxverify.examples.fuse_conv_bn, case).outcome == "passed"
-    assert fxverify.load_case("edge_conv_bn_head").trace()(torch.ones(1, 3, 8, 8)).shape == (1, 10)
+    assert fxverify.load_case("edge_conv_bn_head").captured()(torch.ones(1, 3, 8, 8)).shape == (1, 10)
 
 
 def test_a_concrete_arg_other_than_the_default_is_a_clear_corpus_error():
     case = fxverify.case_from_module("bad_ca", OptionalMask, [(2, 3, 8, 8)], concrete_args={"mask": 1.0})
     with pytest.raises(CorpusError, match="concrete_args sets mask=1.0, but forward.. has default None"):
-        case.trace()
+        case.captured()
     typo = fxverify.case_from_module("typo_ca", OptionalMask, [(2, 3, 8, 8)], concrete_args={"masks": None})
     with pytest.raises(CorpusError, match="concrete_args names 'masks', but forward.. takes .'x', 'mask'."):
-        typo.trace()
+        typo.captured()
 
 
 def test_full_zoo_entries_with_large_images_are_in_the_large_input_profile_as_the_generator_puts_them():

@@ -40,7 +40,7 @@ def test_one_server_answers_every_model_and_the_transforms_prints_stay_out(tmp_p
             digests.request(name)  # both sent ahead; answers collected below
         for name in MODELS:
             case = load_case(name)
-            here, _ = case.capture.apply(transform, case.trace(), timeout=None)
+            here, _ = case.capture.apply(transform, case.captured(), timeout=None)
             assert digests(name) == digest(here)
     finally:
         digests.close()

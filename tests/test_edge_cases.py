@@ -30,7 +30,7 @@ def names(entries):
 
 def trace_and_inputs(name, **kwargs):
     case = fxverify.load_case(name)
-    return case, case.trace(**kwargs), case.example_inputs()
+    return case, case.captured(**kwargs), case.example_inputs()
 
 
 def nodes(gm, op):
@@ -88,7 +88,7 @@ TRACED_AS_FIRST_CALL = {"edge_counter_buffer"}
 @pytest.mark.parametrize("name", sorted(set(names(TRACEABLE)) - TRACED_AS_FIRST_CALL))
 def test_traced_equals_eager_on_every_config(name):
     case = fxverify.load_case(name)
-    module, gm = case.build(), case.trace()
+    module, gm = case.build(), case.captured()
     assert isinstance(gm, fx.GraphModule)
     with torch.no_grad():
         for config in case.configs:
@@ -99,7 +99,7 @@ def test_traced_equals_eager_on_every_config(name):
 def test_traced_state_all_moves_with_to(name):
     """No plain tensor attributes (``_tensor_constant*`` from eager work on a buffer at
     trace time): everything the graph reads follows ``.to(device)``."""
-    gm = fxverify.load_case(name).trace()
+    gm = fxverify.load_case(name).captured()
     plain = [f"{q}.{a}" for q, sub in gm.named_modules() for a, v in vars(sub).items() if isinstance(v, torch.Tensor)]
     assert not plain
 
@@ -124,7 +124,7 @@ def test_expected_failures_really_fail_to_trace_or_run(name):
     case = fxverify.load_case(name)
     kind, phrase = XFAIL_RAISES[name]
     with pytest.raises(kind, match=re.escape(phrase)):
-        case.trace()(*case.example_inputs())
+        case.captured()(*case.example_inputs())
 
 
 # -- hazard by hazard --------------------------------------------------------------
@@ -273,7 +273,7 @@ def test_integer_and_bool_inputs_are_never_scaled_or_cast():
 @pytest.mark.parametrize(("name", "axis"), [("edge_shape_factories", -1), ("edge_multi_head_attention", -2)])
 def test_traced_shapes_follow_the_input_length(name, axis):
     case = fxverify.load_case(name)
-    gm = case.trace()
+    gm = case.captured()
     assert len({config.specs[0].shape[axis] for config in case.configs}) >= 2
     with torch.no_grad():
         for config in case.configs:

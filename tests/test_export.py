@@ -105,7 +105,7 @@ def test_a_model_checked_at_several_batch_sizes_is_exported_with_a_dynamic_batch
     case = fxverify.load_case("edge_conv_bn_head")
     capture = case.capture_named("export")
     assert capture == Export(core=False, dynamic_batch=True)
-    gm = case.trace(capture=capture)
+    gm = case.captured(capture=capture)
     (x,) = gm.graph.find_nodes(op="placeholder")
     assert isinstance(x.meta["val"].shape[0], torch.SymInt)
     assert all(node.meta.get("val") is not None for node in gm.graph.nodes if node.op == "call_function")
@@ -120,7 +120,7 @@ def test_make_fx_gives_a_functional_aten_graph_with_meta_at_static_shapes():
     case = fxverify.load_case("edge_conv_bn_head")
     capture = case.capture_named("make_fx")
     assert capture == MakeFx() and capture.traits.opset == "functional"
-    gm = case.trace(capture=capture)
+    gm = case.captured(capture=capture)
     calls = gm.graph.find_nodes(op="call_function", target=torch.ops.aten.convolution.default)
     assert calls and all(node.meta.get("val") is not None for node in calls)
     assert not capture.accepts([(1, 3, 16, 16)], [(2, 3, 16, 16)]) and not capture.traits.dynamic_batch

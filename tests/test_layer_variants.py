@@ -36,7 +36,7 @@ def test_traced_equals_eager_in_both_modes_on_every_config(name):
     case = fxverify.load_case(name)
     for training in (False, True):
         for config in case.configs:
-            module, gm = case.build(training=training), case.trace(training=training)
+            module, gm = case.build(training=training), case.captured(training=training)
             with torch.random.fork_rng(devices=[]), torch.no_grad():
                 torch.manual_seed(1)
                 eager = module(*config.make(case.seed))
@@ -61,7 +61,7 @@ def test_each_variant_is_the_configuration_it_says():
     assert isinstance(_modules("layer_conv_transpose_bn", nn.ConvTranspose2d)[0], nn.ConvTranspose2d)
     tied = fxverify.load_case("layer_tied_projection").build()
     assert tied.out.weight is tied.embed.weight
-    relu = fxverify.load_case("layer_shared_activation").trace()
+    relu = fxverify.load_case("layer_shared_activation").captured()
     assert [n.target for n in relu.graph.find_nodes(op="call_module")].count("relu") == 2
 
 

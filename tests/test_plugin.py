@@ -165,8 +165,8 @@ def test_fx_model_fixture_is_parametrized_over_the_corpus(pytester, monkeypatch)
 
         def test_pass(fx_model):
             assert isinstance(fx_model, fxverify.ModelCase)
-            gm = fx_model.trace()
-            assert gm is not fx_model.trace()
+            gm = fx_model.captured()
+            assert gm is not fx_model.captured()
             fxverify.assert_transform_ok(mutations.normalize_args, fx_model, checks=["lint", "numerics"])
     """)
     monkeypatch.setenv("PYTHONPATH", str(MUTATIONS.parent.parent))

@@ -27,7 +27,7 @@ COMPOSITIONS = ("hand.swish", "hand.gelu_tanh", "hand.softmax", "hand.rms_norm",
 def test_the_compositions_are_catalogue_ops_that_export_to_the_aten_ops_a_pattern_pass_matches():
     assert tuple(fxs.FAMILIES["composition"]) == COMPOSITIONS
     swish = fxs.graph_from_seed(1, ops=["hand.swish"], max_nodes=2)
-    exported = swish.trace(capture=swish.capture_named("export"))
+    exported = swish.captured(capture=swish.capture_named("export"))
     targets = [n.target for n in exported.graph.nodes if n.op == "call_function"]
     assert targets == [torch.ops.aten.sigmoid.default, torch.ops.aten.mul.Tensor]
     for name in COMPOSITIONS:  # valid in every float dtype, alone and among other ops

@@ -253,7 +253,7 @@ def test_fresh_builds_are_identical_and_state_is_randomised():
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
         assert torch.equal(x, y), name
     assert (a.bn1.running_mean != 0).all() and (a.bn1.running_var != 1).all()
-    assert not a.training and case.trace(training=True).training
+    assert not a.training and case.captured(training=True).training
 
 
 def test_constant_initialised_parameters_are_randomised():

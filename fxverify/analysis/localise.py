@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 from torch import fx, nn
+from torch.fx.node import Target
 from torch.utils import _pytree as pytree
 
 from fxverify.analysis.compare import Mismatch, Tolerance, compare_trees
@@ -221,7 +222,7 @@ class _SteppedRun(RecordingInterpreter):
         """Advance until node ``name`` has run, and on while its recorded values are within :data:`AHEAD_BYTES`."""
         self.advance(lambda _: name in self.ran and self.held > AHEAD_BYTES)
 
-    def placeholder(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def placeholder(self, target: Target, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self.args_iter = self._inputs_left  # run() starts each stretch at the first input
         return super().placeholder(target, args, kwargs)
 

@@ -44,6 +44,7 @@ from torch import fx
 from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.fx.node import Target
 from torch.utils import _pytree as pytree
 
 SAMPLES = 64  # the most values of one symbol a comparison or guard is evaluated at
@@ -286,13 +287,13 @@ class _FakeRunner(fx.Interpreter):
         self.values[n.name] = pytree.tree_map(_description, value)
         return value
 
-    def get_attr(self, target: Any, args: Any, kwargs: Any) -> Any:
+    def get_attr(self, target: Target, args: Any, kwargs: Any) -> Any:
         value = super().get_attr(target, args, kwargs)
         if isinstance(value, torch.Tensor) and not isinstance(value, torch._subclasses.FakeTensor):
             return self.mode.from_tensor(value, static_shapes=True)  # a fake: an in-place op must not reach it
         return value
 
-    def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
+    def call_module(self, target: Target, args: Any, kwargs: Any) -> Any:
         assert self.current is not None
         recorded = self.current.meta.get("val")  # not run: a module's real buffers would be updated
         if recorded is None:

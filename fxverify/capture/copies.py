@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import torch
 from torch import fx, nn
+from torch.fx.node import Target
 from torch.fx.passes.shape_prop import TensorMetadata
 from torch.utils import _pytree as pytree
 
@@ -113,7 +114,7 @@ class _DtypeRecorder(fx.Interpreter):
         value = super().fetch_attr(target)
         return value.to(_META) if isinstance(value, torch.Tensor) else value
 
-    def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+    def call_function(self, target: Target, args: Any, kwargs: Any) -> Any:
         args, kwargs = pytree.tree_map_only(torch.device, lambda _: _META, (args, kwargs))
         return super().call_function(target, args, kwargs)
 

@@ -4,7 +4,7 @@ with randomised state, traces them, and makes their inputs.
 This is what the ``fx_model`` fixture yields and what every check takes::
 
     case = fxverify.load_case("resnet18")
-    gm = case.trace()                  # a fresh GraphModule, eval mode
+    gm = case.captured()                  # a fresh GraphModule, eval mode
     x, = case.configs[0].make()        # its primary inputs
 """
 
@@ -31,7 +31,7 @@ from fxverify.errors import CorpusError
 class ModelCase:
     """A corpus entry with the means to build, trace and feed it.
 
-    Every call to :meth:`build` or :meth:`trace` returns a new instance (some
+    Every call to :meth:`build` or :meth:`captured` returns a new instance (some
     timm models cache Proxies inside a module traced twice), built from the
     same seed so all instances hold identical parameters.
     """
@@ -85,8 +85,8 @@ class ModelCase:
         randomize_state(module, self.seed)
         return module.train(training)
 
-    def trace(self, *, training: bool = False, capture: Capture | None = None,
-              dtype: torch.dtype | None = None) -> fx.GraphModule:
+    def captured(self, *, training: bool = False, capture: Capture | None = None,
+                 dtype: torch.dtype | None = None) -> fx.GraphModule:
         """A fresh ``GraphModule`` of a fresh instance, captured in the given mode (by the entry's
         own capture unless another is given) from the primary inputs; with ``dtype``, of the instance
         with its floating tensors and inputs in ``dtype``."""

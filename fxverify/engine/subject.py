@@ -233,7 +233,7 @@ class Subject:
             capture = self.capture.at_example_shapes() if static else self.capture
             try:
                 captured = self._retyped(mode, dtype, static) or \
-                    self.case.trace(training=mode == "train", capture=capture, dtype=dtype)
+                    self.case.captured(training=mode == "train", capture=capture, dtype=dtype)
             except Exception as exc:
                 failed = CaptureFailed(self.case.name, capture.describe(), exc, mode)
                 self._captured[key] = failed

@@ -171,7 +171,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def fx_model(request: pytest.FixtureRequest) -> Any:
     """A corpus model (:class:`fxverify.ModelCase`), one test per selected model.
 
-    ``fx_model.build()`` gives a fresh instance, ``fx_model.trace()`` a fresh
+    ``fx_model.build()`` gives a fresh instance, ``fx_model.captured()`` a fresh
     GraphModule and ``fx_model.example_inputs()`` its inputs::
 
         def test_my_pass(fx_model):

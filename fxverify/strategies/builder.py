@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import torch
 from hypothesis import strategies as st
 from torch import fx, nn
+from torch.fx.node import Target
 
 from fxverify.strategies.meta import INTS, Meta, broadcast, broadcastable, promote, with_scalar
 
@@ -213,7 +214,7 @@ class Builder:
         return self.add(self.tensor(meta, reserve=reserve))
 
     # -- emitting nodes ---------------------------------------------------------------
-    def call(self, target: Any, *args: Any, meta: Meta, method: bool = False, fresh: bool = True,
+    def call(self, target: Target, *args: Any, meta: Meta, method: bool = False, fresh: bool = True,
              contiguous: bool = False, **kwargs: Any) -> Value:
         """A ``call_function`` (or with ``method``, ``call_method``) node producing ``meta``."""
         args = tuple(a.node if isinstance(a, Value) else a for a in args)

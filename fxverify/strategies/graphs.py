@@ -23,13 +23,13 @@ from torch.utils import _pytree as pytree
 
 from fxverify.cases.case import ModelCase
 from fxverify.cases.catalogue import RANDOM_GRAPH_TAG, CorpusEntry, InputSpec
-from fxverify.strategies import ops as catalogue
 from fxverify.strategies.builder import INT_RANGE, Builder, Choices, DrawnChoices, Limits, SeededChoices, Value
 from fxverify.strategies.meta import ANY, DTYPE_NAMES, Meta
+from fxverify.strategies.ops import CATALOGUE, Op, ops_named
 from fxverify.strategies.source import module_source
 
 DEFAULT_DTYPES = (torch.float32,)
-MAX_COST = max(op.cost for op in catalogue.CATALOGUE)
+MAX_COST = max(op.cost for op in CATALOGUE)
 GO_ON = 7  # after min_nodes, another op follows unless a draw from 0..GO_ON is 0
 
 
@@ -106,15 +106,15 @@ def validate_dtypes(dtypes: Any) -> tuple[torch.dtype, ...]:
     return tuple(dict.fromkeys(chosen))
 
 
-def select_ops(ops: Sequence[str] | None, *, limits: Limits) -> list[catalogue.Op]:
+def select_ops(ops: Sequence[str] | None, *, limits: Limits) -> list[Op]:
     """The catalogue entries the options allow; InvalidArgument naming unknown ops."""
     if isinstance(ops, str):
         raise InvalidArgument(f"ops must be a sequence of op names, e.g. ops=['add', 'F.relu'], but got ops={ops!r}")
     try:
-        chosen = catalogue.ops_named(ops, allow_modules=limits.allow_modules, allow_inplace=limits.allow_inplace)
+        chosen = ops_named(ops, allow_modules=limits.allow_modules, allow_inplace=limits.allow_inplace)
     except KeyError as exc:
         unknown = exc.args[0]
-        close = difflib.get_close_matches(unknown[0], [op.name for op in catalogue.CATALOGUE], n=3)
+        close = difflib.get_close_matches(unknown[0], [op.name for op in CATALOGUE], n=3)
         hint = f" Did you mean {', '.join(close)}?" if close else ""
         raise InvalidArgument(
             f"ops={ops!r} names {unknown}, which the catalogue does not have.{hint} "
@@ -223,7 +223,7 @@ def _plan(*, ops: Sequence[str] | None, min_nodes: int, max_nodes: int, dtypes: 
 class Plan:
     """What ``graph_modules`` was asked for (a short repr: Hypothesis prints it in errors)."""
 
-    def __init__(self, ops: tuple[catalogue.Op, ...], limits: Limits, min_nodes: int) -> None:
+    def __init__(self, ops: tuple[Op, ...], limits: Limits, min_nodes: int) -> None:
         self.ops, self.limits, self.min_nodes = ops, limits, min_nodes
 
     def __repr__(self) -> str:
@@ -247,13 +247,13 @@ def build_graph(plan: Plan, choices: Choices) -> GraphCase:
     return GraphCase(module, inputs, predicted, tuple(used_ops))
 
 
-def grow(builder: Builder, chosen: Sequence[catalogue.Op], minimum: int, maximum: int) -> list[str]:
+def grow(builder: Builder, chosen: Sequence[Op], minimum: int, maximum: int) -> list[str]:
     """Apply drawn ops until at least ``minimum`` computation nodes exist, then keep going
     while a drawn "go on" says so (7 in 8), up to ``maximum`` or while some op fits the room.
     Returns the names of the ops applied. Each op is one block of choices, preceded by its
     "go on": shrinking stops early or deletes whole ops."""
     used = []
-    by_room: dict[int, list[catalogue.Op]] = {}
+    by_room: dict[int, list[Op]] = {}
     while builder.used < maximum:
         go_on = builder.integer(0, GO_ON)  # drawn even below minimum: every op's block starts alike
         if go_on == 0 and builder.used >= minimum:
@@ -283,7 +283,7 @@ def seeded(seed: int) -> Iterator[None]:
         generator.set_state(state)
 
 
-def apply(builder: Builder, op: catalogue.Op) -> Value:
+def apply(builder: Builder, op: Op) -> Value:
     """Apply ``op`` to a drawn value it accepts (preferring recent ones) or to a new input."""
     found = builder.candidates(lambda v: op.accepts(v, builder.limits.max_rank))
     pick = builder.integer(0, len(found))

@@ -40,13 +40,13 @@ from fxverify.analysis.module_state import Snapshot
 from fxverify.cases.catalogue import model_label
 from fxverify.core.transform import Transform, as_transform
 from fxverify.errors import TransformFailed
-from fxverify.strategies import ops as catalogue
 from fxverify.strategies.graphs import GraphCase, graph_from_seed
+from fxverify.strategies.ops import BY_NAME, CATALOGUE, FAMILIES
 
 PROBE_SEEDS = (0, 1, 2)  # graphs per op: one op alone in a chain, on an input, or shared by two users
 PROBE_NODES = 3  # the most nodes of a probe graph, or the fewest a composition emits where that is more
 BUDGET_SECONDS = 60.0  # the whole probe; what is left unprobed is said
-COMPOSITIONS = frozenset(catalogue.FAMILIES.get("composition", ()))  # probed first: few, and what pattern passes target
+COMPOSITIONS = frozenset(FAMILIES.get("composition", ()))  # probed first: few, and what pattern passes target
 _MISSING = object()
 
 
@@ -122,7 +122,7 @@ def probe_ops(transform: Transform | Callable[..., Any] | str, *, ops: Sequence[
     that cost more than copying (exports) between calls, so that probing several transforms exports each
     op's graphs once."""
     transform = as_transform(transform)
-    names = list(ops) if ops is not None else [op.name for op in catalogue.CATALOGUE]
+    names = list(ops) if ops is not None else [op.name for op in CATALOGUE]
     order = sorted(names, key=lambda name: name not in COMPOSITIONS)  # what pattern passes target, before the budget ends
     chosen: tuple[str | None, ...] = probe_captures(transform, captures) or (None,)
     training = transform.contract.primary_mode == "train"
@@ -159,7 +159,7 @@ def probe_ops(transform: Transform | Callable[..., Any] | str, *, ops: Sequence[
 
 def _graphs_of(name: str, options: dict[str, Any]) -> list[GraphCase]:
     """The probe graphs of op ``name`` under ``options``; none when the options rule the op out."""
-    op = catalogue.BY_NAME.get(name)
+    op = BY_NAME.get(name)
     nodes = max(PROBE_NODES, op.cost) if op is not None else PROBE_NODES
     chosen = {**options, "ops": [name], "max_nodes": nodes, "min_nodes": 1}
     try:
