@@ -178,7 +178,10 @@ def owner_of(key: str) -> str:
     >>> owner_of("update_golden")
     'golden'
     """
-    return next(spec.name for spec in REGISTRY if key in dict(spec.options))
+    for entry in REGISTRY:
+        if key in dict(entry.options):
+            return entry.name
+    raise KeyError(key)
 
 
 def service_class(name: str) -> type[Any] | None:
