@@ -520,11 +520,8 @@ class Subject:
         self.release_copy("result", dtype)
         original = self.capture_fresh(applied.mode, dtype) if self.capture.bakes_dtypes else \
             self.capture.convert(self.capture_fresh(applied.mode), dtype=dtype)
-        result, _ = self.capture.apply(self.transform, copy.deepcopy(original), timeout=self.timeout)
-        if not self.capture.bakes_dtypes:
-            result = result.to(dtype)
+        self._float64[f"result-{dtype}"] = self._applied_in(copy.deepcopy(original), dtype)
         self._float64[f"original-{dtype}"] = original
-        self._float64[f"result-{dtype}"] = self.capture.set_mode(result, applied.mode == "train")
         self._float64_exact = True
         self.dtype_copies_fresh = True
 
@@ -536,15 +533,20 @@ class Subject:
         given = self.capture_fresh(applied.mode, dtype) if self.capture.bakes_dtypes else \
             self.capture.convert(applied.original, dtype=dtype)
         try:
-            result, _ = self.capture.apply(self.transform, given, timeout=self.timeout)
+            result = self._applied_in(given, dtype)
         except TransformFailed as exc:
             self._float64_exact = False
             self.float64_fallback = exc.cause
             return self.convert("result", applied.result, dtype=dtype)
         self._float64_exact = True
+        return result
+
+    def _applied_in(self, given: fx.GraphModule, dtype: torch.dtype) -> nn.Module:
+        """The transform applied to ``given``, a ``dtype`` capture of the original, in the subject's mode."""
+        result, _ = self.capture.apply(self.transform, given, timeout=self.timeout)
         if not self.capture.bakes_dtypes:  # new parameters made in float32, say; an ATen graph's result is as made
             result = result.to(dtype)  # (its tensor constants stay float32 in the dtype model, as the original's do)
-        return self.capture.set_mode(result, applied.mode == "train")
+        return self.capture.set_mode(result, self.applied().mode == "train")
 
     @property
     def float64_exact(self) -> bool:
