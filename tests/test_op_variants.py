@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 import fxverify
-from fxverify.analysis.op_variants import OP_COUNTS, coverage, op_counts, spelling, target_name, variant_kind
+from fxverify.analysis.op_variants import OP_COUNTS, coverage, op_counts, spelled_target, spelling, variant_kind
 from fxverify.core.results import CheckResult
 from fxverify.reports.html import render_html
 from fxverify.reports.records import json_report, record
@@ -61,7 +61,7 @@ def test_targets_are_named_by_their_spelling_and_counted():
     gm = fx.symbolic_trace(ThreeSpellings())
     assert op_counts(gm) == {"nn.ReLU": 1, "operator.sub": 1, "F.relu": 1, "operator.mul": 1, "torch.relu": 1,
                              "operator.add": 4, "Tensor.relu": 1}
-    assert [target_name(n, gm) for n in gm.graph.nodes][:2] == [None, "nn.ReLU"]  # a placeholder calls nothing
+    assert [spelled_target(n, gm) for n in gm.graph.nodes][:2] == [None, "nn.ReLU"]  # a placeholder calls nothing
     assert {spelling(name).family for name in ("nn.ReLU", "F.relu", "torch.relu", "Tensor.relu", "Tensor.relu_")} == \
         {"relu"}
     assert spelling("aten.relu_.default").family == spelling("aten.relu.default").family != spelling("F.relu").family

@@ -62,7 +62,7 @@ _OPERATOR_IN_PLACE = {f"i{name}": name for name in ("add", "sub", "mul", "truedi
 
 
 # -- naming targets ------------------------------------------------------------------------------
-def target_name(node: Any, owner: Any = None) -> str | None:
+def spelled_target(node: Any, owner: Any = None) -> str | None:
     """A readable name of what ``node`` calls: ``aten.relu.default`` (an ATen overload), ``F.relu``,
     ``torch.relu``, ``Tensor.relu`` (a method), ``operator.add``, ``nn.ReLU`` (a torch.nn module
     called through ``owner``, the GraphModule), ``package.module:Name`` for anything else; None for
@@ -71,13 +71,13 @@ def target_name(node: Any, owner: Any = None) -> str | None:
     >>> import operator, torch
     >>> from torch import fx
     >>> gm = fx.symbolic_trace(torch.nn.Sequential(torch.nn.ReLU()))
-    >>> [target_name(n, gm) for n in gm.graph.nodes]
+    >>> [spelled_target(n, gm) for n in gm.graph.nodes]
     [None, 'nn.ReLU', None]
     >>> class Node:
     ...     op, target = "call_function", torch.ops.aten.relu_.default
-    >>> target_name(Node()), target_name(type("N", (Node,), {"target": torch.relu})())
+    >>> spelled_target(Node()), spelled_target(type("N", (Node,), {"target": torch.relu})())
     ('aten.relu_.default', 'torch.relu')
-    >>> target_name(type("N", (Node,), {"op": "call_method", "target": "add_"})())
+    >>> spelled_target(type("N", (Node,), {"op": "call_method", "target": "add_"})())
     'Tensor.add_'
     """
     op, target = node.op, node.target
@@ -116,7 +116,7 @@ def _function_name(target: Any) -> str:
 
 
 def op_counts(gm: Any) -> dict[str, int]:
-    """How many nodes of ``gm`` (a GraphModule) call each target, by :func:`target_name`.
+    """How many nodes of ``gm`` (a GraphModule) call each target, by :func:`spelled_target`.
 
     >>> import torch
     >>> from torch import fx, nn
@@ -128,7 +128,7 @@ def op_counts(gm: Any) -> dict[str, int]:
     """
     counts: dict[str, int] = {}
     for node in gm.graph.nodes:
-        name = target_name(node, gm)
+        name = spelled_target(node, gm)
         if name is not None:
             counts[name] = counts.get(name, 0) + 1
     return counts
@@ -136,7 +136,7 @@ def op_counts(gm: Any) -> dict[str, int]:
 
 def first_node(gm: Any, name: str) -> Any:
     """The first node of ``gm`` whose target is called ``name``, or None."""
-    return next((node for node in gm.graph.nodes if target_name(node, gm) == name), None)
+    return next((node for node in gm.graph.nodes if spelled_target(node, gm) == name), None)
 
 
 # -- families of variants ------------------------------------------------------------------------
@@ -154,7 +154,7 @@ class Spelling:
 
 
 def spelling(name: str) -> Spelling:
-    """What ``name`` (a :func:`target_name`) says of its op.
+    """What ``name`` (a :func:`spelled_target`) says of its op.
 
     >>> spelling("aten.relu_.default")
     Spelling(family='aten.relu', in_place=True, out=False, overload='default', style='')
@@ -194,7 +194,7 @@ def _strip_in_place(name: str) -> tuple[str, bool]:
 
 
 def variant_kind(rewritten: str, left: str) -> str | None:
-    """What ``left`` is to ``rewritten`` (both :func:`target_name` names): ``the same op``, ``in-place
+    """What ``left`` is to ``rewritten`` (both :func:`spelled_target` names): ``the same op``, ``in-place
     twin``, ``functional twin``, ``out= variant``, ``other overload`` (ATen), or which spelling
     (``function spelling``, ``method spelling``, ``module spelling``) of the same torch-level op;
     None when it is another op.
