@@ -418,6 +418,22 @@ def mutates(node: fx.Node) -> bool:
             or node.kwargs.get("inplace") is True)
 
 
+def written_arguments(node: fx.Node) -> list[Any]:
+    """The arguments an ATen operator's schema says ``node`` writes into (``self`` of ``aten.add_.Tensor``, ``out``
+    of an ``out=`` overload); none for any other node (:func:`mutates` judges torch-level ones).
+
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> gm = make_fx(lambda x: x.add_(1) * 2)(torch.ones(2))
+    >>> [[a.name for a in written_arguments(n)] for n in gm.graph.nodes]
+    [[], ['x_1'], [], []]
+    """
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return []
+    return [node.args[position] if position < len(node.args) else node.kwargs.get(argument.name)
+            for position, argument in enumerate(node.target._schema.arguments)
+            if argument.alias_info is not None and argument.alias_info.is_write]
+
+
 def changed_downstream(node: fx.Node, kept: set[fx.Node]) -> tuple[str, ...]:
     """Names of the changed nodes (not in ``kept``) that ``node`` feeds, up to kept nodes and the output."""
     return _changed_around(node, kept, lambda n: [u for u in n.users if u.op != "output"])

@@ -35,6 +35,8 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from fxverify.analysis.localise import written_arguments
+
 __all__ = ["REFUSED", "lifted_make_fx", "refuses_buffer_update", "writes_attributes", "write_backs"]
 
 # what torch's functionalization raises where a model updates a buffer from a traced value
@@ -56,16 +58,8 @@ def writes_attributes(gm: fx.GraphModule) -> bool:
     >>> writes_attributes(make_fx(torch.nn.BatchNorm1d(2).eval())(torch.ones(3, 2)))
     False
     """
-    for node in gm.graph.nodes:
-        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
-            continue
-        for position, argument in enumerate(node.target._schema.arguments):
-            if argument.alias_info is None or not argument.alias_info.is_write:
-                continue
-            value = node.args[position] if position < len(node.args) else node.kwargs.get(argument.name)
-            if isinstance(value, fx.Node) and _viewed_attribute(value):
-                return True
-    return False
+    return any(isinstance(value, fx.Node) and _viewed_attribute(value)
+               for node in gm.graph.nodes for value in written_arguments(node))
 
 
 def _viewed_attribute(node: fx.Node) -> bool:

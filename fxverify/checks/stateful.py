@@ -22,6 +22,7 @@ import torch
 from torch import fx
 
 from fxverify.analysis.compare import compare_trees, compare_values
+from fxverify.analysis.localise import written_arguments
 from fxverify.analysis.module_state import tensor_state
 from fxverify.analysis.parameters import tensor_fates
 from fxverify.checks._outputs import finding_of
@@ -130,6 +131,5 @@ def _writers(module: torch.nn.Module, buffer: str) -> list[fx.Node]:
 
 def _writes_first_argument(node: fx.Node) -> bool:
     if isinstance(node.target, torch._ops.OpOverload):
-        arguments = node.target._schema.arguments
-        return bool(arguments and arguments[0].alias_info is not None and arguments[0].alias_info.is_write)
+        return bool(node.args) and any(value is node.args[0] for value in written_arguments(node))
     return node.op == "call_method" and str(node.target).endswith("_")
