@@ -37,7 +37,7 @@ from hypothesis.errors import InvalidArgument
 from torch import fx, nn
 
 from fxverify.analysis.module_state import Snapshot
-from fxverify.cases.catalogue import model_label
+from fxverify.core.captures import DEFAULT_CAPTURE
 from fxverify.core.transform import Transform, as_transform
 from fxverify.errors import TransformFailed
 from fxverify.strategies.graphs import GraphCase, graph_from_seed
@@ -83,18 +83,13 @@ class Probe:
                                                       if len(self.rewritten) > 12 else "")
             found = f"rewrote {len(self.rewritten)} ({shown})"
         partial = "" if self.probed == self.usable else f" (of {self.usable}: the probe's {self.budget:g} s ran out)"
-        where = "" if all(_is_default(c) for c in self.captures) else " and ".join(self.captures) + " "
+        where = "" if all(c == DEFAULT_CAPTURE for c in self.captures) else " and ".join(self.captures) + " "
         missed = ""
         if self.uncaptured:
             names = ", ".join(self.uncaptured[:6]) + (" and more" if len(self.uncaptured) > 6 else "")
             missed = f"; {len(self.uncaptured)} did not capture ({names})"
         return (f"probed {self.transform} on {where}graphs of each of {self.probed} ops{partial} in "
                 f"{self.seconds:.1f} s; it {found}{missed}")
-
-
-def _is_default(capture: str) -> bool:
-    """Whether ``capture`` is the default one (a corpus entry's own: symbolic tracing), whose label is the bare name."""
-    return model_label("", capture) == ""
 
 
 def probe_captures(transform: Transform, captures: Sequence[str]) -> tuple[str, ...]:
