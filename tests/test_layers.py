@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("fxverify.checks",),
     ("fxverify.diagnose",),
     ("fxverify.reports",),
+    ("fxverify.compile",),
     ("fxverify.api", "fxverify.runner", "fxverify.rewrite", "fxverify.examples"),
     ("fxverify.plugin", "fxverify"),
 ]

@@ -141,22 +141,7 @@ class Transform:
         >>> Transform.load("fxverify.examples:fuse_conv_bn").spec
         'fxverify.examples:fuse_conv_bn'
         """
-        module_part, sep, attr_path = spec.rpartition(":")
-        if not sep or not module_part or not attr_path:
-            raise TransformLoadError(
-                f"transform spec {spec!r} must look like 'package.module:function' or "
-                "'path/to/file.py:function'"
-            )
-        module = _import_module(module_part, spec)
-        obj: Any = module
-        for attr in attr_path.split("."):
-            if not hasattr(obj, attr):
-                public = sorted(n for n in dir(module) if not n.startswith("_"))[:20]
-                raise TransformLoadError(
-                    f"transform spec {spec!r}: module {module_part!r} has no attribute {attr_path!r}. "
-                    f"Public names there: {', '.join(public) or '(none)'}"
-                )
-            obj = getattr(obj, attr)
+        obj = load_object(spec)
         if _is_pipeline(obj):
             return dataclasses.replace(cls.from_steps(obj, spec), reloadable=True)
         if not callable(obj):
@@ -215,6 +200,31 @@ class Transform:
             f"transform {self.spec} returned {type(returned).__module__}.{type(returned).__qualname__} "
             f"({_short_repr(returned)}); accepted: {ACCEPTED_RETURNS}.{hint}"
         )
+
+
+def load_object(spec: str, what: str = "transform") -> Any:
+    """The object ``package.module:name`` or ``path/to/file.py:name`` names (``name`` may be dotted);
+    :class:`TransformLoadError` saying what is wrong with the spec (``what`` names what it is for).
+
+    >>> load_object("fxverify.examples:fuse_conv_bn").__name__
+    'fuse_conv_bn'
+    """
+    module_part, sep, attr_path = spec.rpartition(":")
+    if not sep or not module_part or not attr_path:
+        raise TransformLoadError(
+            f"{what} spec {spec!r} must look like 'package.module:name' or 'path/to/file.py:name'"
+        )
+    module = _import_module(module_part, spec)
+    obj: Any = module
+    for attr in attr_path.split("."):
+        if not hasattr(obj, attr):
+            public = sorted(n for n in dir(module) if not n.startswith("_"))[:20]
+            raise TransformLoadError(
+                f"{what} spec {spec!r}: module {module_part!r} has no attribute {attr_path!r}. "
+                f"Public names there: {', '.join(public) or '(none)'}"
+            )
+        obj = getattr(obj, attr)
+    return obj
 
 
 _PACKAGE = str(Path(__file__).resolve().parent)
