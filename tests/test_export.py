@@ -407,7 +407,7 @@ def test_the_form_of_a_pass_is_declared_or_read_from_its_first_parameter():
     skipped = verification(on_program, "edge_conv_bn_head", "symbolic_trace").run("lint")
     assert skipped.outcome == SKIPPED and "--fxverify-capture export,export_core" in skipped.message
     with pytest.raises(fxverify.FxVerifyError, match="contract form must be one of"):
-        fxverify.contract(form="graph")
+        fxverify.contract(form="tree")
 
 
 def test_a_program_pass_returning_something_else_fails_naming_what_it_accepts():

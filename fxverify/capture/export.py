@@ -47,6 +47,7 @@ from fxverify.analysis.module_state import first_line_difference, tensors_equal
 from fxverify.capture.base import Capture
 from fxverify.capture.copies import retyped_copy
 from fxverify.core import captures
+from fxverify.core.contracts import PROGRAM_FORMS
 from fxverify.core.transform import Transform
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
@@ -83,7 +84,7 @@ class Export(Capture):
     def for_transform(self, transform: Transform) -> Export:
         """This capture, keeping each capture's program for a transform of form ``program`` or ``lifted``
         (a program in meta doubles what every copy of a capture costs)."""
-        return dataclasses.replace(self, keeps_program=transform.form != "module")
+        return dataclasses.replace(self, keeps_program=transform.form in PROGRAM_FORMS)
 
     def at_example_shapes(self) -> Export:
         """This capture with a static batch, which exports in about half the time of a dynamic one."""
@@ -132,7 +133,7 @@ class Export(Capture):
     def apply(self, transform: Transform, gm: fx.GraphModule, *, timeout: float | None) -> tuple[nn.Module, bool]:
         """``transform(gm)`` on the program's module, as PT2E-style passes are called; for a transform of
         form ``program`` or ``lifted``, on the program ``gm`` is the module of (see the module's docstring)."""
-        if transform.form == "module":
+        if transform.form not in PROGRAM_FORMS:
             return transform.apply(gm, timeout=timeout)
         if PROGRAM not in gm.meta:
             raise ValueError(f"a transform of form {transform.form} needs the capture's program: capture with "

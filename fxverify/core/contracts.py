@@ -20,7 +20,8 @@ from fxverify.errors import FxVerifyError
 
 Mode = Literal["eval", "train"]  # a module mode, as contracts and checks name it
 MODES: tuple[Mode, ...] = ("eval", "train")
-FORMS = ("module", "program", "lifted")  # what a transform takes (see Contract.form)
+FORMS = ("module", "program", "lifted", "graph")  # what a transform takes (see Contract.form)
+PROGRAM_FORMS = ("program", "lifted")  # the forms that take an ExportedProgram (export captures only)
 DTYPES = ("float32", "float64")  # the floating dtypes the checks run a result in
 DEVICES = ("cpu", "cuda", "meta")  # the device types the checks run a result on
 _ATTRIBUTE = "__fxverify_contract__"
@@ -60,7 +61,11 @@ class Contract:
     ``prepare_pt2e`` takes it); ``program``, the ``ExportedProgram`` itself (it returns one,
     or None when it changed it in place); ``lifted``, the program's own ``graph_module``
     (parameters as placeholders), called through ``ep._transform_do_not_use``. A
-    ``program`` or ``lifted`` transform runs under the export captures only.
+    ``program`` or ``lifted`` transform runs under the export captures only. ``graph``: the
+    ``torch.fx.Graph`` of the capture, as Inductor's hooks call a pass (a ``CustomGraphPass``, a
+    ``PatternMatcherPass``, a function registering replacements into one, a function whose first
+    parameter is annotated ``torch.fx.Graph``: read from the object, see
+    :mod:`fxverify.core.graph_passes`); the graph is changed in place, then the module recompiled.
     ``verify_each``: for a pipeline (a decorated ``PassManager``), that every step leaves a graph
     the structural checks (``verify_each`` in the check registry) pass, not only the last one: a step breaking what a
     later step repairs then fails (as LLVM's ``-verify-each``). Off by default: pipelines commonly

@@ -6,13 +6,17 @@ A transform receives a freshly traced ``GraphModule`` and returns an
 place) or a ``PassResult``. The ``transform(m, tracer_class)`` convention of the
 torch.fx docs is recognised from the signature. Under the export captures a
 transform may instead take the ``ExportedProgram`` (its :attr:`Transform.form`,
-declared in the contract or read from its first parameter's annotation). A list of passes or a
+declared in the contract or read from its first parameter's annotation). A pass Inductor calls on a
+``torch.fx.Graph`` (a ``CustomGraphPass``, a ``PatternMatcherPass``, a function registering replacements
+into one, a function annotated ``torch.fx.Graph``) is of form ``graph``: fxverify runs it on ``gm.graph``
+and recompiles ``gm`` (:mod:`fxverify.core.graph_passes`). A list of passes or a
 ``torch.fx`` ``PassManager`` is one transform, a pipeline, whose :attr:`Transform.steps` are its
 passes: a check that fails on the pipeline's result names the first step after which it fails.
 """
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import dataclasses
 import functools
@@ -31,7 +35,8 @@ from typing import Any, cast
 
 from fxverify.analysis.known_errors import known_cause
 from fxverify.core.captures import program_captures
-from fxverify.core.contracts import Contract, contract_of
+from fxverify.core.contracts import PROGRAM_FORMS, Contract, contract_of
+from fxverify.core.graph_passes import GraphPassRunner, takes_graph
 from fxverify.core.results import exception_summary
 from fxverify.errors import TransformFailed, TransformLoadError
 
@@ -108,7 +113,7 @@ class Transform:
         if not self.contract.supports_capture(capture):
             declared = ", ".join(self.contract.captures or ())
             return f"the contract declares the transform for {declared} graphs: not run on {capture}"
-        if self.form != "module" and capture not in program_captures():
+        if self.form in PROGRAM_FORMS and capture not in program_captures():
             takes = "an ExportedProgram" if self.form == "program" else "an ExportedProgram's graph_module"
             return (f"the transform takes {takes} (form={self.form}), which only the {' and '.join(program_captures())} "
                     f"captures make: not run on {capture} (select them with --fxverify-capture "
@@ -117,17 +122,24 @@ class Transform:
 
     @classmethod
     def from_callable(cls, fn: Callable[..., Any], spec: str | None = None) -> Transform:
-        """Wrap a callable, checking that its signature can be called by fxverify."""
+        """Wrap a callable (or a ``PatternMatcherPass``), checking that fxverify can call it.
+
+        >>> import torch
+        >>> def fold(graph: torch.fx.Graph) -> None: ...
+        >>> Transform.from_callable(fold).form
+        'graph'
+        """
         if _is_pipeline(fn):
             return cls.from_steps(fn, spec or "pipeline")
-        if not callable(fn):
+        if not callable(fn) and not takes_graph(fn):
             raise TransformLoadError(f"transform {spec or fn!r} is not callable (got {type(fn).__name__})")
         importable = spec or _importable_spec(fn)
         declared = contract_of(fn)
         form = declared.form or _form_of(fn)
+        named = getattr(fn, "__qualname__", f"{type(fn).__qualname__}()" if form == "graph" else repr(fn))
         return cls(
-            fn=fn,
-            spec=importable or cast(str, getattr(fn, "__qualname__", repr(fn))),
+            fn=GraphPassRunner.of(fn, importable or named) if form == "graph" else fn,
+            spec=importable or cast(str, named),
             contract=declared,
             takes_tracer_class=form == "module" and _takes_tracer_class(fn, spec or repr(fn)),
             reloadable=importable is not None,
@@ -144,10 +156,10 @@ class Transform:
         obj = load_object(spec)
         if _is_pipeline(obj):
             return dataclasses.replace(cls.from_steps(obj, spec), reloadable=True)
-        if not callable(obj):
+        if not callable(obj) and not takes_graph(obj):
             raise TransformLoadError(
                 f"transform spec {spec!r} names a {type(obj).__name__}, not a callable; "
-                "point it at a function taking a GraphModule"
+                "point it at a function taking a GraphModule, or a pass taking a torch.fx.Graph"
             )
         return cls.from_callable(obj, spec)
 
@@ -283,9 +295,11 @@ def call_with_timeout(fn: Callable[..., Any], args: tuple[Any, ...], timeout: fl
             signal.signal(signal.SIGALRM, previous)
     outcome: dict[str, Any] = {}
 
+    context = contextvars.copy_context()  # what the caller set (graph_passes.training_graph) holds in the thread
+
     def target() -> None:
         try:
-            outcome["value"] = fn(*args)
+            outcome["value"] = context.run(fn, *args)
         except BaseException as exc:  # handed back to the calling thread
             outcome["error"] = exc
 
@@ -371,12 +385,16 @@ def _manager_prefix(manager: Any, count: int) -> Callable[..., Any]:
 
 
 def _form_of(fn: Callable[..., Any]) -> str:
-    """``program`` when ``fn``'s first parameter is annotated ``ExportedProgram``, else ``module``.
+    """``program`` when ``fn``'s first parameter is annotated ``ExportedProgram``, ``graph`` when ``fn`` is a pass
+    Inductor calls on a Graph (:func:`~fxverify.core.graph_passes.takes_graph`), else ``module``.
 
     >>> def fold(ep: "torch.export.ExportedProgram") -> None: ...
-    >>> _form_of(fold), _form_of(lambda gm: gm)
-    ('program', 'module')
+    >>> def fuse(graph: "torch.fx.Graph") -> None: ...
+    >>> _form_of(fold), _form_of(fuse), _form_of(lambda gm: gm)
+    ('program', 'graph', 'module')
     """
+    if takes_graph(fn):
+        return "graph"
     try:
         first = next(iter(inspect.signature(fn).parameters.values()), None)
     except (TypeError, ValueError):

@@ -1,0 +1,67 @@
+"""Passes written for Inductor's hooks (``post_grad_custom_pre_pass`` and its siblings), in each form their
+authors register them: a ``CustomGraphPass``, a function on a ``torch.fx.Graph``, a ``PatternMatcherPass``,
+a function registering replacements into one. The correct ones rewrite ``x + x`` into ``x * 2``; each buggy
+one carries a defect of real fusion passes, named in its docstring with the check meant to catch it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+from torch._inductor.pattern_matcher import PatternMatcherPass, fwd_only, register_replacement
+
+aten = torch.ops.aten
+
+
+def add_to_mul(graph: torch.fx.Graph) -> None:
+    """``aten.add(x, x)`` -> ``aten.mul(x, 2)``, on the Graph as Inductor's hooks hand it."""
+    for node in graph.find_nodes(op="call_function", target=aten.add.Tensor):
+        if node.args[0] is node.args[1] and not node.kwargs:
+            with graph.inserting_before(node):
+                doubled = graph.call_function(aten.mul.Tensor, (node.args[0], 2))
+            doubled.meta.update(node.meta)
+            node.replace_all_uses_with(doubled)
+            graph.erase_node(node)
+
+
+class AddToMul(CustomGraphPass):
+    """:func:`add_to_mul` as a ``CustomGraphPass``, its ``uuid()`` the hash of this file."""
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        add_to_mul(graph)
+
+    def uuid(self) -> Any:
+        return get_hash_for_files((__file__,))
+
+
+def _doubled(x: torch.Tensor) -> torch.Tensor:
+    return aten.add.Tensor(x, x)
+
+
+def _times_two(x: torch.Tensor) -> torch.Tensor:
+    return aten.mul.Tensor(x, 2)
+
+
+def register_add_to_mul(patterns: PatternMatcherPass) -> None:
+    """``x + x`` -> ``x * 2`` registered with ``register_replacement`` into ``patterns``."""
+    register_replacement(_doubled, _times_two, [torch.empty(4)], fwd_only, patterns)
+
+
+ADD_TO_MUL_PATTERNS = PatternMatcherPass(pass_name="add_to_mul")
+register_add_to_mul(ADD_TO_MUL_PATTERNS)
+
+
+class Fusions(CustomGraphPass):
+    """A ``CustomGraphPass`` holding its ``PatternMatcherPass``, as serving engines write fusion passes."""
+
+    def __init__(self) -> None:
+        self.patterns = PatternMatcherPass()
+        register_add_to_mul(self.patterns)
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        self.patterns.apply(graph)
+
+    def uuid(self) -> Any:
+        return get_hash_for_files((__file__,))

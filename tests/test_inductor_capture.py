@@ -1,0 +1,107 @@
+"""Passes inside torch.compile (issue 34, point 1): the forms Inductor's hooks take (a ``CustomGraphPass``,
+a function on a ``torch.fx.Graph``, a ``PatternMatcherPass``, a registering function) as transforms of form
+``graph``, and the ``inductor`` / ``inductor_train`` captures of the graphs those hooks receive."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._inductor.pattern_matcher import PatternMatcherPass
+
+import fxverify
+from fxverify.core.graph_passes import graph_pass, pattern_passes
+from fxverify.core.transform import Transform
+from fxverify.errors import TransformLoadError
+from tests import inductor_passes
+
+aten = torch.ops.aten
+
+
+def _doubling_graph() -> torch.fx.GraphModule:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    return make_fx(lambda x: aten.relu.default(aten.add.Tensor(x, x)))(torch.randn(4))
+
+
+def _targets(gm: torch.fx.GraphModule) -> list[object]:
+    return [node.target for node in gm.graph.nodes if node.op == "call_function"]
+
+
+# -- the forms -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("given", [
+    inductor_passes.add_to_mul, inductor_passes.AddToMul(), inductor_passes.ADD_TO_MUL_PATTERNS,
+    inductor_passes.register_add_to_mul, inductor_passes.Fusions(),
+], ids=["graph_function", "custom_graph_pass", "pattern_matcher_pass", "registering_function", "holder"])
+def test_each_form_inductor_takes_is_a_graph_transform_run_on_the_graph(given):
+    transform = Transform.from_callable(given)
+    gm = _doubling_graph()
+    x = torch.randn(4)
+    expected = gm(x)
+    result, in_place = transform.apply(gm)
+    assert transform.form == "graph" and in_place and result is gm
+    assert _targets(gm) == [aten.mul.Tensor, aten.relu.default]
+    torch.testing.assert_close(gm(x), expected)  # recompiled: the code runs the new graph
+
+
+def test_a_module_pass_and_a_graph_module_pass_keep_the_module_form():
+    assert Transform.from_callable(lambda gm: gm).form == "module"
+    assert fxverify.Transform.load("fxverify.examples:fuse_conv_bn").form == "module"
+
+
+def test_a_custom_graph_pass_gets_the_graph_not_the_module():
+    seen = []
+
+    class Records(inductor_passes.AddToMul):
+        def __call__(self, graph: torch.fx.Graph) -> None:
+            seen.append(type(graph))
+
+    Transform.from_callable(Records()).apply(_doubling_graph())
+    assert seen == [torch.fx.Graph]
+
+
+def test_a_pattern_matcher_pass_loads_from_a_spec_though_it_is_not_callable():
+    transform = Transform.load("tests.inductor_passes:ADD_TO_MUL_PATTERNS")
+    assert transform.form == "graph" and transform.reloadable
+    gm = _doubling_graph()
+    transform.apply(gm)
+    assert aten.mul.Tensor in _targets(gm)
+
+
+def test_pattern_passes_finds_the_passes_of_every_form_and_names_the_spec_when_none():
+    holder = inductor_passes.Fusions()
+    assert pattern_passes(holder, "h") == (holder.patterns,)
+    assert pattern_passes([inductor_passes.ADD_TO_MUL_PATTERNS, holder], "l") == (
+        inductor_passes.ADD_TO_MUL_PATTERNS, holder.patterns)
+    (registered,) = pattern_passes(inductor_passes.register_add_to_mul, "r")
+    assert isinstance(registered, PatternMatcherPass) and registered.patterns
+    with pytest.raises(TransformLoadError, match="my:fold holds no PatternMatcherPass: found a function"):
+        pattern_passes(inductor_passes.add_to_mul, "my:fold")
+
+
+def test_a_registering_function_that_registers_nothing_is_a_load_error():
+    def registers_nothing(patterns: PatternMatcherPass) -> None:
+        pass
+
+    with pytest.raises(TransformLoadError, match="registered no replacement"):
+        graph_pass(registers_nothing, "my:nothing")
+
+
+def test_an_inference_aware_pass_is_told_which_graph_it_runs_on():
+    from torch._inductor.custom_graph_pass import CustomInferenceAwareGraphPass
+
+    from fxverify.core.graph_passes import training_graph
+
+    told = []
+
+    class Aware(CustomInferenceAwareGraphPass):
+        def __call__(self, graph: torch.fx.Graph, is_inference: bool) -> None:
+            told.append(is_inference)
+
+        def uuid(self) -> None:
+            return None
+
+    transform = Transform.from_callable(Aware())
+    transform.apply(_doubling_graph())
+    with training_graph():
+        transform.apply(_doubling_graph(), timeout=30)
+    assert transform.form == "graph" and told == [True, False]
