@@ -31,6 +31,7 @@ _EXPORTS: dict[str, str] = {
     "Verification": "fxverify.api",
     "ReferenceStore": "fxverify.engine.references",
     "check_rewrite": "fxverify.rewrite",
+    "check_patterns": "fxverify.compile.patterns",
     "RewriteFailed": "fxverify.errors",
     "Minimised": "fxverify.diagnose.minimise",
     "minimise_numerics": "fxverify.api",

@@ -1,0 +1,194 @@
+"""Where the patterns of an Inductor pattern-matcher pass come from, with what fuzzing needs of each:
+its search function, the example inputs it was traced with and the trace function, and a
+``PatternMatcherPass`` holding that pattern alone (so a rewrite is attributed to one pattern).
+
+A ``PatternMatcherPass`` keeps only the pattern expressions it was given, not the search
+functions they were traced from, so fxverify records them while the patterns are registered:
+
+- a function registering replacements into the pass it is given
+  (``def register(pass_dict): register_replacement(search, replace, inputs, fwd_only, pass_dict)``)
+  is called with a fresh ``PatternMatcherPass`` while fxverify records each search function
+  ``register_replacement`` traces;
+- ``register_replacement``'s keyword arguments as ``(name, kwargs)`` pairs or dicts, as
+  ``torch._inductor.fx_passes.fuse_attention._get_sfdp_patterns()`` yields Inductor's own; each is
+  registered as torch registers it (with the serialized pattern torch ships under that name, if any).
+
+>>> import torch
+>>> from torch._inductor.pattern_matcher import fwd_only, register_replacement
+>>> def register(pass_dict):
+...     register_replacement(lambda x: x + x, lambda x: x * 2, [torch.randn(4)], fwd_only, pass_dict)
+>>> [(p.name, p.traced_with) for p in recorded_patterns(register, "register")]
+[('<lambda>', 'fwd_only')]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+from fxverify.core.results import exception_summary
+from fxverify.errors import TransformLoadError
+
+FORMS = ("a function registering replacements into the PatternMatcherPass it is given (first parameter annotated "
+         "PatternMatcherPass or named pass_dict / patterns), or register_replacement's keyword arguments as "
+         "(name, kwargs) pairs, as torch._inductor.fx_passes.fuse_attention._get_sfdp_patterns() yields them")
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordedPattern:
+    """One registered pattern: ``name`` (the registration's, else the search function's), the search
+    function and its example inputs, ``traced_with`` (``fwd_only`` or ``joint_fwd_bwd``), the
+    ``scalar_workaround`` it was registered with, and ``only`` a ``PatternMatcherPass`` holding it alone."""
+
+    name: str
+    search_fn: Callable[..., Any]
+    example_inputs: tuple[Any, ...]
+    trace_fn: Callable[..., Any]
+    scalar_workaround: Mapping[str, Any]
+    only: Any  # torch._inductor.pattern_matcher.PatternMatcherPass
+
+    @property
+    def traced_with(self) -> str:
+        return getattr(self.trace_fn, "__name__", repr(self.trace_fn))
+
+    def search_source(self) -> str:
+        """The search function's source, or its name where Python keeps none."""
+        try:
+            return inspect.getsource(self.search_fn).strip()
+        except (OSError, TypeError):
+            return getattr(self.search_fn, "__qualname__", repr(self.search_fn))
+
+
+def recorded_patterns(source: Any, spec: str) -> tuple[RecordedPattern, ...]:
+    """The patterns ``source`` registers (see the module's docstring for its forms), each in a pass of its own;
+    :class:`~fxverify.errors.TransformLoadError` naming ``spec`` for any other form, or when nothing is registered."""
+    from torch._inductor.pattern_matcher import PatternMatcherPass
+
+    if _registers(source):
+        return _record_registrations(source, spec)
+    if isinstance(source, (PatternMatcherPass, Mapping)) or hasattr(source, "uuid"):
+        raise TransformLoadError(
+            f"patterns {spec}: a {type(source).__name__} keeps the patterns it was given but not the search functions "
+            f"they were traced from, which fuzzing varies; give {FORMS}")
+    if isinstance(source, Iterable) and not isinstance(source, (str, bytes)):
+        return _register_each(list(source), spec)
+    raise TransformLoadError(f"patterns {spec}: got {type(source).__name__}; give {FORMS}")
+
+
+def _registers(source: Any) -> bool:
+    """Whether ``source`` is a function taking the PatternMatcherPass to register into."""
+    if not callable(source) or isinstance(source, type):
+        return False
+    try:
+        first = next(iter(inspect.signature(source).parameters.values()), None)
+    except (TypeError, ValueError):
+        return False
+    if first is None:
+        return False
+    annotation = first.annotation if isinstance(first.annotation, str) else getattr(first.annotation, "__name__", "")
+    return annotation.rpartition(".")[2] == "PatternMatcherPass" or first.name in ("pass_dict", "pass_dicts", "patterns")
+
+
+@contextlib.contextmanager
+def _recording(found: list[tuple[Any, Callable[..., Any], tuple[Any, ...], Callable[..., Any], Mapping[str, Any]]]
+               ) -> Iterator[None]:
+    """Record ``(pattern, search_fn, example_inputs, trace_fn, scalar_workaround)`` for every pattern registered
+    inside the block: a search function ``register_replacement`` traces (``gen_pattern_and_search_gm``), or a
+    serialized pattern it is given (``search_fn_pattern=``, as ``gen_register_replacement`` passes Inductor's
+    own). Both are looked up in their module at each call, so recording replaces them there."""
+    from torch._inductor import pattern_matcher
+
+    tracing, registering = pattern_matcher.gen_pattern_and_search_gm, pattern_matcher.register_replacement
+
+    def traced(search_fn: Any, example_inputs: Any, trace_fn: Any, scalar_workaround: Any = None,
+               *args: Any, **kwargs: Any) -> Any:
+        pattern, gm = tracing(search_fn, example_inputs, trace_fn, scalar_workaround, *args, **kwargs)
+        found.append((pattern, search_fn, tuple(example_inputs), trace_fn, dict(scalar_workaround or {})))
+        return pattern, gm
+
+    def registered(*args: Any, **kwargs: Any) -> Any:
+        bound = inspect.signature(registering).bind(*args, **kwargs)
+        given = bound.arguments
+        if given.get("search_fn_pattern") is not None:
+            found.append((given["search_fn_pattern"], given["search_fn"], tuple(given["example_inputs"]),
+                          given["trace_fn"], dict(given.get("scalar_workaround") or {})))
+        return registering(*args, **kwargs)
+
+    pattern_matcher.gen_pattern_and_search_gm, pattern_matcher.register_replacement = traced, registered
+    try:
+        yield
+    finally:
+        pattern_matcher.gen_pattern_and_search_gm, pattern_matcher.register_replacement = tracing, registering
+
+
+def _record_registrations(register: Callable[..., Any], spec: str) -> tuple[RecordedPattern, ...]:
+    from torch._inductor.pattern_matcher import PatternMatcherPass
+
+    whole = PatternMatcherPass(pass_name=f"fxverify[{spec}]")
+    found: list[Any] = []
+    with _recording(found):
+        try:
+            register(whole)
+        except Exception as exc:
+            raise TransformLoadError(f"patterns {spec}: registering the patterns into a fresh PatternMatcherPass "
+                                     f"raised {exception_summary(exc)}") from exc
+    if not found:
+        raise TransformLoadError(
+            f"patterns {spec}: calling it with a fresh PatternMatcherPass registered no pattern that fxverify saw "
+            "traced (register_replacement with search_fn_pattern=, a serialized pattern, or register_graph_pattern "
+            "keep no search function); register with register_replacement(search_fn, replace_fn, example_inputs, "
+            "trace_fn, pass_dict)")
+    return tuple(RecordedPattern(getattr(fn, "__name__", f"pattern_{i}"), fn, inputs, trace, workaround,
+                                 _alone(whole, pattern))
+                 for i, (pattern, fn, inputs, trace, workaround) in enumerate(found))
+
+
+def _register_each(rows: list[Any], spec: str) -> tuple[RecordedPattern, ...]:
+    """Register each row as torch registers it: ``gen_register_replacement`` (the serialized pattern Inductor
+    ships, where one is kept under the row's name), else ``register_replacement``."""
+    from torch._inductor import pattern_matcher
+
+    recorded = []
+    for i, row in enumerate(rows):
+        name, kwargs = row if isinstance(row, tuple) and len(row) == 2 else (None, row)
+        if not isinstance(kwargs, Mapping) or "search_fn" not in kwargs:
+            raise TransformLoadError(f"patterns {spec}: item {i} is {type(row).__name__}, not register_replacement's "
+                                     f"keyword arguments; give {FORMS}")
+        whole = pattern_matcher.PatternMatcherPass(pass_name=f"fxverify[{name or i}]")
+        found: list[Any] = []
+        arguments = {**kwargs, "pass_dicts": whole}
+        with _recording(found):
+            if name is not None and _serialized(str(name), kwargs["search_fn"]):
+                pattern_matcher.gen_register_replacement(str(name), **arguments)
+            else:
+                pattern_matcher.register_replacement(**arguments)
+        for pattern, fn, inputs, trace, workaround in found:
+            recorded.append(RecordedPattern(str(name or getattr(fn, "__name__", i)), fn, inputs, trace, workaround,
+                                            _alone(whole, pattern)))
+    return tuple(recorded)
+
+
+def _serialized(name: str, search_fn: Any) -> bool:
+    """Whether torch ships the pattern ``name`` serialized (``serialized_patterns/<search function>.py``)."""
+    import importlib
+
+    try:
+        module = importlib.import_module(f"torch._inductor.fx_passes.serialized_patterns.{search_fn.__name__}")
+    except (ImportError, AttributeError):
+        return False
+    return hasattr(module, name)
+
+
+def _alone(whole: Any, pattern: Any) -> Any:
+    """A PatternMatcherPass holding the entries of ``whole`` registered for ``pattern`` only."""
+    from torch._inductor.pattern_matcher import PatternMatcherPass
+
+    single = PatternMatcherPass(pass_name=whole.pass_name)
+    for key, entries in whole.patterns.items():
+        mine = [entry for entry in entries if entry.pattern is pattern]
+        if mine:
+            single.patterns[key].extend(mine)
+    return single

@@ -1,0 +1,415 @@
+"""Pattern fuzzing: ``check_patterns`` runs each pattern of an Inductor pattern-matcher pass on the
+variants of its search function (:mod:`~fxverify.compile.pattern_variants`) and judges every rewrite.
+
+**Soundness** (``patterns-sound``): wherever the pattern fired, the rewritten program must lint (every
+node defined before its use) and compute what the program did: outputs compared with the
+un-rewritten program by fxverify's float64 rule (the rewritten error against a float64 run of the
+program may not exceed a small multiple of the program's own), or, where the replacement's kernel
+cannot run here (a CUDA-only fused op on a CPU machine), each output's dtype and shape from fake
+tensors. A targeted sweep runs first (each variant family alone: coinciding sizes, dtypes, strides,
+then each single edit, then each edit at each coinciding size); then Hypothesis draws combinations
+and shrinks a failing one. The property is an ordinary Hypothesis test (:func:`soundness_test`), so
+a campaign can run it under HypoFuzz and share failing variants through an example database.
+
+**Completeness** (``patterns-complete``): whether the pattern fired on its own search function and
+on each equivalent spelling (other sizes, dtypes, strides, operands of a commutative op swapped,
+inputs defined late), as a matrix. Not firing on its own search function fails; not firing on a
+spelling warns, and fails for a registration whose contract promises ``rewrites_every_occurrence``.
+
+>>> import torch
+>>> from torch._inductor.pattern_matcher import fwd_only, register_replacement
+>>> def double(pass_dict):
+...     register_replacement(lambda x: x + x, lambda x: x * 2, [torch.randn(4, 3)], fwd_only, pass_dict)
+>>> [(r.check, r.outcome.value) for r in check_patterns(double, max_examples=5)]
+[('patterns-sound', 'passed'), ('patterns-complete', 'passed')]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import hashlib
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from hypothesis import HealthCheck, assume, example, given, settings
+from hypothesis import strategies as st
+from hypothesis.database import ExampleDatabase
+from torch import fx
+from torch.utils import _pytree as pytree
+
+from fxverify.analysis.compare import compare_trees
+from fxverify.compile.pattern_sources import RecordedPattern, recorded_patterns
+from fxverify.compile.pattern_variants import Edit, Variant, build, copied, dtype_options, edits_of, size_options
+from fxverify.core.contracts import contract_of
+from fxverify.core.results import CheckResult, Outcome, exception_summary
+from fxverify.core.transform import load_object
+
+SOUND, COMPLETE = "patterns-sound", "patterns-complete"
+SWEEP_LIMIT = 600  # targeted variants per pattern, before Hypothesis draws combinations
+# the edits a sweep tries first: arguments the matcher wildcards, then spellings, then structure
+EDIT_ORDER = ("dims", "dim", "sizes", "scalar", "swap", "late_input", "extra_user")
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """What became of one variant: whether the pattern fired, and what is wrong with the rewrite (``problem``,
+    the ``node`` the rewrite inserted first, ``how`` it was judged: values, meta or structure)."""
+
+    fired: bool
+    problem: str | None = None
+    node: str | None = None
+    how: str = ""
+
+
+class UnsoundRewrite(AssertionError):
+    """A pattern fired on a variant and rewrote it wrongly (raised inside the Hypothesis property)."""
+
+    def __init__(self, pattern: RecordedPattern, variant: Variant, verdict: Verdict) -> None:
+        self.pattern, self.variant, self.verdict = pattern, variant, verdict
+        super().__init__(f"pattern {pattern.name} fired on variant [{variant.describe()}] and {verdict.problem}")
+
+    def __reduce__(self) -> tuple[Any, ...]:  # Hypothesis may copy the error it reports
+        return (UnsoundRewrite, (self.pattern, self.variant, self.verdict))
+
+
+class Fuzzer:
+    """The variants of one pattern and their verdicts (kept, so the sweep, the property and the
+    completeness matrix judge each variant once)."""
+
+    def __init__(self, pattern: RecordedPattern) -> None:
+        self.pattern = pattern
+        self.example = list(pattern.example_inputs)
+        self.edits: list[Edit] = edits_of(pattern.trace_fn(pattern.search_fn, list(self.example)))
+        self.sizes = size_options(self.example)
+        self.dtypes = dtype_options(self.example)
+        self.tensors = [i for i, value in enumerate(self.example) if isinstance(value, torch.Tensor) and value.dim()]
+        scalars = any(isinstance(value, torch.Tensor) and value.dim() == 0 for value in self.example)
+        self.numbers = (False, True) if scalars else (False,)
+        self.verdicts: dict[Variant, Verdict | None] = {}
+
+    def judge(self, variant: Variant) -> Verdict | None:
+        """The verdict on ``variant``, or None where it is no program."""
+        if variant not in self.verdicts:
+            self.verdicts[variant] = judge(self.pattern, variant)
+        return self.verdicts[variant]
+
+    def equivalents(self) -> list[Variant]:
+        """The variants a complete pattern fires on: the search function at other inputs, spelled otherwise
+        (each with its 0-dim inputs as tensors and as Python numbers, where it has any)."""
+        spelled = [edit for edit in self.edits if edit.kind in ("swap", "late_input")]
+        families = [Variant(), *(Variant(sizes=s) for s in self.sizes[1:]), *(Variant(dtypes=d) for d in self.dtypes[1:]),
+                    *(Variant(strided=i) for i in self.tensors if self.example[i].dim() >= 2),
+                    *(Variant(edits=(edit,)) for edit in spelled)]
+        return self._spelled(families)
+
+    def sweep(self) -> list[Variant]:
+        """The targeted variants, simplest first: each family alone, each edit alone, then each edit at each
+        coinciding size and in each dtype, the edits of wildcarded arguments first. Edited variants keep the
+        spellings the pattern fires on as registered (0-dim inputs as tensors or as numbers)."""
+        alone = [*self.equivalents(), *self._spelled([Variant(broadcast=i) for i in self.tensors])]
+        firing = [numbers for numbers in self.numbers if (self.judge(Variant(numbers=numbers)) or Verdict(False)).fired]
+        edits = sorted(self.edits, key=lambda edit: EDIT_ORDER.index(edit.kind))
+        edited = [Variant(numbers=n, edits=(edit,)) for edit in edits for n in firing]
+        edited += [Variant(sizes=s, numbers=n, edits=(edit,)) for edit in edits for s in self.sizes[1:] for n in firing]
+        edited += [Variant(dtypes=d, numbers=n, edits=(edit,)) for edit in edits for d in self.dtypes[1:] for n in firing]
+        return [*alone, *edited][:SWEEP_LIMIT]
+
+    def _spelled(self, variants: list[Variant]) -> list[Variant]:
+        """Each variant with its 0-dim inputs as tensors, then as Python numbers (where it has 0-dim inputs)."""
+        return [dataclasses.replace(v, numbers=numbers) for v in variants for numbers in self.numbers]
+
+    def variants(self) -> st.SearchStrategy[Variant]:
+        """Hypothesis's strategy over combinations of every family; it shrinks towards the example inputs
+        and fewer edits."""
+        optional = st.sampled_from([None, *self.tensors])
+        edits = st.lists(st.sampled_from(self.edits), max_size=2, unique=True).map(tuple) if self.edits else st.just(())
+        return st.builds(Variant, sizes=st.sampled_from(self.sizes), dtypes=st.sampled_from(self.dtypes),
+                         strided=optional, broadcast=optional, numbers=st.sampled_from(self.numbers), edits=edits)
+
+
+def judge(pattern: RecordedPattern, variant: Variant) -> Verdict | None:
+    """Apply ``pattern`` (its pass alone) to the program ``variant`` describes; the verdict, or None where the
+    variant is no well-typed program."""
+    with _quiet():
+        return _judged(pattern, variant)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Without the errors torch logs for each near miss that is no program (a shape check failing on fake tensors)."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _judged(pattern: RecordedPattern, variant: Variant) -> Verdict | None:
+    built = build(pattern.search_fn, pattern.trace_fn, pattern.example_inputs, variant)
+    if built is None:
+        return None
+    program, inputs = built
+    rewritten = copied(program)
+    before = {node.name for node in program.graph.nodes}
+    try:
+        fired = bool(pattern.only.apply(rewritten.graph))
+    except Exception as exc:  # the pass crashing on a valid program is the finding
+        return Verdict(True, f"the pass raised {exception_summary(exc)} on it", how="raised")
+    if not fired:
+        return Verdict(False)
+    inserted = [node for node in rewritten.graph.nodes if node.name not in before and node.op == "call_function"]
+    first = _named(inserted[0]) if inserted else None
+    try:
+        rewritten.graph.lint()
+        rewritten.recompile()
+    except Exception as exc:  # a graph torch.fx rejects
+        return Verdict(True, f"left a graph torch.fx rejects: {exception_summary(exc)}", first, "structure")
+    expected = program(*inputs)
+    try:
+        actual = rewritten(*inputs)
+    except Exception as exc:  # e.g. a fused op with a fake kernel only: judge meta
+        problem = _meta_difference(program, rewritten, inputs)
+        if problem is None and not _runs_nowhere(exc):
+            problem = f"the rewritten program raised {exception_summary(exc)}"
+        return Verdict(True, problem, first, "meta")
+    found = compare_trees(actual, expected, fp64_expected=lambda: _in_float64(program)(*_upcast(inputs)))
+    if found is None:
+        return Verdict(True)
+    replaced = sorted(before - {node.name for node in rewritten.graph.nodes})
+    return Verdict(True, f"changed the result: {found.describe()} (it replaced {', '.join('%' + n for n in replaced)} "
+                         f"by {', '.join(_named(n) for n in inserted) or 'nothing'})", first, "values")
+
+
+def _named(node: fx.Node) -> str:
+    return f"%{node.name} ({node.target})"
+
+
+def _runs_nowhere(exc: Exception) -> bool:
+    """Whether ``exc`` says an op has no kernel here (a replacement for another device), not that it failed."""
+    text = str(exc)
+    return isinstance(exc, NotImplementedError) or "Could not run" in text or "no kernel" in text
+
+
+def _meta_difference(program: fx.GraphModule, rewritten: fx.GraphModule, inputs: list[Any]) -> str | None:
+    """How the rewritten program's outputs differ in dtype or shape from the program's, run on fake tensors."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = [mode.from_tensor(value) if isinstance(value, torch.Tensor) else value for value in inputs]
+    try:
+        expected = FakeTensorProp(program, mode).propagate(*fakes)
+        actual = FakeTensorProp(rewritten, mode).propagate(*fakes)
+    except Exception as exc:  # no fake kernel either: nothing left to judge with
+        return f"cannot be judged: the rewritten program runs neither here nor on fake tensors ({exception_summary(exc)})"
+    for i, (a, e) in enumerate(zip(pytree.tree_leaves(actual), pytree.tree_leaves(expected))):
+        if isinstance(e, torch.Tensor) and isinstance(a, torch.Tensor) and (a.dtype, a.shape) != (e.dtype, e.shape):
+            return (f"changed output {i}'s meta['val']: expected {e.dtype} {tuple(e.shape)}, got {a.dtype} "
+                    f"{tuple(a.shape)}")
+    return None
+
+
+def _in_float64(program: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``program`` computing in float64: every floating dtype argument of its nodes made float64."""
+    copied = copy.deepcopy(program)
+    widen = lambda value: torch.float64 if isinstance(value, torch.dtype) and value.is_floating_point else value
+    for node in copied.graph.nodes:
+        node.args = pytree.tree_map(widen, node.args)
+        node.kwargs = pytree.tree_map(widen, node.kwargs)
+    copied.recompile()
+    return copied
+
+
+def _upcast(inputs: list[Any]) -> list[Any]:
+    return [value.double() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+            for value in inputs]
+
+
+def soundness_test(fuzzer: Fuzzer, *, max_examples: int = 100, database: ExampleDatabase | None = None,
+                   budget_s: float | None = None, sweep: bool = True) -> Callable[[], None]:
+    """The soundness property of one pattern as a Hypothesis test: the targeted sweep as explicit examples
+    (``sweep``), then ``max_examples`` drawn combinations; it raises :class:`UnsoundRewrite` for a failing
+    variant, shrunk. Run it as a test (``test_my_pattern = soundness_test(Fuzzer(pattern))``) to fuzz for
+    longer under HypoFuzz. ``budget_s``: stop drawing new variants after that many seconds."""
+    started = time.monotonic()
+
+    @settings(max_examples=max_examples, deadline=None, database=database, derandomize=database is None,
+              suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
+    @given(fuzzer.variants())
+    def sound(variant: Variant) -> None:
+        if budget_s is not None and time.monotonic() - started > budget_s:
+            assume(variant in fuzzer.verdicts)  # out of time: only variants already judged
+        verdict = fuzzer.judge(variant)
+        assume(verdict is not None)
+        assert verdict is not None
+        if verdict.problem:
+            raise UnsoundRewrite(fuzzer.pattern, variant, verdict)
+
+    for variant in reversed(fuzzer.sweep() if sweep else []):
+        sound = example(variant)(sound)
+    sound.__name__ = sound.__qualname__ = f"test_{fuzzer.pattern.name}_is_sound"
+    return sound
+
+
+def check_patterns(patterns: Any, *, max_examples: int = 100, budget_s: float = 60.0, complete: bool | None = None,
+                   repro_dir: str | os.PathLike[str] | None = None, database: ExampleDatabase | None = None,
+                   names: Sequence[str] | None = None) -> list[CheckResult]:
+    """Fuzz each pattern ``patterns`` registers: two results a pattern, ``patterns-sound`` and
+    ``patterns-complete`` (see the module's docstring).
+
+    ``patterns``: a function registering replacements into the ``PatternMatcherPass`` it is given,
+    ``register_replacement``'s keyword arguments as ``(name, kwargs)`` pairs, or a spec string naming either.
+    ``complete``: fail a pattern that does not fire on an equivalent spelling (default: the registering
+    function's contract, ``@fxverify.contract(rewrites_every_occurrence=True)``; otherwise a warning).
+    ``repro_dir``: where a failing variant's repro script is written (it needs ``patterns`` as a spec).
+    ``names``: the patterns to fuzz (default: all).
+
+    >>> import fxverify
+    >>> from torch._inductor.pattern_matcher import fwd_only, register_replacement
+    >>> def relu_to_clamp(pass_dict):
+    ...     register_replacement(lambda x: x.relu(), lambda x: x.clamp_min(0.5), [torch.randn(4)], fwd_only, pass_dict)
+    >>> found = fxverify.check_patterns(relu_to_clamp, max_examples=0)
+    >>> found[0].outcome.value, found[0].node
+    ('failed', '%clamp_min_default (aten.clamp_min.default)')
+    """
+    spec = patterns if isinstance(patterns, str) else getattr(patterns, "__qualname__", type(patterns).__name__)
+    source = load_object(patterns, "patterns") if isinstance(patterns, str) else patterns
+    if complete is None:
+        complete = callable(source) and contract_of(source).rewrites_every_occurrence
+    results = []
+    for pattern in recorded_patterns(source, spec):
+        if names is not None and pattern.name not in names:
+            continue
+        if pattern.traced_with != "fwd_only":
+            reason = (f"pattern {pattern.name} is traced with {pattern.traced_with}: fxverify fuzzes inference "
+                      "patterns (fwd_only) only so far; its inference twin is fuzzed where one is registered")
+            results += [CheckResult(check, pattern.name, spec, Outcome.SKIPPED, reason) for check in (SOUND, COMPLETE)]
+            continue
+        fuzzer = Fuzzer(pattern)
+        results.append(_soundness(fuzzer, spec, max_examples, budget_s, repro_dir, database, isinstance(patterns, str)))
+        results.append(_completeness(fuzzer, spec, complete))
+    return results
+
+
+def _soundness(fuzzer: Fuzzer, spec: str, max_examples: int, budget_s: float, repro_dir: Any,
+               database: ExampleDatabase | None, reloadable: bool) -> CheckResult:
+    """The sweep (every distinct kind of failure kept), then, where it found none, Hypothesis's combinations."""
+    started = time.monotonic()
+    failures: dict[tuple[str, frozenset[str]], UnsoundRewrite] = {}
+    for variant in fuzzer.sweep():
+        if time.monotonic() - started > budget_s:
+            break
+        verdict = fuzzer.judge(variant)
+        if verdict is not None and verdict.problem:
+            key = (verdict.how, frozenset(edit.kind for edit in variant.edits))
+            failures.setdefault(key, UnsoundRewrite(fuzzer.pattern, variant, verdict))
+    first_seconds = None
+    if failures:
+        first_seconds = round(time.monotonic() - started, 2)
+    elif max_examples and time.monotonic() - started < budget_s:
+        try:
+            soundness_test(fuzzer, max_examples=max_examples, database=database, sweep=False,
+                           budget_s=budget_s - (time.monotonic() - started))()
+        except UnsoundRewrite as found:
+            failures[("", frozenset())] = found
+            first_seconds = round(time.monotonic() - started, 2)
+    judged = [v for v in fuzzer.verdicts.values() if v is not None]
+    fired = sum(v.fired for v in judged)
+    counts = {"variants": len(judged), "fired": fired, "seconds": round(time.monotonic() - started, 2)}
+    if not failures:
+        return CheckResult(SOUND, fuzzer.pattern.name, spec, Outcome.PASSED,
+                           f"pattern {fuzzer.pattern.name}: {len(judged)} variants, it fired on {fired}, every rewrite "
+                           f"sound ({counts['seconds']} s)", details=counts)
+    kept = list(failures.values())
+    variant, verdict = kept[0].variant, kept[0].verdict
+    repro = write_repro(spec, fuzzer.pattern.name, variant, repro_dir) if repro_dir and reloadable else None
+    others = "".join(f"\n  also: [{other.variant.describe()}] {other.verdict.problem}" for other in kept[1:])
+    message = (f"{SOUND} failed for pattern {fuzzer.pattern.name} of {spec}:\n  variant: {variant.describe()}\n"
+               f"  it fired and {verdict.problem}\n  judged by {verdict.how}"
+               + (f"; first node the rewrite inserted: {verdict.node}" if verdict.node else "") + others
+               + f"\n  search function:\n    {_indented(fuzzer.pattern.search_source())}\n"
+               + _advice(variant, verdict) + (f"\n  repro: python {repro}" if repro else ""))
+    return CheckResult(SOUND, fuzzer.pattern.name, spec, Outcome.FAILED, message, finding=verdict.problem or "",
+                       input=variant.describe(), node=verdict.node, repro=repro,
+                       details={**counts, "variant": repr(variant), "first_failure_s": first_seconds,
+                                "failures": [(f.variant.describe(), f.verdict.how, f.verdict.problem) for f in kept]})
+
+
+def _advice(variant: Variant, verdict: Verdict) -> str:
+    """What the pattern's author should do about an unsound rewrite of ``variant``."""
+    if verdict.how == "raised":
+        return ("  advice: the pattern matched a program its replacement cannot be traced for: the match is "
+                "wrong; check in extra_check what the search function fixes (shapes, permutations, dims)")
+    if verdict.how == "structure":
+        return ("  advice: the replacement must be inserted after every input it uses is defined (a multi-output "
+                "replacement or an input defined late); insert it before the match's last node, not its first")
+    kinds = {edit.kind for edit in variant.edits}
+    if kinds & {"dims", "dim", "sizes", "scalar"}:
+        return ("  advice: the pattern matches arguments its search function fixes (register_replacement traces "
+                "ints, floats and lists as wildcards): check them in extra_check, or pass them as arguments of the "
+                "search and replacement functions (scalar_workaround), so the replacement uses the matched ones")
+    if any(variant.dtypes):
+        return ("  advice: the replacement assumes the inputs' dtypes: guard in extra_check (e.g. every input of "
+                "the match has the same dtype) or register the pattern for each dtype it is right for")
+    return "  advice: guard the match in extra_check for the inputs this variant gives (see the variant above)"
+
+
+def _completeness(fuzzer: Fuzzer, spec: str, complete: bool) -> CheckResult:
+    rows = []
+    for variant in fuzzer.equivalents():
+        verdict = fuzzer.judge(variant)
+        rows.append((variant.describe(), None if verdict is None else verdict.fired))
+    matrix = "\n".join(f"    {'fired' if fired else 'not a program' if fired is None else 'NOT fired'}: {text}"
+                       for text, fired in rows)
+    missed = [text for text, fired in rows if fired is False]
+    name = fuzzer.pattern.name
+    if not any(fired for _, fired in rows[:len(fuzzer.numbers)]):  # the example inputs, as tensors or numbers
+        return CheckResult(COMPLETE, name, spec, Outcome.FAILED,
+                           f"{COMPLETE} failed: pattern {name} of {spec} does not fire on its own search function "
+                           f"traced as the pass meets it ({fuzzer.pattern.traced_with} on the example inputs): it "
+                           f"never rewrites anything.\n  fired / not fired:\n{matrix}",
+                           finding="never fires on its own search function", input=rows[0][0],
+                           details={"matrix": rows})
+    if missed and complete:
+        return CheckResult(COMPLETE, name, spec, Outcome.FAILED,
+                           f"{COMPLETE} failed: pattern {name} of {spec} promises to rewrite every occurrence "
+                           f"(rewrites_every_occurrence) and does not fire on {len(missed)} equivalent spelling(s):\n"
+                           f"{matrix}\n  advice: register the pattern for each spelling (e.g. both operand orders)",
+                           finding=f"not fired on: {missed[0]}", input=missed[0], details={"matrix": rows})
+    warning = f"; WARNING: not fired on {len(missed)} equivalent spelling(s)" if missed else ""
+    return CheckResult(COMPLETE, name, spec, Outcome.PASSED,
+                       f"pattern {name}: fired on {sum(f is True for _, f in rows)} of {len(rows)} equivalent "
+                       f"spellings{warning}\n{matrix}", details={"matrix": rows, "missed": missed})
+
+
+def _indented(text: str) -> str:
+    return text.replace("\n", "\n    ")
+
+
+def write_repro(spec: str, name: str, variant: Variant, directory: str | os.PathLike[str]) -> str:
+    """A script that fails alone while pattern ``name`` of ``spec`` rewrites ``variant`` wrongly; its path."""
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha1(f"{spec}:{name}:{variant!r}".encode()).hexdigest()[:8]
+    path = folder / f"pattern-{name}-{digest}.py"
+    path.write_text(
+        f'"""Pattern {name} of {spec} rewrites this variant wrongly: {variant.describe()}.\n\n'
+        f'Run: python {path.name}   (it fails while the pattern is unsound)"""\n'
+        "from fxverify.compile.pattern_sources import recorded_patterns\n"
+        "from fxverify.compile.pattern_variants import Edit, Variant  # noqa: F401 (in the variant below)\n"
+        "from fxverify.compile.patterns import judge\n"
+        "from fxverify.core.transform import load_object\n\n"
+        f"pattern = next(p for p in recorded_patterns(load_object({spec!r}), {spec!r}) if p.name == {name!r})\n"
+        f"verdict = judge(pattern, {variant!r})\n"
+        "assert verdict is not None and not verdict.problem, verdict\n"
+        "print('the pattern rewrites this variant soundly now')\n")
+    return str(path)
