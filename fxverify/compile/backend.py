@@ -280,7 +280,8 @@ class Trial:
                     "(pytorch#138980: compile_fx rewrote the output node's args to (None,)); work on a copy "
                     "(copy.deepcopy(gm)) and return a callable of the copy",
                     where=f"{call.describe()} handed to the backend", node=call.node)
-        self._raise_if_stopped(run)
+        if not any(not call.raised for call in run.recorder.calls):
+            self._raise_if_stopped(run)
         return {"graphs_checked": len(run.recorder.calls)}
 
     def _graph_breaks(self) -> dict[str, Any]:
@@ -418,19 +419,19 @@ class Trial:
 
     def _judge(self, run: Run, config: InputConfig, *, after: InputConfig | None = None, how: str = "static shapes") -> None:
         """Raise the finding of the compiled outputs at ``config`` against eager's (or of the run stopping
-        before they were had)."""
-        self._raise_if_stopped(run, config, how=how)
+        before they were had); ``after``: the configuration the same compiled model ran right at before."""
+        self._raise_if_stopped(run, config, how=how, after=after)
         found: Mismatch | None = compare_trees(
             run.values[config.name], self._eager(config, self.dtype), tolerance=self.tolerance,
             fp64_expected=functools.partial(self._eager, config, torch.float64))
         if found is not None:
-            then = f"; right at {after.name} first, the compiled model was then run at {config.name}" if after else ""
             raise Finding(f"outputs of the model compiled with backend {self.name} differ from eager: "
-                          f"{found.describe()}{then}\n{self._calls(run)}",
+                          f"{found.describe()}{_second(run, after, config)}\n{self._calls(run)}",
                           input=self._where(config, how), where=found.path, max_abs=found.max_abs,
                           max_rel=found.max_rel)
 
-    def _raise_if_stopped(self, run: Run, config: InputConfig | None = None, *, how: str = "static shapes") -> None:
+    def _raise_if_stopped(self, run: Run, config: InputConfig | None = None, *, how: str = "static shapes",
+                          after: InputConfig | None = None) -> None:
         """The finding of a run that stopped (at ``config`` or before it; any configuration when None)."""
         if run.error is None or (config is not None and config.name in run.values):
             return
@@ -446,7 +447,7 @@ class Trial:
             raise Skip(f"torch.compile with backend='eager' fails on {self.case.name} too ({run.error}): dynamo, not "
                        f"backend {self.name}, cannot compile it")
         raise Finding(f"the model compiled with backend {self.name} raised at {at.name}, where eager runs: {run.error}"
-                      f"\n{self._calls(run)}", input=self._where(at, how))
+                      f"{_second(run, after if at == config else None, at)}\n{self._calls(run)}", input=self._where(at, how))
 
     def _eager_raises(self, config: InputConfig) -> bool:
         try:
@@ -495,6 +496,18 @@ def _dynamo_itself_fails(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> 
     finally:
         torch._dynamo.reset()
     return False
+
+
+def _second(run: Run, first: InputConfig | None, then: InputConfig) -> str:
+    """What a failure at ``then``, after the same compiled model ran right at ``first``, points to."""
+    if first is None:
+        return ""
+    if len(run.recorder.calls) <= run.graphs.get(first.name, 0):
+        return f"; right at {first.name}, run first, and dynamo reused what it compiled for it"
+    return (f"; right at {first.name}, run first. Dynamo compiled the graph again for {then.name} and handed it to "
+            "the backend: what the backend returned for it is wrong for these inputs. A backend specialising on its "
+            "example inputs (shapes baked into what it compiles) must not reuse that for a graph with other example "
+            "inputs, as a cache keyed by the graph's code alone does")
 
 
 def _timed_out(exc: BaseException | None) -> bool:
