@@ -226,7 +226,7 @@ def load_object(spec: str, what: str = "transform") -> Any:
         raise TransformLoadError(
             f"{what} spec {spec!r} must look like 'package.module:name' or 'path/to/file.py:name'"
         )
-    module = _import_module(module_part, spec)
+    module = _import_module(module_part, spec, what)
     obj: Any = module
     for attr in attr_path.split("."):
         if not hasattr(obj, attr):
@@ -313,12 +313,12 @@ def call_with_timeout(fn: Callable[..., Any], args: tuple[Any, ...], timeout: fl
     return outcome.get("value")
 
 
-def _import_module(module_part: str, spec: str) -> Any:
+def _import_module(module_part: str, spec: str, what: str = "transform") -> Any:
     looks_like_path = module_part.endswith(".py") or "/" in module_part or "\\" in module_part
     if looks_like_path:
         path = Path(module_part).expanduser().resolve()
         if not path.is_file():
-            raise TransformLoadError(f"transform spec {spec!r}: file {str(path)!r} does not exist")
+            raise TransformLoadError(f"{what} spec {spec!r}: file {str(path)!r} does not exist")
         name = f"fxverify_user_{path.stem}_{zlib.crc32(str(path).encode()):08x}"
         if name in sys.modules:
             return sys.modules[name]
@@ -331,19 +331,19 @@ def _import_module(module_part: str, spec: str) -> Any:
         except Exception as exc:
             del sys.modules[name]
             raise TransformLoadError(
-                f"transform spec {spec!r}: importing {str(path)!r} raised {exception_summary(exc)}"
+                f"{what} spec {spec!r}: importing {str(path)!r} raised {exception_summary(exc)}"
             ) from exc
         return module
     try:
         return importlib.import_module(module_part)
     except ImportError as exc:
         raise TransformLoadError(
-            f"transform spec {spec!r}: cannot import module {module_part!r} ({exception_summary(exc)}). "
+            f"{what} spec {spec!r}: cannot import module {module_part!r} ({exception_summary(exc)}). "
             "Is the package installed, or the project root on sys.path (pytest's rootdir / pythonpath ini option)?"
         ) from exc
     except Exception as exc:
         raise TransformLoadError(
-            f"transform spec {spec!r}: importing module {module_part!r} raised {exception_summary(exc)}"
+            f"{what} spec {spec!r}: importing module {module_part!r} raised {exception_summary(exc)}"
         ) from exc
 
 
