@@ -239,6 +239,8 @@ class Trial:
         batch = self.primary.specs[0].shape[0]
         self.other = next((with_batch(self.primary, b) for b in case.entry.batch_sizes if b != batch), None)
         self.tolerance = Tolerance(case.entry.rtol, case.entry.atol)
+        self._outputs_of: dict[tuple[str, torch.dtype], Any] = {}  # eager outputs by configuration and dtype
+        self._gradients_of: dict[torch.dtype, dict[str, Any]] = {}
 
     def result(self, aspect: str) -> CheckResult:
         check = getattr(self, "_" + aspect.removeprefix("backend-").replace("-", "_"))
@@ -393,13 +395,19 @@ class Trial:
     def _model(self, dtype: torch.dtype) -> nn.Module:
         return self.case.build().to(dtype)
 
-    @functools.cache  # noqa: B019 - a Trial lives for one check_backend call
     def _eager(self, config: InputConfig, dtype: torch.dtype) -> Any:
-        with torch.no_grad():
-            return self._model(dtype)(*config.make(self.case.seed, dtype=dtype))
+        key = (config.name, dtype)
+        if key not in self._outputs_of:
+            with torch.no_grad():
+                self._outputs_of[key] = self._model(dtype)(*config.make(self.case.seed, dtype=dtype))
+        return self._outputs_of[key]
 
-    @functools.cache  # noqa: B019
     def _eager_gradients(self, dtype: torch.dtype) -> dict[str, Any]:
+        if dtype not in self._gradients_of:
+            self._gradients_of[dtype] = self._eager_gradients_uncached(dtype)
+        return self._gradients_of[dtype]
+
+    def _eager_gradients_uncached(self, dtype: torch.dtype) -> dict[str, Any]:
         model = self._model(dtype)
         params = {name: name for name, _ in model.named_parameters()}
         try:
