@@ -17,8 +17,8 @@ functions they were traced from, so fxverify records them while the patterns are
 >>> from torch._inductor.pattern_matcher import fwd_only, register_replacement
 >>> def register(pass_dict):
 ...     register_replacement(lambda x: x + x, lambda x: x * 2, [torch.randn(4)], fwd_only, pass_dict)
->>> [(p.name, p.traced_with) for p in recorded_patterns(register, "register")]
-[('<lambda>', 'fwd_only')]
+>>> [(p.name, p.traced_with) for p in pattern_examples(register, "register")]
+[('lambda', 'fwd_only')]
 """
 
 from __future__ import annotations
@@ -33,22 +33,33 @@ from fxverify.core.results import exception_summary
 from fxverify.errors import TransformLoadError
 
 FORMS = ("a function registering replacements into the PatternMatcherPass it is given (first parameter annotated "
-         "PatternMatcherPass or named pass_dict / patterns), or register_replacement's keyword arguments as "
-         "(name, kwargs) pairs, as torch._inductor.fx_passes.fuse_attention._get_sfdp_patterns() yields them")
+         "PatternMatcherPass or named pass_dict / patterns), or a list of register_replacement's keyword arguments as "
+         "(name, kwargs) pairs, as torch._inductor.fx_passes.fuse_attention._get_sfdp_patterns() yields them, and of "
+         "fxverify.compile.pattern_sources.PatternExample (a pass and the program its pattern is written for)")
 
 
 @dataclasses.dataclass(frozen=True)
-class RecordedPattern:
-    """One registered pattern: ``name`` (the registration's, else the search function's), the search
-    function and its example inputs, ``traced_with`` (``fwd_only`` or ``joint_fwd_bwd``), the
-    ``scalar_workaround`` it was registered with, and ``only`` a ``PatternMatcherPass`` holding it alone."""
+class PatternExample:
+    """A pattern and the program it is written for: ``name`` (the registration's, else the search
+    function's), the search function and its example inputs, the ``trace_fn`` it is traced with
+    (``fwd_only`` or ``joint_fwd_bwd``), the ``scalar_workaround`` it was registered with, and the
+    ``matcher`` that rewrites it: the whole pass it was registered into, as Inductor runs it (a variant of
+    one pattern's program may be rewritten by another pattern of the pass).
+
+    Give one directly for a pass whose patterns keep no search function (``register_graph_pattern``
+    with a handler, as Inductor's own ``addmm`` fusion): the search function is then the computation
+    the pattern stands for, written as a user writes it::
+
+        PatternExample("addmm", lambda inp, a, b: inp + a @ b, (torch.randn(4), torch.randn(3, 5),
+                       torch.randn(5, 4)), fwd_only, {}, post_grad.pass_patterns[2])
+    """
 
     name: str
     search_fn: Callable[..., Any]
     example_inputs: tuple[Any, ...]
     trace_fn: Callable[..., Any]
     scalar_workaround: Mapping[str, Any]
-    only: Any  # torch._inductor.pattern_matcher.PatternMatcherPass
+    matcher: Any  # torch._inductor.pattern_matcher.PatternMatcherPass, or any pass with .apply(graph)
 
     @property
     def traced_with(self) -> str:
@@ -62,11 +73,13 @@ class RecordedPattern:
             return getattr(self.search_fn, "__qualname__", repr(self.search_fn))
 
 
-def recorded_patterns(source: Any, spec: str) -> tuple[RecordedPattern, ...]:
+def pattern_examples(source: Any, spec: str) -> tuple[PatternExample, ...]:
     """The patterns ``source`` registers (see the module's docstring for its forms), each in a pass of its own;
     :class:`~fxverify.errors.TransformLoadError` naming ``spec`` for any other form, or when nothing is registered."""
     from torch._inductor.pattern_matcher import PatternMatcherPass
 
+    if isinstance(source, PatternExample):
+        return (source,)
     if _registers(source):
         return _record_registrations(source, spec)
     if isinstance(source, (PatternMatcherPass, Mapping)) or hasattr(source, "uuid"):
@@ -124,7 +137,7 @@ def _recording(found: list[tuple[Any, Callable[..., Any], tuple[Any, ...], Calla
         pattern_matcher.gen_pattern_and_search_gm, pattern_matcher.register_replacement = tracing, registering
 
 
-def _record_registrations(register: Callable[..., Any], spec: str) -> tuple[RecordedPattern, ...]:
+def _record_registrations(register: Callable[..., Any], spec: str) -> tuple[PatternExample, ...]:
     from torch._inductor.pattern_matcher import PatternMatcherPass
 
     whole = PatternMatcherPass(pass_name=f"fxverify[{spec}]")
@@ -141,23 +154,42 @@ def _record_registrations(register: Callable[..., Any], spec: str) -> tuple[Reco
             "traced (register_replacement with search_fn_pattern=, a serialized pattern, or register_graph_pattern "
             "keep no search function); register with register_replacement(search_fn, replace_fn, example_inputs, "
             "trace_fn, pass_dict)")
-    return tuple(RecordedPattern(getattr(fn, "__name__", f"pattern_{i}"), fn, inputs, trace, workaround,
-                                 _alone(whole, pattern))
-                 for i, (pattern, fn, inputs, trace, workaround) in enumerate(found))
+    names = _unique([getattr(fn, "__name__", "pattern") for _, fn, *_ in found])
+    return tuple(PatternExample(name, fn, inputs, trace, workaround, whole)
+                 for name, (_, fn, inputs, trace, workaround) in zip(names, found))
 
 
-def _register_each(rows: list[Any], spec: str) -> tuple[RecordedPattern, ...]:
-    """Register each row as torch registers it: ``gen_register_replacement`` (the serialized pattern Inductor
-    ships, where one is kept under the row's name), else ``register_replacement``."""
+def _unique(names: list[str]) -> list[str]:
+    """``names`` made fit for test ids and told apart: ``<lambda>`` is ``lambda``, a second ``lambda_2``.
+
+    >>> _unique(["<lambda>", "rms", "<lambda>"])
+    ['lambda', 'rms', 'lambda_2']
+    """
+    seen: dict[str, int] = {}
+    unique = []
+    for name in names:
+        plain = name.strip("<>") or "pattern"
+        seen[plain] = seen.get(plain, 0) + 1
+        unique.append(plain if seen[plain] == 1 else f"{plain}_{seen[plain]}")
+    return unique
+
+
+def _register_each(rows: list[Any], spec: str) -> tuple[PatternExample, ...]:
+    """Register each row into one pass as torch registers it: ``gen_register_replacement`` (the serialized pattern
+    Inductor ships, where one is kept under the row's name), else ``register_replacement``."""
     from torch._inductor import pattern_matcher
 
-    recorded = []
+    whole = pattern_matcher.PatternMatcherPass(pass_name=f"fxverify[{spec}]")
+    given: list[PatternExample] = []
+    registered: list[tuple[str | None, Any]] = []
     for i, row in enumerate(rows):
+        if isinstance(row, PatternExample):
+            given.append(row)
+            continue
         name, kwargs = row if isinstance(row, tuple) and len(row) == 2 else (None, row)
         if not isinstance(kwargs, Mapping) or "search_fn" not in kwargs:
             raise TransformLoadError(f"patterns {spec}: item {i} is {type(row).__name__}, not register_replacement's "
                                      f"keyword arguments; give {FORMS}")
-        whole = pattern_matcher.PatternMatcherPass(pass_name=f"fxverify[{name or i}]")
         found: list[Any] = []
         arguments = {**kwargs, "pass_dicts": whole}
         with _recording(found):
@@ -165,10 +197,10 @@ def _register_each(rows: list[Any], spec: str) -> tuple[RecordedPattern, ...]:
                 pattern_matcher.gen_register_replacement(str(name), **arguments)
             else:
                 pattern_matcher.register_replacement(**arguments)
-        for pattern, fn, inputs, trace, workaround in found:
-            recorded.append(RecordedPattern(str(name or getattr(fn, "__name__", i)), fn, inputs, trace, workaround,
-                                            _alone(whole, pattern)))
-    return tuple(recorded)
+        registered += [(name, record) for record in found]
+    names = _unique([str(name or getattr(fn, "__name__", "pattern")) for name, (_, fn, *_) in registered])
+    return (*given, *(PatternExample(unique, fn, inputs, trace, workaround, whole)
+                      for unique, (_, (_, fn, inputs, trace, workaround)) in zip(names, registered)))
 
 
 def _serialized(name: str, search_fn: Any) -> bool:
@@ -180,15 +212,3 @@ def _serialized(name: str, search_fn: Any) -> bool:
     except (ImportError, AttributeError):
         return False
     return hasattr(module, name)
-
-
-def _alone(whole: Any, pattern: Any) -> Any:
-    """A PatternMatcherPass holding the entries of ``whole`` registered for ``pattern`` only."""
-    from torch._inductor.pattern_matcher import PatternMatcherPass
-
-    single = PatternMatcherPass(pass_name=whole.pass_name)
-    for key, entries in whole.patterns.items():
-        mine = [entry for entry in entries if entry.pattern is pattern]
-        if mine:
-            single.patterns[key].extend(mine)
-    return single

@@ -45,7 +45,7 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from fxverify.analysis.compare import compare_trees
-from fxverify.compile.pattern_sources import RecordedPattern, recorded_patterns
+from fxverify.compile.pattern_sources import PatternExample, pattern_examples
 from fxverify.compile.pattern_variants import Edit, Variant, build, copied, dtype_options, edits_of, size_options
 from fxverify.core.contracts import contract_of
 from fxverify.core.results import CheckResult, Outcome, exception_summary
@@ -55,12 +55,15 @@ SOUND, COMPLETE = "patterns-sound", "patterns-complete"
 SWEEP_LIMIT = 600  # targeted variants per pattern, before Hypothesis draws combinations
 # the edits a sweep tries first: arguments the matcher wildcards, then spellings, then structure
 EDIT_ORDER = ("dims", "dim", "sizes", "scalar", "swap", "late_input", "extra_user")
+JUDGED_BY = {"values": "its outputs against the un-rewritten program's (float64 rule)",
+             "fake": "fake tensors' dtype and shape (the replacement has no kernel here)",
+             "structure": "torch.fx's graph.lint()", "raised": "the pass raising on a valid program"}
 
 
 @dataclasses.dataclass(frozen=True)
 class Verdict:
     """What became of one variant: whether the pattern fired, and what is wrong with the rewrite (``problem``,
-    the ``node`` the rewrite inserted first, ``how`` it was judged: values, meta or structure)."""
+    the ``node`` the rewrite inserted first, ``how`` it was judged: a key of :data:`JUDGED_BY`)."""
 
     fired: bool
     problem: str | None = None
@@ -71,7 +74,7 @@ class Verdict:
 class UnsoundRewrite(AssertionError):
     """A pattern fired on a variant and rewrote it wrongly (raised inside the Hypothesis property)."""
 
-    def __init__(self, pattern: RecordedPattern, variant: Variant, verdict: Verdict) -> None:
+    def __init__(self, pattern: PatternExample, variant: Variant, verdict: Verdict) -> None:
         self.pattern, self.variant, self.verdict = pattern, variant, verdict
         super().__init__(f"pattern {pattern.name} fired on variant [{variant.describe()}] and {verdict.problem}")
 
@@ -83,7 +86,7 @@ class Fuzzer:
     """The variants of one pattern and their verdicts (kept, so the sweep, the property and the
     completeness matrix judge each variant once)."""
 
-    def __init__(self, pattern: RecordedPattern) -> None:
+    def __init__(self, pattern: PatternExample) -> None:
         self.pattern = pattern
         self.example = list(pattern.example_inputs)
         self.edits: list[Edit] = edits_of(pattern.trace_fn(pattern.search_fn, list(self.example)))
@@ -134,7 +137,7 @@ class Fuzzer:
                          strided=optional, broadcast=optional, numbers=st.sampled_from(self.numbers), edits=edits)
 
 
-def judge(pattern: RecordedPattern, variant: Variant) -> Verdict | None:
+def judge(pattern: PatternExample, variant: Variant) -> Verdict | None:
     """Apply ``pattern`` (its pass alone) to the program ``variant`` describes; the verdict, or None where the
     variant is no well-typed program."""
     with _quiet():
@@ -153,7 +156,7 @@ def _quiet() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def _judged(pattern: RecordedPattern, variant: Variant) -> Verdict | None:
+def _judged(pattern: PatternExample, variant: Variant) -> Verdict | None:
     built = build(pattern.search_fn, pattern.trace_fn, pattern.example_inputs, variant)
     if built is None:
         return None
@@ -161,7 +164,7 @@ def _judged(pattern: RecordedPattern, variant: Variant) -> Verdict | None:
     rewritten = copied(program)
     before = {node.name for node in program.graph.nodes}
     try:
-        fired = bool(pattern.only.apply(rewritten.graph))
+        fired = bool(pattern.matcher.apply(rewritten.graph))
     except Exception as exc:  # the pass crashing on a valid program is the finding
         return Verdict(True, f"the pass raised {exception_summary(exc)} on it", how="raised")
     if not fired:
@@ -180,13 +183,18 @@ def _judged(pattern: RecordedPattern, variant: Variant) -> Verdict | None:
         problem = _meta_difference(program, rewritten, inputs)
         if problem is None and not _runs_nowhere(exc):
             problem = f"the rewritten program raised {exception_summary(exc)}"
-        return Verdict(True, problem, first, "meta")
+        return Verdict(True, problem, first, "fake")
     found = compare_trees(actual, expected, fp64_expected=lambda: _in_float64(program)(*_upcast(inputs)))
     if found is None:
         return Verdict(True)
     replaced = sorted(before - {node.name for node in rewritten.graph.nodes})
-    return Verdict(True, f"changed the result: {found.describe()} (it replaced {', '.join('%' + n for n in replaced)} "
-                         f"by {', '.join(_named(n) for n in inserted) or 'nothing'})", first, "values")
+    return Verdict(True, f"changed the result: {found.describe()} (it replaced {_listed(['%' + n for n in replaced])} "
+                         f"by {_listed([_named(n) for n in inserted]) or 'nothing'})", first, "values")
+
+
+def _listed(items: list[str], limit: int = 6) -> str:
+    """``items`` joined, the first ``limit`` and how many more."""
+    return ", ".join(items[:limit]) + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
 def _named(node: fx.Node) -> str:
@@ -286,7 +294,7 @@ def check_patterns(patterns: Any, *, max_examples: int = 100, budget_s: float = 
     if complete is None:
         complete = callable(source) and contract_of(source).rewrites_every_occurrence
     results = []
-    for pattern in recorded_patterns(source, spec):
+    for pattern in pattern_examples(source, spec):
         if names is not None and pattern.name not in names:
             continue
         if pattern.traced_with != "fwd_only":
@@ -305,6 +313,7 @@ def _soundness(fuzzer: Fuzzer, spec: str, max_examples: int, budget_s: float, re
     """The sweep (every distinct kind of failure kept), then, where it found none, Hypothesis's combinations."""
     started = time.monotonic()
     failures: dict[tuple[str, frozenset[str]], UnsoundRewrite] = {}
+    first_seconds: float | None = None
     for variant in fuzzer.sweep():
         if time.monotonic() - started > budget_s:
             break
@@ -312,10 +321,8 @@ def _soundness(fuzzer: Fuzzer, spec: str, max_examples: int, budget_s: float, re
         if verdict is not None and verdict.problem:
             key = (verdict.how, frozenset(edit.kind for edit in variant.edits))
             failures.setdefault(key, UnsoundRewrite(fuzzer.pattern, variant, verdict))
-    first_seconds = None
-    if failures:
-        first_seconds = round(time.monotonic() - started, 2)
-    elif max_examples and time.monotonic() - started < budget_s:
+            first_seconds = first_seconds or round(time.monotonic() - started, 2)
+    if not failures and max_examples and time.monotonic() - started < budget_s:
         try:
             soundness_test(fuzzer, max_examples=max_examples, database=database, sweep=False,
                            budget_s=budget_s - (time.monotonic() - started))()
@@ -324,7 +331,7 @@ def _soundness(fuzzer: Fuzzer, spec: str, max_examples: int, budget_s: float, re
             first_seconds = round(time.monotonic() - started, 2)
     judged = [v for v in fuzzer.verdicts.values() if v is not None]
     fired = sum(v.fired for v in judged)
-    counts = {"variants": len(judged), "fired": fired, "seconds": round(time.monotonic() - started, 2)}
+    counts = {"judged": len(judged), "fired": fired, "seconds": round(time.monotonic() - started, 2)}
     if not failures:
         return CheckResult(SOUND, fuzzer.pattern.name, spec, Outcome.PASSED,
                            f"pattern {fuzzer.pattern.name}: {len(judged)} variants, it fired on {fired}, every rewrite "
@@ -334,7 +341,7 @@ def _soundness(fuzzer: Fuzzer, spec: str, max_examples: int, budget_s: float, re
     repro = write_repro(spec, fuzzer.pattern.name, variant, repro_dir) if repro_dir and reloadable else None
     others = "".join(f"\n  also: [{other.variant.describe()}] {other.verdict.problem}" for other in kept[1:])
     message = (f"{SOUND} failed for pattern {fuzzer.pattern.name} of {spec}:\n  variant: {variant.describe()}\n"
-               f"  it fired and {verdict.problem}\n  judged by {verdict.how}"
+               f"  it fired and {verdict.problem}\n  judged by {JUDGED_BY[verdict.how]}"
                + (f"; first node the rewrite inserted: {verdict.node}" if verdict.node else "") + others
                + f"\n  search function:\n    {_indented(fuzzer.pattern.search_source())}\n"
                + _advice(variant, verdict) + (f"\n  repro: python {repro}" if repro else ""))
@@ -353,6 +360,10 @@ def _advice(variant: Variant, verdict: Verdict) -> str:
         return ("  advice: the replacement must be inserted after every input it uses is defined (a multi-output "
                 "replacement or an input defined late); insert it before the match's last node, not its first")
     kinds = {edit.kind for edit in variant.edits}
+    if variant.equivalent and not (variant.sizes or any(variant.dtypes) or variant.strided is not None
+                                   or variant.broadcast is not None):
+        return ("  advice: the replacement does not compute what the search function computes even on its own "
+                "program: check replace_fn (a constant the search function binds and the replacement drops?)")
     if kinds & {"dims", "dim", "sizes", "scalar"}:
         return ("  advice: the pattern matches arguments its search function fixes (register_replacement traces "
                 "ints, floats and lists as wildcards): check them in extra_check, or pass them as arguments of the "
@@ -404,11 +415,11 @@ def write_repro(spec: str, name: str, variant: Variant, directory: str | os.Path
     path.write_text(
         f'"""Pattern {name} of {spec} rewrites this variant wrongly: {variant.describe()}.\n\n'
         f'Run: python {path.name}   (it fails while the pattern is unsound)"""\n'
-        "from fxverify.compile.pattern_sources import recorded_patterns\n"
+        "from fxverify.compile.pattern_sources import pattern_examples\n"
         "from fxverify.compile.pattern_variants import Edit, Variant  # noqa: F401 (in the variant below)\n"
         "from fxverify.compile.patterns import judge\n"
         "from fxverify.core.transform import load_object\n\n"
-        f"pattern = next(p for p in recorded_patterns(load_object({spec!r}), {spec!r}) if p.name == {name!r})\n"
+        f"pattern = next(p for p in pattern_examples(load_object({spec!r}), {spec!r}) if p.name == {name!r})\n"
         f"verdict = judge(pattern, {variant!r})\n"
         "assert verdict is not None and not verdict.problem, verdict\n"
         "print('the pattern rewrites this variant soundly now')\n")
