@@ -1,0 +1,607 @@
+"""The FX graph cache contract of an Inductor ``CustomGraphPass``: ``uuid()`` must tell apart every state the
+pass acts on.
+
+Inductor keys its FX graph cache on the graph, the example inputs, its config and the ``uuid()`` of each pass
+in a custom-pass hook (``torch/_inductor/codecache.py``). A ``uuid()`` that misses part of the pass's state (a
+constructor argument, a helper module, a config value) lets one instance's compiled graph serve another, which
+then silently returns the first one's results; a ``uuid()`` of None bypasses the cache. Given two or more
+instances of a pass that differ in their state, :func:`check_graph_cache` reports three aspects:
+
+- ``graph_cache_uuid``: ``uuid()`` is set, pickles, and is the same in two fresh processes with different
+  ``PYTHONHASHSEED`` (this part needs the passes as a spec, which those processes import);
+- ``graph_cache_stale``: the instances compiled one after the other into one fresh cache folder, each one's
+  cached result must equal its result with caches disabled;
+- ``graph_cache_bypass``: how often Inductor bypassed the cache (``fxgraph_cache_bypass``), and why.
+
+The compiles run in this process, on a tiny model (``relu(x) * 2 + x`` by default) under ``torch.no_grad()``,
+inside ``torch._inductor.utils.fresh_cache`` (a temporary cache folder, in-memory caches cleared before and
+after) and ``torch._inductor.config.patch``: the user's cache folder and config are left as they were, but the
+``torch._dynamo.reset()`` before each compile drops every function this process compiled before.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+import torch._dynamo
+from torch import nn
+from torch._dynamo.utils import counters
+from torch._inductor import config as inductor_config
+from torch._inductor.codecache import BypassFxGraphCache, FxGraphCachePickler
+from torch._inductor.custom_graph_pass import CustomGraphPass
+from torch._inductor.utils import clear_caches, fresh_cache
+from torch.utils import _pytree as pytree
+
+from fxverify.analysis.compare import Mismatch, compare_trees
+from fxverify.analysis.graph_text import canonical_text
+from fxverify.cases.case import load_case
+from fxverify.core.results import FAILED, PASSED, SKIPPED, CheckResult, Outcome, exception_summary
+from fxverify.core.transform import _Timeout, call_with_timeout, load_object
+from fxverify.engine.subject import DEFAULT_TIMEOUT
+from fxverify.errors import FxVerifyError, TransformLoadError
+
+UUID, STALE, BYPASS = "graph_cache_uuid", "graph_cache_stale", "graph_cache_bypass"
+ASPECTS = (UUID, STALE, BYPASS)  # the results of check_graph_cache, in this order
+HOOKS = ("post_grad_custom_pre_pass", "post_grad_custom_post_pass", "joint_custom_pre_pass", "joint_custom_post_pass")
+HASH_SEEDS = ("0", "1")  # the PYTHONHASHSEED of the two processes uuid() must agree in
+DEFAULT_MODEL = "relu_mul_add"
+Digests = dict[str, list[dict[str, str]]]  # per PYTHONHASHSEED, uuid_digests of the passes in a fresh process
+FIX = "return (get_hash_for_files((__file__,)), {state})"  # the uuid() that names the pass's code and its state
+
+
+class ReluMulAdd(nn.Module):
+    """The default model, ``relu(x) * 2 + x``: its post-grad graph holds ``aten.relu``, ``aten.mul`` and
+    ``aten.add``, the ops small passes rewrite."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x) * 2 + x
+
+
+def check_graph_cache(passes: Sequence[CustomGraphPass] | str, *, hook: str = "post_grad_custom_post_pass",
+                      model: Callable[..., Any] | str | None = None, inputs: Sequence[Any] | None = None,
+                      timeout: float | None = DEFAULT_TIMEOUT) -> list[CheckResult]:
+    """One result per aspect (:data:`ASPECTS`) of the FX graph cache contract of ``passes``: two or more
+    instances of a ``CustomGraphPass`` that differ in their state, or a spec ``'package.module:NAME'`` naming
+    such a sequence or a function of no arguments returning one. Each is installed alone as
+    ``torch._inductor.config.<hook>`` (one of :data:`HOOKS`) to compile ``model`` (a module or function, a
+    corpus entry's name, or None: :class:`ReluMulAdd` on an 8x16 input) and run it on ``inputs``; ``timeout``
+    bounds each compile, in seconds.
+
+    >>> from fxverify.compile.graph_cache import check_graph_cache
+    >>> for result in check_graph_cache("tests.compile_cache_passes:stale_floors"):  # doctest: +SKIP
+    ...     print(result.check, result.outcome)
+    graph_cache_uuid passed
+    graph_cache_stale failed
+    graph_cache_bypass passed
+    """
+    setup = _setup(passes, hook, model, inputs, timeout)
+    with _uuids_across_processes(setup.spec, timeout) as across:  # they run while this process compiles
+        compiled = _compile_all(setup)
+        uuid = _uuid_result(setup, across)
+    if isinstance(compiled, _CompileRaised):
+        return [uuid, _raised_result(setup, compiled),
+                setup.result(BYPASS, SKIPPED, f"no compile finished, so there is no count to report: see {STALE}")]
+    cached, fresh = compiled
+    return [uuid, _stale_result(setup, cached, fresh), _bypass_result(setup, cached)]
+
+
+def differing_state(a: object, b: object) -> dict[str, tuple[Any, Any]]:
+    """The instance attributes (``vars``) whose values differ between ``a`` and ``b``, as ``(a's, b's)``; an
+    attribute only one of them has reads as ``<unset>`` on the other.
+
+    >>> class Floor:
+    ...     def __init__(self, floor, name="floor"):
+    ...         self.floor, self.name = floor, name
+    >>> differing_state(Floor(0.0), Floor(0.5)), differing_state(Floor(0.0), Floor(0.0))
+    ({'floor': (0.0, 0.5)}, {})
+    """
+    ours, theirs = getattr(a, "__dict__", {}), getattr(b, "__dict__", {})
+    return {name: (ours.get(name, _UNSET), theirs.get(name, _UNSET)) for name in [*ours, *(n for n in theirs if n not in ours)]
+            if not _same(ours.get(name, _UNSET), theirs.get(name, _UNSET))}
+
+
+def describe_state(difference: dict[str, tuple[Any, Any]]) -> str:
+    """``difference`` (from :func:`differing_state`) in words.
+
+    >>> describe_state({"floor": (0.0, 0.5)})
+    '`floor` differs (0.0, 0.5)'
+    >>> describe_state({"floor": (0.0, 0.5), "name": ("a", "b")})
+    "`floor` (0.0, 0.5) and `name` ('a', 'b') differ"
+    >>> describe_state({})
+    'no instance attribute differs'
+    """
+    parts = [f"`{name}` ({_short(ours)}, {_short(theirs)})" for name, (ours, theirs) in difference.items()]
+    if not parts:
+        return "no instance attribute differs"
+    if len(parts) == 1:
+        return parts[0].replace(" (", " differs (", 1)
+    return ", ".join(parts[:-1]) + f" and {parts[-1]} differ"
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "<unset>"
+
+
+_UNSET = _Unset()
+
+
+def _same(ours: Any, theirs: Any) -> bool:
+    if isinstance(ours, torch.Tensor) or isinstance(theirs, torch.Tensor):
+        return (isinstance(ours, torch.Tensor) and isinstance(theirs, torch.Tensor) and ours.shape == theirs.shape
+                and ours.dtype == theirs.dtype and bool(torch.equal(ours, theirs)))
+    try:
+        return bool(ours == theirs)
+    except Exception:  # an __eq__ that raises or returns no truth value: only the object itself counts as the same
+        return ours is theirs
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@dataclasses.dataclass(frozen=True)
+class _Setup:
+    """What the aspects share: the passes, where they go, and the model they compile."""
+
+    passes: tuple[CustomGraphPass, ...]
+    spec: str | None
+    hook: str
+    model: Callable[..., Any]
+    model_name: str
+    inputs: tuple[Any, ...]
+    timeout: float | None
+    default_model: bool
+
+    @property
+    def label(self) -> str:
+        """The passes in a result's ``transform`` field: the spec, or what the instances are."""
+        kinds = sorted({type(p).__qualname__ for p in self.passes})
+        return self.spec or f"{len(self.passes)} instances of {' / '.join(kinds)}"
+
+    def input_text(self) -> str:
+        leaves = pytree.tree_leaves(self.inputs)
+        return ", ".join(f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}" if isinstance(x, torch.Tensor)
+                         else _short(x) for x in leaves)
+
+    def reproduce(self) -> str | None:
+        if self.spec is None or not self.default_model:
+            return None
+        return (f"python -c \"from fxverify.compile.graph_cache import check_graph_cache as c; "
+                f"[print(r.message) for r in c('{self.spec}', hook='{self.hook}')]\"")
+
+    def result(self, aspect: str, outcome: Outcome, finding: str, *, details: dict[str, Any] | None = None,
+               where: str | None = None, node: str | None = None) -> CheckResult:
+        """The aspect's result, its message laid out as the runner lays out a check's."""
+        lines = [f"fxverify {aspect} check {outcome}", f"  model:      {self.model_name}",
+                 f"  passes:     {self.label}", f"  hook:       torch._inductor.config.{self.hook}",
+                 f"  input:      {self.input_text()}"]
+        if where:
+            lines.append(f"  first diff: {where}")
+        if node:
+            lines.append("  first node: " + textwrap.indent(node, " " * 14).lstrip())
+        lines.append("  finding:    " + textwrap.indent(finding, " " * 14).lstrip())
+        reproduce = self.reproduce()
+        if reproduce and outcome is FAILED:
+            lines.append(f"  reproduce:  {reproduce}")
+        return CheckResult(aspect, self.model_name, self.label, outcome, message="\n".join(lines),
+                           details=details or {}, finding=finding if outcome is FAILED else "",
+                           input=self.input_text(), where=where, node=node, capture=f"inductor {self.hook}")
+
+
+def _setup(passes: Sequence[CustomGraphPass] | str, hook: str, model: Callable[..., Any] | str | None,
+           inputs: Sequence[Any] | None, timeout: float | None) -> _Setup:
+    if hook not in HOOKS:
+        raise FxVerifyError(f"hook={hook!r} is not a custom graph pass hook of torch._inductor.config; one of {HOOKS}")
+    spec = passes if isinstance(passes, str) else None
+    found = _passes(load_object(passes, "graph-cache passes") if isinstance(passes, str) else passes, spec)
+    if model is None:
+        given = (torch.randn(8, 16, generator=torch.Generator().manual_seed(0)),) if inputs is None else tuple(inputs)
+        return _Setup(found, spec, hook, ReluMulAdd(), DEFAULT_MODEL, given, timeout, default_model=inputs is None)
+    if isinstance(model, str):
+        case = load_case(model)
+        given = case.example_inputs() if inputs is None else tuple(inputs)
+        return _Setup(found, spec, hook, case.build(), model, given, timeout, default_model=False)
+    if inputs is None:
+        raise FxVerifyError("model= was given without inputs=: pass the inputs to compile and run it on (a tuple)")
+    return _Setup(found, spec, hook, model, getattr(model, "__name__", type(model).__name__), tuple(inputs), timeout,
+                  default_model=False)
+
+
+def _passes(given: Any, spec: str | None) -> tuple[CustomGraphPass, ...]:
+    """``given`` as two or more ``CustomGraphPass`` instances; ``TransformLoadError`` saying what it is instead."""
+    what = f"graph-cache passes {spec!r}" if spec else "passes"
+    if callable(given) and not isinstance(given, (CustomGraphPass, Sequence)):
+        given = given()
+    if isinstance(given, CustomGraphPass) or not isinstance(given, Sequence) or isinstance(given, str):
+        raise TransformLoadError(f"{what} must be a sequence of two or more CustomGraphPass instances that differ in "
+                                 f"their state (or a function returning one), not {_short(given)}")
+    found = tuple(given)
+    if len(found) < 2:
+        raise TransformLoadError(f"{what} holds {len(found)} instance(s): give two or more that differ in their state, "
+                                 "so that one can be served the other's cache entry")
+    for i, graph_pass in enumerate(found):
+        if not isinstance(graph_pass, CustomGraphPass):
+            raise TransformLoadError(
+                f"{what}[{i}] is a {type(graph_pass).__qualname__}, not a torch._inductor.custom_graph_pass."
+                "CustomGraphPass: Inductor bypasses the FX graph cache for any other callable in a custom-pass hook, so "
+                "there is no cache contract to check. Subclass CustomGraphPass (__call__(graph) and uuid())")
+    return found
+
+
+# -- graph_cache_uuid -------------------------------------------------------------------------------------------
+
+
+def _uuid_result(setup: _Setup, across: Callable[[], Digests | str]) -> CheckResult:
+    """``across()``: what :func:`uuid_digests` found in each fresh process, or why it found nothing."""
+    values = []
+    for i, graph_pass in enumerate(setup.passes):
+        try:
+            values.append(graph_pass.uuid())
+        except Exception as exc:
+            return setup.result(UUID, FAILED, f"passes[{i}].uuid() raised {exception_summary(exc)}; Inductor calls it "
+                                              "for every compile with the pass in its hook, so such a compile raises too")
+    name = type(setup.passes[0]).__qualname__
+    unset = [i for i, value in enumerate(values) if not value]
+    if unset:
+        value = values[unset[0]]
+        falsy = "" if value is None else " (Inductor takes any falsy uuid for None)"
+        return setup.result(UUID, SKIPPED, (
+            f"warning: {name}.uuid() returns {value!r} (passes[{unset[0]}]){falsy}, torch's documented opt-out: "
+            f"Inductor bypasses the FX graph cache for every graph it compiles with the pass (see {BYPASS}), so "
+            "every such compile runs cold and nothing can go stale. To be cached, return a picklable value naming "
+            "the pass's code and every state it reads, e.g. `" + FIX.format(state="self.<state>") + "`"),
+            details={"uuids": [_short(v) for v in values]})
+    for i, value in enumerate(values):
+        try:
+            pickle.dumps(value)
+        except Exception as exc:
+            return setup.result(UUID, FAILED, _unpicklable(setup, values, i, exception_summary(exc)),
+                                details={"uuids": [_short(v) for v in values]})
+    if setup.spec is None:
+        return setup.result(UUID, SKIPPED, (
+            f"uuid() is set and pickles for all {len(values)} instances; whether another process computes the same "
+            "value needs the passes as a spec it can import: give 'package.module:NAME' (a sequence of the instances, "
+            "or a function returning one) instead of the objects"), details={"uuids": [_short(v) for v in values]})
+    return _stability_result(setup, across())
+
+
+def _unpicklable(setup: _Setup, values: list[Any], i: int, error: str) -> str:
+    """Why ``values[i]``, a uuid that does not pickle, breaks the cache, as Inductor's cache pickler treats it."""
+    key = inductor_key(values[i])
+    if isinstance(key, str):
+        effect = f"Inductor cannot put it in its cache key and bypasses the FX graph cache ('{key}', see {BYPASS})"
+    else:
+        alike = sum(inductor_key(v) == key for v in values)
+        effect = ("Inductor's cache pickler falls back to keying it by its type and its name/value attributes only, "
+                  f"whatever it holds ({alike} of the {len(values)} instances get the same key here), so instances "
+                  f"whose state differs share cache entries (see {STALE})")
+    return (f"{type(setup.passes[i]).__qualname__}.uuid() returns a {type(values[i]).__qualname__} (passes[{i}]: "
+            f"{_short(values[i])}), which does not pickle ({error}): {effect}. Return a picklable value: bytes or "
+            "str (a hashlib digest is `.digest()` / `.hexdigest()`, not the hash object), numbers, tuples of them")
+
+
+def inductor_key(value: Any) -> bytes | str:
+    """``value`` as Inductor's FX graph cache pickles it into its key (a pass's ``uuid()``), or the reason it
+    bypasses the cache instead. A value that does not pickle is keyed by its type and ``name`` / ``value``
+    attributes only, when it has them.
+
+    >>> inductor_key(b"code") == inductor_key(b"code"), inductor_key(b"code") == inductor_key(b"other")
+    (True, False)
+    >>> import hashlib
+    >>> inductor_key(hashlib.sha256(b"code")) == inductor_key(hashlib.sha256(b"other"))  # both keyed as 'sha256'
+    True
+    >>> inductor_key(lambda: 0)
+    'Failed to pickle cache key'
+    """
+    logger = logging.getLogger("torch._inductor.codecache")
+    disabled, logger.disabled = logger.disabled, True  # its warning with a traceback: the reason says it
+    try:
+        return FxGraphCachePickler(torch.fx.GraphModule(nn.Module(), torch.fx.Graph())).dumps(value)
+    except BypassFxGraphCache as exc:
+        return str(exc)
+    finally:
+        logger.disabled = disabled
+
+
+def uuid_digests(spec: str) -> list[dict[str, str]]:
+    """For each pass ``spec`` names: the sha256 of its pickled ``uuid()`` and the value's repr, or the ``error`` it
+    raised. Run in the fresh processes of the ``graph_cache_uuid`` aspect (``python -m fxverify.compile.graph_cache
+    SPEC`` prints it as JSON).
+
+    >>> uuid_digests("tests.compile_cache_passes:keyed_floors")[1]  # doctest: +SKIP
+    {'sha256': '5c0e...', 'repr': "(b'...', 0.5)"}
+    """
+    found = []
+    for graph_pass in _passes(load_object(spec, "graph-cache passes"), spec):
+        try:
+            value = graph_pass.uuid()
+            found.append({"sha256": hashlib.sha256(pickle.dumps(value)).hexdigest(), "repr": _short(value)})
+        except Exception as exc:
+            found.append({"error": exception_summary(exc)})
+    return found
+
+
+@contextlib.contextmanager
+def _uuids_across_processes(spec: str | None, timeout: float | None) -> Iterator[Callable[[], Digests | str]]:
+    """Starts ``uuid_digests(spec)`` in a fresh process per seed of :data:`HASH_SEEDS` (none without a spec) and
+    yields a function that waits for their answers, or says why there are none; kills what still runs on exit."""
+    path = os.pathsep.join(p for p in sys.path if p)
+    processes = {} if spec is None else {
+        seed: subprocess.Popen([sys.executable, "-m", __name__, spec], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": path})
+        for seed in HASH_SEEDS}
+
+    def answers() -> Digests | str:
+        found: Digests = {}
+        for seed, process in processes.items():
+            try:
+                out, err = process.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                return f"the process with PYTHONHASHSEED={seed} did not finish within {timeout:g} s"
+            if process.returncode != 0:
+                return f"the process with PYTHONHASHSEED={seed} exited {process.returncode}: {err.strip()[-600:]}"
+            found[seed] = json.loads(out.strip().splitlines()[-1])
+        return found
+
+    try:
+        yield answers
+    finally:
+        for process in processes.values():
+            if process.poll() is None:
+                process.kill()
+            process.communicate()
+
+
+def _stability_result(setup: _Setup, across: Digests | str) -> CheckResult:
+    if isinstance(across, str):
+        return setup.result(UUID, SKIPPED, f"uuid() is set and pickles, but computing it in fresh processes failed, so "
+                                           f"its stability is not known: {across}")
+    first, second = (across[seed] for seed in HASH_SEEDS)
+    details = {f"PYTHONHASHSEED={seed}": values for seed, values in across.items()}
+    for i, (ours, theirs) in enumerate(zip(first, second)):
+        if ours != theirs:
+            seeds = " and ".join(f"PYTHONHASHSEED={seed}: {v.get('repr') or v.get('error')}"
+                                 for seed, v in zip(HASH_SEEDS, (ours, theirs)))
+            return setup.result(UUID, FAILED, (
+                f"{type(setup.passes[i]).__qualname__}.uuid() of passes[{i}] differs between two fresh processes "
+                f"({seeds}): the cache key changes with every process, so no compile ever reads an entry another "
+                "process wrote (results stay right, every compile runs cold). The usual causes are hash() of a str or "
+                "bytes, a set's order, id() or an address in the value: hash text with hashlib instead "
+                "(get_hash_for_files((__file__,)) for the code)"), details=details)
+    return setup.result(UUID, PASSED, f"uuid() is set, pickles and is the same under PYTHONHASHSEED="
+                                      f"{' and '.join(HASH_SEEDS)} for all {len(first)} instances", details=details)
+
+
+# -- compiles ---------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+    """One compile of the model with one pass in its hook, and one run of it."""
+
+    outputs: Any
+    graphs: tuple[str, ...]  # the graphs the hook left, as canonical text (none when the cache served the compile)
+    counts: dict[str, int]  # what the compile added to counters["inductor"]: fxgraph_cache_hit, _miss, _bypass
+    bypass_reasons: tuple[str, ...]  # Inductor's reasons for each bypass
+    seconds: float
+
+
+class _GraphRecorder(CustomGraphPass):
+    """Runs after the pass in its hook and keeps the graph it left: no graph means the pass never ran (a cache hit)."""
+
+    def __init__(self) -> None:
+        self.graphs: list[str] = []
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        self.graphs.append(canonical_text(graph))
+
+    def uuid(self) -> str:
+        return "fxverify.compile.graph_cache._GraphRecorder"
+
+
+class _BypassReasons(logging.Filter):
+    """On Inductor's cache logger, lowered to INFO: keeps the reason of each "Bypassing FX Graph Cache" record
+    and drops the records below the level the logger had, which it would not have let through."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__()
+        self.level = level
+        self.reasons: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith("Bypassing FX Graph Cache"):
+            self.reasons.append(str(record.args[0]) if isinstance(record.args, tuple) and record.args
+                                else record.getMessage())
+        return record.levelno >= self.level
+
+
+@contextlib.contextmanager
+def _bypass_reasons() -> Iterator[list[str]]:
+    logger = logging.getLogger("torch._inductor.codecache")
+    keeper, level = _BypassReasons(logger.getEffectiveLevel()), logger.level
+    logger.addFilter(keeper)
+    logger.setLevel(min(logging.INFO, logger.getEffectiveLevel()))
+    try:
+        yield keeper.reasons
+    finally:
+        logger.setLevel(level)
+        logger.removeFilter(keeper)
+
+
+def _compile(setup: _Setup, graph_pass: CustomGraphPass | None, *, cached: bool) -> Compiled:
+    """Compile the model afresh with ``graph_pass`` alone in the hook (with the cache, or with caches disabled),
+    and run it once with the RNG seeded."""
+    recorder = _GraphRecorder()
+    torch._dynamo.reset()
+    clear_caches()
+    before = collections.Counter(counters["inductor"])
+    patch = {setup.hook: [p for p in (graph_pass, recorder) if p is not None], "fx_graph_cache": cached,
+             "fx_graph_remote_cache": False, "force_disable_caches": not cached}
+    start = time.perf_counter()
+    with inductor_config.patch(patch), _bypass_reasons() as reasons, torch.no_grad(), \
+            torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # dynamo_pgo's "force disabled by force_disable_caches", and the like
+        torch.manual_seed(0)
+        outputs = call_with_timeout(lambda: torch.compile(setup.model)(*setup.inputs), (), setup.timeout)
+    added = collections.Counter(counters["inductor"])
+    added.subtract(before)
+    return Compiled(outputs, tuple(recorder.graphs), {k: v for k, v in sorted(added.items()) if v > 0},
+                    tuple(reasons), time.perf_counter() - start)
+
+
+class _CompileRaised(Exception):
+    def __init__(self, index: int | None, cached: bool, why: str) -> None:
+        super().__init__(why)
+        self.index, self.cached, self.why = index, cached, why
+
+
+def _guarded(setup: _Setup, index: int | None, *, cached: bool) -> Compiled:
+    graph_pass = None if index is None else setup.passes[index]
+    try:
+        return _compile(setup, graph_pass, cached=cached)
+    except _Timeout:
+        raise _CompileRaised(index, cached, f"did not finish within {setup.timeout:g} s (if it is just slow, raise "
+                                            "timeout=)") from None
+    except Exception as exc:
+        raise _CompileRaised(index, cached, f"raised {exception_summary(exc)}") from exc
+
+
+def _compile_all(setup: _Setup) -> tuple[list[Compiled], dict[int, Compiled]] | _CompileRaised:
+    """Every pass compiled in order into one fresh cache folder, then each but the first with caches disabled; or
+    the first compile that raised."""
+    try:
+        with fresh_cache():
+            cached = [_guarded(setup, i, cached=True) for i in range(len(setup.passes))]
+            fresh = {i: _guarded(setup, i, cached=False) for i in range(1, len(setup.passes))}
+    except _CompileRaised as raised:
+        return raised
+    return cached, fresh
+
+
+def _raised_result(setup: _Setup, raised: _CompileRaised) -> CheckResult:
+    """A compile raised: the pass's doing when the model compiles without it, else the model's."""
+    doing = f"compiling the model with passes[{raised.index}] " + ("" if raised.cached else "and caches disabled ")
+    try:
+        with fresh_cache():
+            _guarded(setup, None, cached=False)
+    except _CompileRaised as alone:
+        return setup.result(STALE, SKIPPED, f"{doing}{raised.why}, and the model does not compile without the pass "
+                                            f"either ({alone.why}): give a model that torch.compile takes")
+    return setup.result(STALE, FAILED, f"{doing}{raised.why}, while it compiles without the pass: the pass breaks "
+                                       "the compile")
+
+
+# -- graph_cache_stale and graph_cache_bypass ---------------------------------------------------------------------
+
+
+def _stale_result(setup: _Setup, cached: list[Compiled], fresh: dict[int, Compiled]) -> CheckResult:
+    details = {"compiles": _compile_details(cached, fresh)}
+    for i, alone in fresh.items():
+        mismatch = compare_trees(cached[i].outputs, alone.outputs)
+        if mismatch is None:
+            continue
+        if cached[i].graphs:  # the pass ran in both compiles
+            return setup.result(STALE, SKIPPED, (
+                f"passes[{i}] compiled with the cache and with caches disabled gives different outputs, and the "
+                "cache served neither compile: the pass or the model is not deterministic, which says nothing of "
+                "the cache; check that the model gives the same output twice"), where=mismatch.describe(),
+                details=details)
+        return _stale_failure(setup, cached, fresh, i, mismatch, details)
+    if all(c.counts.get("fxgraph_cache_bypass") for c in cached[1:]):
+        return setup.result(STALE, SKIPPED, f"Inductor bypassed the FX graph cache (see {BYPASS}): no entry was "
+                                            "written or read, so none could go stale", details=details)
+    same = [i for i in fresh if inductor_key(setup.passes[i].uuid()) == inductor_key(setup.passes[i - 1].uuid())
+            and cached[i - 1].graphs == fresh[i].graphs]
+    if same:
+        i = same[0]
+        state = describe_state(differing_state(setup.passes[i - 1], setup.passes[i]))
+        return setup.result(STALE, SKIPPED, (
+            f"passes[{i - 1}] and passes[{i}] ({state}) have the same uuid() and leave the same graph on this model, "
+            "so a stale entry could not show here. If what differs does not change what the pass does, this is "
+            "fine; else give a model whose graph it changes"), details=details)
+    return setup.result(STALE, PASSED, (
+        f"each of {len(fresh)} later instance(s), compiled after the others into one fresh FX graph cache, gives the "
+        "output it gives with caches disabled"), details=details)
+
+
+def _stale_failure(setup: _Setup, cached: list[Compiled], fresh: dict[int, Compiled], i: int, mismatch: Mismatch,
+                   details: dict[str, Any]) -> CheckResult:
+    key = inductor_key(setup.passes[i].uuid())
+    j = next((j for j in range(i) if inductor_key(setup.passes[j].uuid()) == key
+              and compare_trees(cached[i].outputs, cached[j].outputs) is None), None)
+    name = type(setup.passes[i]).__qualname__
+    if j is None:  # served from the cache, but not one of the entries these passes wrote
+        return setup.result(STALE, FAILED, (
+            f"passes[{i}] got a cache hit and was never called, and the output served differs from its output with "
+            f"caches disabled; uuid() ({_short(setup.passes[i].uuid())}) misses some state the pass reads"),
+            where=mismatch.describe(), details=details)
+    difference = differing_state(setup.passes[j], setup.passes[i])
+    state = describe_state(difference)
+    fix = (f"put {', '.join(f'`{n}`' for n in difference)} into uuid(), e.g. `"
+           + FIX.format(state=", ".join(f"self.{n}" for n in difference)) + "`") if difference else (
+        "the state that differs is no instance attribute (a class attribute, a global, a helper module's code, a "
+        "config value): put it into uuid(), e.g. hash the helper module's file with get_hash_for_files")
+    finding = (
+        f"{name}.uuid() is equal for instances whose {state} (passes[{j}] and passes[{i}]): compiled after passes[{j}] "
+        f"into the same fresh FX graph cache, passes[{i}] got a cache hit (fxgraph_cache_hit) and was never called, so "
+        f"Inductor ran the graph passes[{j}] produced, and its output differs from passes[{i}] compiled with caches "
+        f"disabled. uuid() must name every state the pass reads: {fix}")
+    return setup.result(STALE, FAILED, finding, where=mismatch.describe(),
+                        node=_first_node(cached[j].graphs, fresh[i].graphs, j, i), details=details)
+
+
+def _first_node(served: Sequence[str], own: Sequence[str], j: int, i: int) -> str | None:
+    """The first line where the graph passes[j] left (served from the cache) and the one passes[i] leaves differ."""
+    for ours, theirs in zip("\n".join(served).splitlines(), "\n".join(own).splitlines()):
+        if ours != theirs:
+            return f"{ours.strip()}  (served, as passes[{j}] left it)\n{theirs.strip()}  (as passes[{i}] leaves it)"
+    return None
+
+
+def _compile_details(cached: list[Compiled], fresh: dict[int, Compiled]) -> list[dict[str, Any]]:
+    runs = [(i, "on", c) for i, c in enumerate(cached)] + [(i, "disabled", c) for i, c in fresh.items()]
+    return [{"pass": i, "cache": cache, "seconds": round(c.seconds, 3), **c.counts} for i, cache, c in runs]
+
+
+def _bypass_result(setup: _Setup, cached: list[Compiled]) -> CheckResult:
+    bypasses = sum(c.counts.get("fxgraph_cache_bypass", 0) for c in cached)
+    details = {"fxgraph_cache_bypass": bypasses, "compiles": _compile_details(cached, {})}
+    if not bypasses:
+        hits = sum(c.counts.get("fxgraph_cache_hit", 0) for c in cached)
+        return setup.result(BYPASS, PASSED, f"Inductor used the FX graph cache in all {len(cached)} compiles "
+                                            f"(fxgraph_cache_bypass 0, fxgraph_cache_hit {hits})", details=details)
+    reasons = sorted({r for c in cached for r in c.bypass_reasons})
+    text = "; ".join(reasons) or "(no reason logged)"
+    uuids = [p.uuid() for p in setup.passes]
+    if not all(uuids):
+        cause = f"the pass's uuid() is None or falsy (see {UUID})"
+    elif any(isinstance(inductor_key(u), str) for u in uuids):
+        cause = f"the pass's uuid() does not go into a cache key (see {UUID})"
+    else:
+        cause = "not the pass's doing: the model's graph is one Inductor does not cache; give another model"
+    seconds = ", ".join(f"{c.seconds:.2f}" for c in cached)
+    return setup.result(BYPASS, SKIPPED, (
+        f"warning: Inductor bypassed the FX graph cache {bypasses} time(s) in {len(cached)} compiles "
+        f"(fxgraph_cache_bypass={bypasses}) because: {text}. Cause: {cause}. Every compile with the pass runs cold "
+        f"(compiles took {seconds} s here)"), details={**details, "reasons": reasons})
+
+
+if __name__ == "__main__":  # the fresh processes of the graph_cache_uuid aspect
+    print(json.dumps(uuid_digests(sys.argv[1])))

@@ -1,0 +1,109 @@
+"""The FX graph cache check of a CustomGraphPass (fxverify.compile.graph_cache): each buggy uuid() of
+tests/compile_cache_passes.py caught by the aspect meant for it, its correct twin passing every aspect."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+from torch._inductor import config as inductor_config
+
+from fxverify.compile.graph_cache import (
+    ASPECTS,
+    BYPASS,
+    STALE,
+    UUID,
+    check_graph_cache,
+    describe_state,
+    differing_state,
+    inductor_key,
+)
+from fxverify.core.results import FAILED, PASSED, SKIPPED
+from fxverify.errors import TransformLoadError
+from tests.compile_cache_passes import FileHashFloor, KeyedFloor, floor_relu
+
+SPEC = "tests.compile_cache_passes:"
+
+
+def by_aspect(passes, **kwargs):
+    results = check_graph_cache(passes, **kwargs)
+    assert [r.check for r in results] == list(ASPECTS)
+    return {r.check: r for r in results}
+
+
+def test_the_state_uuid_misses_is_named_from_the_instances():
+    difference = differing_state(FileHashFloor(0.0), FileHashFloor(0.5))
+    assert difference == {"floor": (0.0, 0.5)}
+    assert describe_state(difference) == "`floor` differs (0.0, 0.5)"
+    assert differing_state(KeyedFloor(0.5), KeyedFloor(0.5)) == {}
+
+
+def test_inductor_keys_a_hash_object_by_its_name_only():
+    # why HasherFloor's instances collide instead of bypassing the cache: the fallback of Inductor's cache pickler
+    assert inductor_key(hashlib.sha256(b"0.0")) == inductor_key(hashlib.sha256(b"0.5"))
+    assert inductor_key(b"0.0") != inductor_key(b"0.5")
+
+
+def test_passes_that_cannot_be_checked_are_refused_with_the_reason():
+    with pytest.raises(TransformLoadError, match="holds 1 instance"):
+        check_graph_cache([FileHashFloor(0.0)])
+    with pytest.raises(TransformLoadError, match="not a torch._inductor.custom_graph_pass.CustomGraphPass"):
+        check_graph_cache([FileHashFloor(0.0), floor_relu])
+
+
+@pytest.mark.slow
+def test_uuid_missing_constructor_state_serves_a_stale_entry():
+    hook_before, cache_dir = inductor_config.post_grad_custom_post_pass, os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    results = by_aspect(SPEC + "stale_floors")
+    stale = results[STALE]
+    assert stale.outcome is FAILED
+    assert "FileHashFloor.uuid() is equal for instances whose `floor` differs (0.0, 0.5)" in stale.message
+    assert "return (get_hash_for_files((__file__,)), self.floor)" in stale.message
+    assert "clamp_min" in stale.node and "0.0)" in stale.node and "0.5)" in stale.node
+    assert stale.where.startswith("output")
+    assert [c.get("fxgraph_cache_hit") for c in stale.details["compiles"]] == [None, 1, None]
+    assert results[UUID].outcome is PASSED and results[BYPASS].outcome is PASSED  # stable and cached: only stale
+    assert inductor_config.post_grad_custom_post_pass is hook_before  # the config and cache folder left as they were
+    assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") == cache_dir
+
+
+@pytest.mark.slow
+def test_the_twin_with_its_state_in_uuid_passes_every_aspect():
+    results = by_aspect(SPEC + "keyed_floors")
+    assert {r.outcome for r in results.values()} == {PASSED}, "\n".join(r.message for r in results.values())
+    assert [c.get("fxgraph_cache_miss") for c in results[STALE].details["compiles"]] == [1, 1, None]
+
+
+@pytest.mark.slow
+def test_uuid_none_gets_the_bypass_report_and_no_alarm():
+    results = by_aspect(SPEC + "NO_UUID_FLOORS")
+    assert {r.outcome for r in results.values()} == {SKIPPED}
+    assert "uuid() returns None" in results[UUID].message
+    bypass = results[BYPASS]
+    assert bypass.details["fxgraph_cache_bypass"] == 2
+    assert "fxgraph_cache_bypass=2" in bypass.message and "Unsupported post grad custom pass" in bypass.message
+
+
+@pytest.mark.slow
+def test_an_unpicklable_uuid_is_reported_and_its_collision_caught():
+    results = by_aspect(SPEC + "HASHER_FLOORS")
+    uuid = results[UUID]
+    assert uuid.outcome is FAILED
+    assert "returns a HASH" in uuid.message and "does not pickle" in uuid.message
+    assert "2 of the 2 instances get the same key" in uuid.message
+    assert results[STALE].outcome is FAILED and "`floor` differs" in results[STALE].message
+
+
+@pytest.mark.slow
+def test_a_uuid_that_changes_with_the_hash_seed_fails_and_stays_fresh():
+    results = by_aspect(SPEC + "unstable_floors")
+    assert results[UUID].outcome is FAILED and "PYTHONHASHSEED=0" in results[UUID].message
+    assert results[STALE].outcome is PASSED  # floor is in its uuid: no entry goes stale
+
+
+@pytest.mark.slow
+def test_objects_are_checked_in_another_hook_and_told_how_to_check_stability():
+    results = by_aspect([FileHashFloor(0.0), FileHashFloor(0.5)], hook="joint_custom_pre_pass")
+    assert results[UUID].outcome is SKIPPED and "give 'package.module:NAME'" in results[UUID].message
+    assert results[STALE].outcome is FAILED and "joint_custom_pre_pass" in results[STALE].message
