@@ -376,9 +376,12 @@ def _advice(variant: Variant, verdict: Verdict) -> str:
 
 def _completeness(fuzzer: Fuzzer, spec: str, complete: bool) -> CheckResult:
     rows = []
+    missed_variants = []
     for variant in fuzzer.equivalents():
         verdict = fuzzer.judge(variant)
         rows.append((variant.describe(), None if verdict is None else verdict.fired))
+        if verdict is not None and not verdict.fired:
+            missed_variants.append(variant)
     matrix = "\n".join(f"    {'fired' if fired else 'not a program' if fired is None else 'NOT fired'}: {text}"
                        for text, fired in rows)
     missed = [text for text, fired in rows if fired is False]
@@ -387,15 +390,18 @@ def _completeness(fuzzer: Fuzzer, spec: str, complete: bool) -> CheckResult:
         return CheckResult(COMPLETE, name, spec, Outcome.FAILED,
                            f"{COMPLETE} failed: pattern {name} of {spec} does not fire on its own search function "
                            f"traced as the pass meets it ({fuzzer.pattern.traced_with} on the example inputs): it "
-                           f"never rewrites anything.\n  fired / not fired:\n{matrix}",
+                           f"never rewrites anything.\n  fired / not fired:\n{matrix}\n  advice: check the example "
+                           "inputs (one tensor given for two inputs binds them to one name) and extra_check",
                            finding="never fires on its own search function", input=rows[0][0],
                            details={"matrix": rows})
     if missed and complete:
+        edited = next((v.edits[0] for v in missed_variants if v.edits), None)
         return CheckResult(COMPLETE, name, spec, Outcome.FAILED,
                            f"{COMPLETE} failed: pattern {name} of {spec} promises to rewrite every occurrence "
                            f"(rewrites_every_occurrence) and does not fire on {len(missed)} equivalent spelling(s):\n"
                            f"{matrix}\n  advice: register the pattern for each spelling (e.g. both operand orders)",
-                           finding=f"not fired on: {missed[0]}", input=missed[0], details={"matrix": rows})
+                           finding=f"NOT fired on: {missed[0]}", input=missed[0], details={"matrix": rows},
+                           node=None if edited is None else f"{edited.target}#{edited.occurrence}")
     warning = f"; WARNING: not fired on {len(missed)} equivalent spelling(s)" if missed else ""
     return CheckResult(COMPLETE, name, spec, Outcome.PASSED,
                        f"pattern {name}: fired on {sum(f is True for _, f in rows)} of {len(rows)} equivalent "
@@ -414,11 +420,13 @@ def write_repro(spec: str, name: str, variant: Variant, directory: str | os.Path
     path = folder / f"pattern-{name}-{digest}.py"
     path.write_text(
         f'"""Pattern {name} of {spec} rewrites this variant wrongly: {variant.describe()}.\n\n'
-        f'Run: python {path.name}   (it fails while the pattern is unsound)"""\n'
-        "from fxverify.compile.pattern_sources import pattern_examples\n"
-        "from fxverify.compile.pattern_variants import Edit, Variant  # noqa: F401 (in the variant below)\n"
-        "from fxverify.compile.patterns import judge\n"
-        "from fxverify.core.transform import load_object\n\n"
+        f'Run from the folder {spec!r} imports from: python {path}   (it fails while the pattern is unsound)"""\n'
+        "import os\nimport sys\n\n"
+        "sys.path.insert(0, os.getcwd())  # where the patterns' module is imported from\n"
+        "from fxverify.compile.pattern_sources import pattern_examples  # noqa: E402\n"
+        "from fxverify.compile.pattern_variants import Edit, Variant  # noqa: E402, F401 (in the variant below)\n"
+        "from fxverify.compile.patterns import judge  # noqa: E402\n"
+        "from fxverify.core.transform import load_object  # noqa: E402\n\n"
         f"pattern = next(p for p in pattern_examples(load_object({spec!r}), {spec!r}) if p.name == {name!r})\n"
         f"verdict = judge(pattern, {variant!r})\n"
         "assert verdict is not None and not verdict.problem, verdict\n"
