@@ -7,6 +7,7 @@ import hashlib
 import os
 
 import pytest
+import torch
 from torch._inductor import config as inductor_config
 
 from fxverify.compile.graph_cache import (
@@ -107,3 +108,24 @@ def test_objects_are_checked_in_another_hook_and_told_how_to_check_stability():
     results = by_aspect([FileHashFloor(0.0), FileHashFloor(0.5)], hook="joint_custom_pre_pass")
     assert results[UUID].outcome is SKIPPED and "give 'package.module:NAME'" in results[UUID].message
     assert results[STALE].outcome is FAILED and "joint_custom_pre_pass" in results[STALE].message
+
+
+class RaisingFloor(KeyedFloor):
+    """Breaks the compile for a positive floor."""
+
+    def __call__(self, graph):
+        if self.floor:
+            raise ValueError("no floor above 0")
+        super().__call__(graph)
+
+
+def does_not_run(x):
+    raise ValueError("this model fails before any pass")
+
+
+@pytest.mark.slow
+def test_a_compile_that_raises_is_blamed_on_the_pass_only_when_the_model_compiles_without_it():
+    broken = by_aspect([RaisingFloor(0.0), RaisingFloor(0.5)])[STALE]
+    assert broken.outcome is FAILED and "passes[1] raised" in broken.message and "no floor above 0" in broken.message
+    model = by_aspect([KeyedFloor(0.0), KeyedFloor(0.5)], model=does_not_run, inputs=(torch.ones(2),))[STALE]
+    assert model.outcome is SKIPPED and "does not compile without the pass either" in model.message

@@ -90,9 +90,10 @@ def check_graph_cache(passes: Sequence[CustomGraphPass] | str, *, hook: str = "p
     graph_cache_bypass passed
     """
     setup = _setup(passes, hook, model, inputs, timeout)
-    with _uuids_across_processes(setup.spec, timeout) as across:  # they run while this process compiles
+    decided = _uuid_in_process(setup)
+    with _uuids_across_processes(None if decided else setup.spec, timeout) as across:  # run while this one compiles
         compiled = _compile_all(setup)
-        uuid = _uuid_result(setup, across)
+        uuid = decided or _stability_result(setup, across())
     if isinstance(compiled, _CompileRaised):
         return [uuid, _raised_result(setup, compiled),
                 setup.result(BYPASS, SKIPPED, f"no compile finished, so there is no count to report: see {STALE}")]
@@ -248,8 +249,9 @@ def _passes(given: Any, spec: str | None) -> tuple[CustomGraphPass, ...]:
 # -- graph_cache_uuid -------------------------------------------------------------------------------------------
 
 
-def _uuid_result(setup: _Setup, across: Callable[[], Digests | str]) -> CheckResult:
-    """``across()``: what :func:`uuid_digests` found in each fresh process, or why it found nothing."""
+def _uuid_in_process(setup: _Setup) -> CheckResult | None:
+    """The ``graph_cache_uuid`` result when this process decides it (a uuid() that raises, is unset or does not
+    pickle; no spec to import elsewhere); None when fresh processes must."""
     values = []
     for i, graph_pass in enumerate(setup.passes):
         try:
@@ -279,7 +281,7 @@ def _uuid_result(setup: _Setup, across: Callable[[], Digests | str]) -> CheckRes
             f"uuid() is set and pickles for all {len(values)} instances; whether another process computes the same "
             "value needs the passes as a spec it can import: give 'package.module:NAME' (a sequence of the instances, "
             "or a function returning one) instead of the objects"), details={"uuids": [_short(v) for v in values]})
-    return _stability_result(setup, across())
+    return None
 
 
 def _unpicklable(setup: _Setup, values: list[Any], i: int, error: str) -> str:
@@ -375,6 +377,12 @@ def _stability_result(setup: _Setup, across: Digests | str) -> CheckResult:
                                            f"its stability is not known: {across}")
     first, second = (across[seed] for seed in HASH_SEEDS)
     details = {f"PYTHONHASHSEED={seed}": values for seed, values in across.items()}
+    raised = next((f"passes[{i}]: {entry['error']}" for i, entry in enumerate(first) if "error" in entry), None)
+    if raised:
+        return setup.result(UUID, SKIPPED, f"uuid() raised in a fresh process that imported {setup.spec!r} ({raised}) "
+                                           "though not in this one: it needs state this process set up, so its "
+                                           "stability is not known; make the spec build the passes alone",
+                            details=details)
     for i, (ours, theirs) in enumerate(zip(first, second)):
         if ours != theirs:
             seeds = " and ".join(f"PYTHONHASHSEED={seed}: {v.get('repr') or v.get('error')}"
@@ -393,7 +401,7 @@ def _stability_result(setup: _Setup, across: Digests | str) -> CheckResult:
 
 
 @dataclasses.dataclass(frozen=True)
-class Compiled:
+class _Compiled:
     """One compile of the model with one pass in its hook, and one run of it."""
 
     outputs: Any
@@ -445,7 +453,7 @@ def _bypass_reasons() -> Iterator[list[str]]:
         logger.removeFilter(keeper)
 
 
-def _compile(setup: _Setup, graph_pass: CustomGraphPass | None, *, cached: bool) -> Compiled:
+def _compile(setup: _Setup, graph_pass: CustomGraphPass | None, *, cached: bool) -> _Compiled:
     """Compile the model afresh with ``graph_pass`` alone in the hook (with the cache, or with caches disabled),
     and run it once with the RNG seeded."""
     recorder = _GraphRecorder()
@@ -462,7 +470,7 @@ def _compile(setup: _Setup, graph_pass: CustomGraphPass | None, *, cached: bool)
         outputs = call_with_timeout(lambda: torch.compile(setup.model)(*setup.inputs), (), setup.timeout)
     added = collections.Counter(counters["inductor"])
     added.subtract(before)
-    return Compiled(outputs, tuple(recorder.graphs), {k: v for k, v in sorted(added.items()) if v > 0},
+    return _Compiled(outputs, tuple(recorder.graphs), {k: v for k, v in sorted(added.items()) if v > 0},
                     tuple(reasons), time.perf_counter() - start)
 
 
@@ -472,7 +480,7 @@ class _CompileRaised(Exception):
         self.index, self.cached, self.why = index, cached, why
 
 
-def _guarded(setup: _Setup, index: int | None, *, cached: bool) -> Compiled:
+def _guarded(setup: _Setup, index: int | None, *, cached: bool) -> _Compiled:
     graph_pass = None if index is None else setup.passes[index]
     try:
         return _compile(setup, graph_pass, cached=cached)
@@ -483,27 +491,26 @@ def _guarded(setup: _Setup, index: int | None, *, cached: bool) -> Compiled:
         raise _CompileRaised(index, cached, f"raised {exception_summary(exc)}") from exc
 
 
-def _compile_all(setup: _Setup) -> tuple[list[Compiled], dict[int, Compiled]] | _CompileRaised:
+def _compile_all(setup: _Setup) -> tuple[list[_Compiled], dict[int, _Compiled]] | _CompileRaised:
     """Every pass compiled in order into one fresh cache folder, then each but the first with caches disabled; or
     the first compile that raised."""
-    try:
-        with fresh_cache():
+    with fresh_cache():  # an exception leaving it would keep its folder
+        try:
             cached = [_guarded(setup, i, cached=True) for i in range(len(setup.passes))]
-            fresh = {i: _guarded(setup, i, cached=False) for i in range(1, len(setup.passes))}
-    except _CompileRaised as raised:
-        return raised
-    return cached, fresh
+            return cached, {i: _guarded(setup, i, cached=False) for i in range(1, len(setup.passes))}
+        except _CompileRaised as raised:
+            return raised
 
 
 def _raised_result(setup: _Setup, raised: _CompileRaised) -> CheckResult:
     """A compile raised: the pass's doing when the model compiles without it, else the model's."""
     doing = f"compiling the model with passes[{raised.index}] " + ("" if raised.cached else "and caches disabled ")
-    try:
-        with fresh_cache():
+    with fresh_cache():
+        try:
             _guarded(setup, None, cached=False)
-    except _CompileRaised as alone:
-        return setup.result(STALE, SKIPPED, f"{doing}{raised.why}, and the model does not compile without the pass "
-                                            f"either ({alone.why}): give a model that torch.compile takes")
+        except _CompileRaised as alone:
+            return setup.result(STALE, SKIPPED, f"{doing}{raised.why}, and the model does not compile without the "
+                                                f"pass either ({alone.why}): give a model that torch.compile takes")
     return setup.result(STALE, FAILED, f"{doing}{raised.why}, while it compiles without the pass: the pass breaks "
                                        "the compile")
 
@@ -511,7 +518,7 @@ def _raised_result(setup: _Setup, raised: _CompileRaised) -> CheckResult:
 # -- graph_cache_stale and graph_cache_bypass ---------------------------------------------------------------------
 
 
-def _stale_result(setup: _Setup, cached: list[Compiled], fresh: dict[int, Compiled]) -> CheckResult:
+def _stale_result(setup: _Setup, cached: list[_Compiled], fresh: dict[int, _Compiled]) -> CheckResult:
     details = {"compiles": _compile_details(cached, fresh)}
     for i, alone in fresh.items():
         mismatch = compare_trees(cached[i].outputs, alone.outputs)
@@ -541,7 +548,7 @@ def _stale_result(setup: _Setup, cached: list[Compiled], fresh: dict[int, Compil
         "output it gives with caches disabled"), details=details)
 
 
-def _stale_failure(setup: _Setup, cached: list[Compiled], fresh: dict[int, Compiled], i: int, mismatch: Mismatch,
+def _stale_failure(setup: _Setup, cached: list[_Compiled], fresh: dict[int, _Compiled], i: int, mismatch: Mismatch,
                    details: dict[str, Any]) -> CheckResult:
     key = inductor_key(setup.passes[i].uuid())
     j = next((j for j in range(i) if inductor_key(setup.passes[j].uuid()) == key
@@ -575,12 +582,12 @@ def _first_node(served: Sequence[str], own: Sequence[str], j: int, i: int) -> st
     return None
 
 
-def _compile_details(cached: list[Compiled], fresh: dict[int, Compiled]) -> list[dict[str, Any]]:
+def _compile_details(cached: list[_Compiled], fresh: dict[int, _Compiled]) -> list[dict[str, Any]]:
     runs = [(i, "on", c) for i, c in enumerate(cached)] + [(i, "disabled", c) for i, c in fresh.items()]
     return [{"pass": i, "cache": cache, "seconds": round(c.seconds, 3), **c.counts} for i, cache, c in runs]
 
 
-def _bypass_result(setup: _Setup, cached: list[Compiled]) -> CheckResult:
+def _bypass_result(setup: _Setup, cached: list[_Compiled]) -> CheckResult:
     bypasses = sum(c.counts.get("fxgraph_cache_bypass", 0) for c in cached)
     details = {"fxgraph_cache_bypass": bypasses, "compiles": _compile_details(cached, {})}
     if not bypasses:
