@@ -9,7 +9,9 @@ import torch
 from torch._inductor.pattern_matcher import PatternMatcherPass
 
 import fxverify
+from fxverify.capture.inductor import fired_in
 from fxverify.core.graph_passes import graph_pass, pattern_passes
+from fxverify.core.results import FAILED, PASSED
 from fxverify.core.transform import Transform
 from fxverify.errors import TransformLoadError
 from tests import inductor_passes
@@ -105,3 +107,85 @@ def test_an_inference_aware_pass_is_told_which_graph_it_runs_on():
     with training_graph():
         transform.apply(_doubling_graph(), timeout=30)
     assert transform.form == "graph" and told == [True, False]
+
+
+# -- the captures ---------------------------------------------------------------------------------
+class _Gated(torch.nn.Module):
+    """``swish(fc(x)) * sigmoid(gate(x))``: one ``x * sigmoid(x)`` and one gate ``a * sigmoid(b)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 6)
+        self.gate = torch.nn.Linear(6, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        return h * torch.sigmoid(h) * torch.sigmoid(self.gate(x))
+
+
+class _Doubling(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        return torch.relu(h + h)
+
+
+def _verification(transform, factory, shape, capture: str) -> fxverify.Verification:
+    from fxverify.cases.case import case_from_module
+
+    case = case_from_module(factory.__name__.strip("_").lower(), factory, [shape])
+    return fxverify.Verification(transform, case, capture=case.capture_named(capture))
+
+
+@pytest.mark.slow
+def test_the_training_capture_runs_forward_then_backward_and_returns_outputs_and_gradients():
+    from fxverify.capture.inductor import Inductor
+
+    model, x = _Gated(), torch.randn(3, 6)
+    gm = Inductor(training_graphs=True).capture(model, training=True, inputs=(x,))
+    tangent = gm.get_buffer("tangent_0")
+    found = gm(x)
+    out = model(x)
+    out.backward(tangent)
+    torch.testing.assert_close(found["outputs"], (out.detach(),))
+    assert found["grads"].keys() == dict(model.named_parameters()).keys()
+    for name, parameter in model.named_parameters():
+        torch.testing.assert_close(found["grads"][name], parameter.grad)
+    assert {"forward_graph", "backward_graph"} <= dict(gm.named_children()).keys()
+
+
+@pytest.mark.slow
+def test_the_inference_capture_is_the_graph_the_hook_receives_and_computes_the_model():
+    from fxverify.capture.inductor import Inductor
+
+    model, x = _Gated().eval(), torch.randn(3, 6)
+    gm = Inductor().capture(model, training=False, inputs=(x,))
+    torch.testing.assert_close(gm(x), model(x))
+    assert all("val" in node.meta for node in gm.graph.nodes if node.op == "call_function")
+    assert {name for name, _ in gm.named_parameters()} == {name for name, _ in model.named_parameters()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("capture", ["inductor", "inductor_train"])
+def test_an_unpinned_fusion_fails_numerics_naming_the_node_and_its_twin_passes(capture):
+    v = _verification(inductor_passes.fuse_silu_unpinned, _Gated, (3, 6), capture)
+    found = v.run("numerics")
+    assert found.outcome == FAILED, found.message
+    assert "silu" in str(found.node), (found.node, found.message)
+    assert fired_in(v.subject.applied().result) == (
+        ("inference",) if capture == "inductor" else ("forward", "backward"))  # the backward has gates too
+    twin = _verification(inductor_passes.fuse_silu, _Gated, (3, 6), capture)
+    assert [twin.run(check).outcome for check in ("numerics", "lint", "meta", "opset")] == [PASSED] * 4
+
+
+@pytest.mark.slow
+def test_a_pass_firing_where_its_contract_excludes_fails_naming_the_graph():
+    inference_only = fxverify.contract(fires_in=("inference",))(inductor_passes.add_to_mul)
+    found = _verification(inference_only, _Doubling, (3, 4), "inductor_train").run("numerics")
+    assert found.outcome == FAILED
+    assert "changed the forward and backward graph, which its contract excludes (fires_in=inference)" in found.message
+    passed = _verification(inference_only, _Doubling, (3, 4), "inductor").run("numerics")
+    assert passed.outcome == PASSED, passed.message

@@ -30,6 +30,7 @@ tensor([1., 1., 1.])
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -37,7 +38,7 @@ from torch import fx, nn
 
 from fxverify.analysis.localise import written_arguments
 
-__all__ = ["REFUSED", "lifted_make_fx", "refuses_buffer_update", "writes_attributes", "write_backs"]
+__all__ = ["REFUSED", "attach", "lifted_make_fx", "refuses_buffer_update", "writes_attributes", "write_backs"]
 
 # what torch's functionalization raises where a model updates a buffer from a traced value
 REFUSED = "mutating a non-functional tensor with a functional tensor is not allowed"
@@ -79,10 +80,11 @@ def write_backs(gm: fx.GraphModule) -> list[fx.Node]:
             and isinstance(node.args[0], fx.Node) and node.args[0].op == "get_attr"]
 
 
-def lifted_make_fx(module: nn.Module, inputs: tuple[Any, ...]) -> fx.GraphModule:
-    """``make_fx`` (functionalized, ``tracing_mode='fake'``) of ``module`` in its current mode on
-    ``inputs``, its parameters and buffers lifted to graph inputs while tracing and read back as
-    ``get_attr`` nodes of the module's own tensors (shared, as a plain ``make_fx`` shares them), their
+def lifted_make_fx(module: nn.Module, inputs: tuple[Any, ...],
+                   decompositions: Mapping[Any, Callable[..., Any]] | None = None) -> fx.GraphModule:
+    """``make_fx`` (functionalized, ``tracing_mode='fake'``, with ``decompositions``) of ``module`` in its
+    current mode on ``inputs``, its parameters and buffers lifted to graph inputs while tracing and read back
+    as ``get_attr`` nodes of the module's own tensors (shared, as a plain ``make_fx`` shares them), their
     updates written back with ``aten.copy_`` at the end of the graph. Traces in fake mode: the
     module's tensors are not changed."""
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -96,7 +98,8 @@ def lifted_make_fx(module: nn.Module, inputs: tuple[Any, ...]) -> fx.GraphModule
     def lifted(*flat: Any) -> Any:
         return torch.func.functional_call(module, dict(zip(names, flat[count:], strict=True)), tuple(flat[:count]))
 
-    traced = make_fx(torch.func.functionalize(lifted), tracing_mode="fake", _allow_non_fake_inputs=True)
+    traced = make_fx(torch.func.functionalize(lifted), decomposition_table=decompositions, tracing_mode="fake",
+                     _allow_non_fake_inputs=True)
     gm: fx.GraphModule = traced(*inputs, *state.values())
     graph = gm.graph
     placeholders = [node for node in graph.nodes if node.op == "placeholder"]
@@ -104,7 +107,7 @@ def lifted_make_fx(module: nn.Module, inputs: tuple[Any, ...]) -> fx.GraphModule
         raise NotImplementedError(f"lifting the buffers of a model traced from {len(placeholders) - len(names)} "
                                   f"graph inputs for {count} inputs is not built")
     for name, tensor in state.items():
-        _attach(gm, module, name, tensor, parameter=name in parameters)
+        attach(gm, module, name, tensor, parameter=name in parameters)
     with graph.inserting_after(placeholders[-1]):
         reads = [graph.get_attr(name) for name in reversed(names)][::-1]  # in the order of names
     for placeholder, read in zip(placeholders[count:], reads, strict=True):
@@ -116,7 +119,7 @@ def lifted_make_fx(module: nn.Module, inputs: tuple[Any, ...]) -> fx.GraphModule
     return gm
 
 
-def _attach(gm: fx.GraphModule, module: nn.Module, name: str, tensor: torch.Tensor, *, parameter: bool) -> None:
+def attach(gm: fx.GraphModule, module: nn.Module, name: str, tensor: torch.Tensor, *, parameter: bool) -> None:
     """``tensor`` registered on ``gm`` under ``name`` (a dotted path: empty submodules made on the way), as
     a parameter or a buffer, persistent where ``module`` has it so."""
     *path, field = name.split(".")

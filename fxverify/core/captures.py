@@ -8,11 +8,11 @@ Adding a capture is one :class:`CaptureSpec` row below plus its module in ``fxve
 (``CheckSpec.requires``), so no capture names a check and no check tests a capture's name.
 
 >>> capture_names()
-('symbolic_trace', 'export', 'export_core', 'make_fx')
+('symbolic_trace', 'export', 'export_core', 'make_fx', 'inductor', 'inductor_train')
 >>> spec("make_fx").traits.carries_meta_val, spec("make_fx").traits.has_program
 (True, False)
 >>> lacking(spec("symbolic_trace").traits, ("carries_meta_val",), "symbolic_trace")
-"symbolic_trace graphs carry no meta['val'] (captures whose graphs do: export, export_core, make_fx)"
+"symbolic_trace graphs carry no meta['val'] (captures whose graphs do: export, export_core, make_fx, inductor, inductor_train)"
 """
 
 from __future__ import annotations
@@ -102,6 +102,13 @@ REGISTRY: tuple[CaptureSpec, ...] = (
                 CaptureTraits(carries_meta_val=True, has_program=True, dynamic_batch=True, opset="core", pickles=False,
                               moves_device=False)),
     CaptureSpec("make_fx", "fxverify.capture.make_fx", "for_model", "make_fx of the functionalized model, static shapes",
+                CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False)),
+    CaptureSpec("inductor", "fxverify.capture.inductor", "for_model",
+                "the inference graph Inductor's post_grad_custom_pre_pass receives, made offline (no codegen)",
+                CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False)),
+    CaptureSpec("inductor_train", "fxverify.capture.inductor", "training_for_model",
+                "Inductor's training forward and backward graphs at post_grad_custom_pre_pass, run as one module "
+                "returning outputs and gradients",
                 CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False)),
 )
 

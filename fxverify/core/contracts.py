@@ -24,6 +24,7 @@ FORMS = ("module", "program", "lifted", "graph")  # what a transform takes (see 
 PROGRAM_FORMS = ("program", "lifted")  # the forms that take an ExportedProgram (export captures only)
 DTYPES = ("float32", "float64")  # the floating dtypes the checks run a result in
 DEVICES = ("cpu", "cuda", "meta")  # the device types the checks run a result on
+GRAPHS = ("inference", "forward", "backward")  # the graphs Inductor hands a pass (see Contract.fires_in)
 _ATTRIBUTE = "__fxverify_contract__"
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -75,6 +76,9 @@ class Contract:
     spellings): the ``variants`` check then fails on a model where it rewrote an op and left a variant
     of it. Off by default: many correct passes rewrite only where a pattern holds, and the run's summary
     only warns about the variants they left.
+    ``fires_in``: the graphs Inductor hands the pass where it may change anything (``inference``,
+    ``forward``, ``backward``; None: any). Under the ``inductor`` captures a transform that changes
+    another graph fails, naming it (an inference-only fusion that also rewrites the training forward).
 
     >>> Contract(modes=("eval",), dtypes=("float32",)).describe()
     'declared: modes=eval changes_parameters=no dtypes=float32'
@@ -93,12 +97,14 @@ class Contract:
     form: str | None = None
     verify_each: bool = False
     rewrites_every_occurrence: bool = False
+    fires_in: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.form is not None and self.form not in FORMS:
             raise FxVerifyError(f"contract form must be one of {FORMS}, got form={self.form!r}")
         object.__setattr__(self, "modes", _subset("modes", self.modes, MODES))
-        for name, allowed in (("dtypes", DTYPES), ("devices", DEVICES), ("captures", capture_names())):
+        for name, allowed in (("dtypes", DTYPES), ("devices", DEVICES), ("captures", capture_names()),
+                              ("fires_in", GRAPHS)):
             value = getattr(self, name)
             if value is not None:
                 names = tuple(str(v).removeprefix("torch.") for v in _as_tuple(value))
@@ -143,7 +149,7 @@ class Contract:
         """One line for summaries, e.g. ``modes=eval changes_parameters=yes``."""
         parts = [f"modes={'+'.join(self.modes)}"]
         parts.append(f"changes_parameters={'yes' if self.changes_parameters else 'no'}")
-        for name in ("dtypes", "devices", "captures"):
+        for name in ("dtypes", "devices", "captures", "fires_in"):
             value = getattr(self, name)
             if value is not None:
                 parts.append(f"{name}={'+'.join(value)}")
@@ -194,6 +200,7 @@ def contract(
     form: str | None = None,
     verify_each: bool = False,
     rewrites_every_occurrence: bool = False,
+    fires_in: tuple[str, ...] | None = None,
 ) -> Callable[[F], F]:
     """Declare a transform's contract (see :class:`Contract` for each promise).
 
@@ -221,11 +228,15 @@ def contract(
         @fxverify.contract(rewrites_every_occurrence=True)  # relu, relu_, every spelling: none may be left
         def relu_to_clamp_min(gm):
             ...
+
+        @fxverify.contract(fires_in=("inference",))  # an inference-only fusion: the training graphs untouched
+        def fuse_attention(graph: torch.fx.Graph):
+            ...
     """
     declared = Contract(modes=modes, changes_parameters=changes_parameters, dtypes=dtypes, devices=devices,
                         serializable=serializable, rtol=rtol, atol=atol, range_tol=range_tol, captures=captures,
                         keeps_opset=keeps_opset, form=form, verify_each=verify_each,
-                        rewrites_every_occurrence=rewrites_every_occurrence)
+                        rewrites_every_occurrence=rewrites_every_occurrence, fires_in=fires_in)
 
     def decorate(fn: F) -> F:
         if not callable(fn):
