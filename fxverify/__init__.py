@@ -32,6 +32,8 @@ _EXPORTS: dict[str, str] = {
     "ReferenceStore": "fxverify.engine.references",
     "check_rewrite": "fxverify.rewrite",
     "check_patterns": "fxverify.compile.patterns",
+    "check_backend": "fxverify.compile.backend",
+    "check_graph_cache": "fxverify.compile.graph_cache",
     "RewriteFailed": "fxverify.errors",
     "Minimised": "fxverify.diagnose.minimise",
     "minimise_numerics": "fxverify.api",

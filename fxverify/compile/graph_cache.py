@@ -7,11 +7,11 @@ constructor argument, a helper module, a config value) lets one instance's compi
 then silently returns the first one's results; a ``uuid()`` of None bypasses the cache. Given two or more
 instances of a pass that differ in their state, :func:`check_graph_cache` reports three aspects:
 
-- ``graph_cache_uuid``: ``uuid()`` is set, pickles, and is the same in two fresh processes with different
+- ``graph-cache-uuid``: ``uuid()`` is set, pickles, and is the same in two fresh processes with different
   ``PYTHONHASHSEED`` (this part needs the passes as a spec, which those processes import);
-- ``graph_cache_stale``: the instances compiled one after the other into one fresh cache folder, each one's
+- ``graph-cache-stale``: the instances compiled one after the other into one fresh cache folder, each one's
   cached result must equal its result with caches disabled;
-- ``graph_cache_bypass``: how often Inductor bypassed the cache (``fxgraph_cache_bypass``), and why.
+- ``graph-cache-bypass``: how often Inductor bypassed the cache (``fxgraph_cache_bypass``), and why.
 
 The compiles run in this process, on a tiny model (``relu(x) * 2 + x`` by default) under ``torch.no_grad()``,
 inside ``torch._inductor.utils.fresh_cache`` (a temporary cache folder, in-memory caches cleared before and
@@ -55,7 +55,7 @@ from fxverify.core.transform import _Timeout, call_with_timeout, load_object
 from fxverify.engine.subject import DEFAULT_TIMEOUT
 from fxverify.errors import FxVerifyError, TransformLoadError
 
-UUID, STALE, BYPASS = "graph_cache_uuid", "graph_cache_stale", "graph_cache_bypass"
+UUID, STALE, BYPASS = "graph-cache-uuid", "graph-cache-stale", "graph-cache-bypass"
 ASPECTS = (UUID, STALE, BYPASS)  # the results of check_graph_cache, in this order
 HOOKS = ("post_grad_custom_pre_pass", "post_grad_custom_post_pass", "joint_custom_pre_pass", "joint_custom_post_pass")
 HASH_SEEDS = ("0", "1")  # the PYTHONHASHSEED of the two processes uuid() must agree in
@@ -85,9 +85,9 @@ def check_graph_cache(passes: Sequence[CustomGraphPass] | str, *, hook: str = "p
     >>> from fxverify.compile.graph_cache import check_graph_cache
     >>> for result in check_graph_cache("tests.compile_cache_passes:stale_floors"):  # doctest: +SKIP
     ...     print(result.check, result.outcome)
-    graph_cache_uuid passed
-    graph_cache_stale failed
-    graph_cache_bypass passed
+    graph-cache-uuid passed
+    graph-cache-stale failed
+    graph-cache-bypass passed
     """
     setup = _setup(passes, hook, model, inputs, timeout)
     decided = _uuid_in_process(setup)
@@ -246,11 +246,11 @@ def _passes(given: Any, spec: str | None) -> tuple[CustomGraphPass, ...]:
     return found
 
 
-# -- graph_cache_uuid -------------------------------------------------------------------------------------------
+# -- graph-cache-uuid -------------------------------------------------------------------------------------------
 
 
 def _uuid_in_process(setup: _Setup) -> CheckResult | None:
-    """The ``graph_cache_uuid`` result when this process decides it (a uuid() that raises, is unset or does not
+    """The ``graph-cache-uuid`` result when this process decides it (a uuid() that raises, is unset or does not
     pickle; no spec to import elsewhere); None when fresh processes must."""
     values = []
     for i, graph_pass in enumerate(setup.passes):
@@ -324,7 +324,7 @@ def inductor_key(value: Any) -> bytes | str:
 
 def uuid_digests(spec: str) -> list[dict[str, str]]:
     """For each pass ``spec`` names: the sha256 of its pickled ``uuid()`` and the value's repr, or the ``error`` it
-    raised. Run in the fresh processes of the ``graph_cache_uuid`` aspect (``python -m fxverify.compile.graph_cache
+    raised. Run in the fresh processes of the ``graph-cache-uuid`` aspect (``python -m fxverify.compile.graph_cache
     SPEC`` prints it as JSON).
 
     >>> uuid_digests("tests.compile_cache_passes:keyed_floors")[1]  # doctest: +SKIP
@@ -515,7 +515,7 @@ def _raised_result(setup: _Setup, raised: _CompileRaised) -> CheckResult:
                                        "the compile")
 
 
-# -- graph_cache_stale and graph_cache_bypass ---------------------------------------------------------------------
+# -- graph-cache-stale and graph-cache-bypass ---------------------------------------------------------------------
 
 
 def _stale_result(setup: _Setup, cached: list[_Compiled], fresh: dict[int, _Compiled]) -> CheckResult:
@@ -610,5 +610,5 @@ def _bypass_result(setup: _Setup, cached: list[_Compiled]) -> CheckResult:
         f"(compiles took {seconds} s here)"), details={**details, "reasons": reasons})
 
 
-if __name__ == "__main__":  # the fresh processes of the graph_cache_uuid aspect
+if __name__ == "__main__":  # the fresh processes of the graph-cache-uuid aspect
     print(json.dumps(uuid_digests(sys.argv[1])))

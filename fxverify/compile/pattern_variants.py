@@ -27,6 +27,7 @@ import torch
 from torch import fx
 
 DIM_NAMES = ("dim", "dim0", "dim1", "start_dim", "end_dim")
+SPELLINGS = frozenset({"swap", "late_input"})  # edit kinds that spell the same computation otherwise
 COMMUTATIVE = ("aten.add.Tensor", "aten.mul.Tensor", "aten.maximum.default", "aten.minimum.default")
 LOW_PRECISION = torch.bfloat16  # a dtype fused kernels guard on
 
@@ -84,7 +85,7 @@ class Variant:
     def equivalent(self) -> bool:
         """Whether it spells the search function's computation at other inputs only (no graph edit), so a
         complete pattern should fire on it."""
-        return all(edit.kind in ("swap", "late_input") for edit in self.edits)
+        return all(edit.kind in SPELLINGS for edit in self.edits)
 
 
 def size_options(inputs: Sequence[Any]) -> list[tuple[tuple[int, int], ...]]:

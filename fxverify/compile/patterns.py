@@ -46,12 +46,22 @@ from torch.utils import _pytree as pytree
 
 from fxverify.analysis.compare import compare_trees
 from fxverify.compile.pattern_sources import PatternExample, pattern_examples
-from fxverify.compile.pattern_variants import Edit, Variant, build, copied, dtype_options, edits_of, size_options
+from fxverify.compile.pattern_variants import (
+    SPELLINGS,
+    Edit,
+    Variant,
+    build,
+    copied,
+    dtype_options,
+    edits_of,
+    size_options,
+)
 from fxverify.core.contracts import contract_of
 from fxverify.core.results import CheckResult, Outcome, exception_summary
 from fxverify.core.transform import load_object
 
 SOUND, COMPLETE = "patterns-sound", "patterns-complete"
+CHECKS = (SOUND, COMPLETE)  # the results of check_patterns for each pattern, in this order
 SWEEP_LIMIT = 600  # targeted variants per pattern, before Hypothesis draws combinations
 # the edits a sweep tries first: arguments the matcher wildcards, then spellings, then structure
 EDIT_ORDER = ("dims", "dim", "sizes", "scalar", "swap", "late_input", "extra_user")
@@ -106,7 +116,7 @@ class Fuzzer:
     def equivalents(self) -> list[Variant]:
         """The variants a complete pattern fires on: the search function at other inputs, spelled otherwise
         (each with its 0-dim inputs as tensors and as Python numbers, where it has any)."""
-        spelled = [edit for edit in self.edits if edit.kind in ("swap", "late_input")]
+        spelled = [edit for edit in self.edits if edit.kind in SPELLINGS]
         families = [Variant(), *(Variant(sizes=s) for s in self.sizes[1:]), *(Variant(dtypes=d) for d in self.dtypes[1:]),
                     *(Variant(strided=i) for i in self.tensors if self.example[i].dim() >= 2),
                     *(Variant(edits=(edit,)) for edit in spelled)]
@@ -270,7 +280,7 @@ def soundness_test(fuzzer: Fuzzer, *, max_examples: int = 100, database: Example
 
 def check_patterns(patterns: Any, *, max_examples: int = 100, budget_s: float = 60.0, complete: bool | None = None,
                    repro_dir: str | os.PathLike[str] | None = None, database: ExampleDatabase | None = None,
-                   names: Sequence[str] | None = None) -> list[CheckResult]:
+                   names: Sequence[str] | None = None, checks: Sequence[str] = CHECKS) -> list[CheckResult]:
     """Fuzz each pattern ``patterns`` registers: two results a pattern, ``patterns-sound`` and
     ``patterns-complete`` (see the module's docstring).
 
@@ -279,7 +289,7 @@ def check_patterns(patterns: Any, *, max_examples: int = 100, budget_s: float = 
     ``complete``: fail a pattern that does not fire on an equivalent spelling (default: the registering
     function's contract, ``@fxverify.contract(rewrites_every_occurrence=True)``; otherwise a warning).
     ``repro_dir``: where a failing variant's repro script is written (it needs ``patterns`` as a spec).
-    ``names``: the patterns to fuzz (default: all).
+    ``names``: the patterns to fuzz (default: all); ``checks``: which of :data:`CHECKS` to run.
 
     >>> import fxverify
     >>> from torch._inductor.pattern_matcher import fwd_only, register_replacement
@@ -300,11 +310,14 @@ def check_patterns(patterns: Any, *, max_examples: int = 100, budget_s: float = 
         if pattern.traced_with != "fwd_only":
             reason = (f"pattern {pattern.name} is traced with {pattern.traced_with}: fxverify fuzzes inference "
                       "patterns (fwd_only) only so far; its inference twin is fuzzed where one is registered")
-            results += [CheckResult(check, pattern.name, spec, Outcome.SKIPPED, reason) for check in (SOUND, COMPLETE)]
+            results += [CheckResult(check, pattern.name, spec, Outcome.SKIPPED, reason) for check in checks]
             continue
         fuzzer = Fuzzer(pattern)
-        results.append(_soundness(fuzzer, spec, max_examples, budget_s, repro_dir, database, isinstance(patterns, str)))
-        results.append(_completeness(fuzzer, spec, complete))
+        if SOUND in checks:
+            results.append(_soundness(fuzzer, spec, max_examples, budget_s, repro_dir, database,
+                                      isinstance(patterns, str)))
+        if COMPLETE in checks:
+            results.append(_completeness(fuzzer, spec, complete))
     return results
 
 
@@ -319,7 +332,7 @@ def _soundness(fuzzer: Fuzzer, spec: str, max_examples: int, budget_s: float, re
             break
         verdict = fuzzer.judge(variant)
         if verdict is not None and verdict.problem:
-            key = (verdict.how, frozenset(edit.kind for edit in variant.edits))
+            key = (verdict.how, frozenset(edit.kind for edit in variant.edits) - SPELLINGS)
             failures.setdefault(key, UnsoundRewrite(fuzzer.pattern, variant, verdict))
             first_seconds = first_seconds or round(time.monotonic() - started, 2)
     if not failures and max_examples and time.monotonic() - started < budget_s:
@@ -364,6 +377,9 @@ def _advice(variant: Variant, verdict: Verdict) -> str:
                                    or variant.broadcast is not None):
         return ("  advice: the replacement does not compute what the search function computes even on its own "
                 "program: check replace_fn (a constant the search function binds and the replacement drops?)")
+    if variant.sizes and not kinds - SPELLINGS:
+        return ("  advice: the rewrite is wrong only when sizes coincide: the replacement or extra_check tells "
+                "dimensions apart by their sizes; use the positions the search function uses")
     if kinds & {"dims", "dim", "sizes", "scalar"}:
         return ("  advice: the pattern matches arguments its search function fixes (register_replacement traces "
                 "ints, floats and lists as wildcards): check them in extra_check, or pass them as arguments of the "

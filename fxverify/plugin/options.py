@@ -25,6 +25,9 @@ from fxverify.core.captures import DEFAULT_CAPTURE, capture_names, summaries
 TEXT, LINES, PATH, FLAG, SWITCH, REPORT = "text", "lines", "path", "flag", "switch", "report"
 PREFIX = "fxverify_"  # of every option's ini name
 FAST_ORDER, CATALOGUE_ORDER = "fast", "catalogue"  # the values of --fxverify-order
+# the options naming passes that run inside torch.compile, and the kind of spec each names
+COMPILE_OPTIONS = {"fxverify_patterns": "patterns", "fxverify_backend": "backend", "fxverify_graph_cache": "graph-cache"}
+BACKEND_DTYPES = ("float32", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +101,18 @@ OPTIONS: tuple[Option, ...] = (
     Option("fxverify_repro_dir", "DIR", "", "for each failing numerics item, minimise the model to the few nodes "
            "that still fail and write a standalone repro (DIR/<model>-numerics-<transform>.py and its inputs) "
            "there", PATH),
+    Option("fxverify_patterns", "MOD:NAME", "", "Inductor pattern-matcher passes to fuzz (fxverify.check_patterns): "
+           "a function registering replacements into the PatternMatcherPass it is given, or a list of "
+           "register_replacement keyword arguments; two items a pattern, patterns-sound and patterns-complete; "
+           "repeatable (ini: one per line)", LINES),
+    Option("fxverify_backend", "MOD:NAME", "", "torch.compile backends to run over the selected models "
+           "(fxverify.check_backend): fn(gm, example_inputs) -> callable, or an aot_autograd(...) object; one item a "
+           "model and aspect; repeatable (ini: one per line)", LINES),
+    Option("fxverify_backend_dtype", "DTYPE", "float32", "the dtype the backends' models run in: float32 or "
+           "bfloat16"),
+    Option("fxverify_graph_cache", "MOD:NAME", "", "CustomGraphPass instances whose FX graph cache contract to "
+           "check (fxverify.check_graph_cache): a sequence of two or more instances that differ in state, or a "
+           "function returning one; compiles tiny models with Inductor; repeatable (ini: one per line)", LINES),
     Option("fxverify_json", "FILE", "", "write machine-readable results (one record per item, with numbers and "
            "timing) to FILE", REPORT),
     Option("fxverify_html", "FILE", "", "write a self-contained HTML report (matrix, graph pictures and code diff "
@@ -202,6 +217,18 @@ class RunOptions:
             reports={option.name.removeprefix(PREFIX): path for option in OPTIONS
                      if option.kind == REPORT and (path := _path(config, option.name)) is not None},
         )
+
+
+def compile_specs(config: pytest.Config) -> dict[str, tuple[str, ...]]:
+    """The specs of the passes inside torch.compile that the run is given, by kind (none: an empty dict)."""
+    given = {kind: tuple(dict.fromkeys(s.strip() for s in raw(config, name) if s.strip()))
+             for name, kind in COMPILE_OPTIONS.items()}
+    return {kind: specs for kind, specs in given.items() if specs}
+
+
+def backend_dtype(config: pytest.Config) -> str:
+    """``--fxverify-backend-dtype``, checked."""
+    return _choice("fxverify_backend_dtype", raw(config, "fxverify_backend_dtype") or "float32", BACKEND_DTYPES)
 
 
 def _named(name: str) -> Option:
