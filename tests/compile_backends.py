@@ -89,3 +89,8 @@ class ReshapeAtRunBatch:
             self.compiled[gm.code] = _flatten_as_reshape(
                 gm, lambda graph, x: graph.call_method("size", (x, 0))).forward
         return self.compiled[gm.code]
+
+
+# as users name a backend in a spec: one instance for the whole run (its cache outlives a model)
+reshape_at_first_batch = ReshapeAtFirstBatch()
+reshape_at_run_batch = ReshapeAtRunBatch()
