@@ -29,6 +29,7 @@ import inspect
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from fxverify.core.graph_passes import registers_patterns
 from fxverify.core.results import exception_summary
 from fxverify.errors import TransformLoadError
 
@@ -80,7 +81,7 @@ def pattern_examples(source: Any, spec: str) -> tuple[PatternExample, ...]:
 
     if isinstance(source, PatternExample):
         return (source,)
-    if _registers(source):
+    if registers_patterns(source):
         return _record_registrations(source, spec)
     if isinstance(source, (PatternMatcherPass, Mapping)) or hasattr(source, "uuid"):
         raise TransformLoadError(
@@ -89,20 +90,6 @@ def pattern_examples(source: Any, spec: str) -> tuple[PatternExample, ...]:
     if isinstance(source, Iterable) and not isinstance(source, (str, bytes)):
         return _register_each(list(source), spec)
     raise TransformLoadError(f"patterns {spec}: got {type(source).__name__}; give {FORMS}")
-
-
-def _registers(source: Any) -> bool:
-    """Whether ``source`` is a function taking the PatternMatcherPass to register into."""
-    if not callable(source) or isinstance(source, type):
-        return False
-    try:
-        first = next(iter(inspect.signature(source).parameters.values()), None)
-    except (TypeError, ValueError):
-        return False
-    if first is None:
-        return False
-    annotation = first.annotation if isinstance(first.annotation, str) else getattr(first.annotation, "__name__", "")
-    return annotation.rpartition(".")[2] == "PatternMatcherPass" or first.name in ("pass_dict", "pass_dicts", "patterns")
 
 
 @contextlib.contextmanager

@@ -100,7 +100,7 @@ def graph_pass(obj: Any, spec: str, *, is_inference: bool = True) -> Callable[[t
 
     if _is_pattern_pass(obj):
         return obj.apply
-    if _registers_patterns(obj):
+    if registers_patterns(obj):
         return _registered(obj, spec).apply
     if _is_instance(obj, _CUSTOM_MODULE, "CustomInferenceAwareGraphPass"):
         return functools.partial(obj, is_inference=is_inference)
@@ -116,7 +116,7 @@ def takes_graph(obj: Any) -> bool:
     registering function, a callable whose first parameter is annotated ``torch.fx.Graph``), as opposed to a
     transform of a GraphModule; a ``CustomGraphModulePass`` takes a GraphModule."""
     return (_is_pattern_pass(obj) or _is_instance(obj, _CUSTOM_MODULE, "CustomGraphPass")
-            or _first_annotation(obj) == "Graph" or _registers_patterns(obj))
+            or _first_annotation(obj) == "Graph" or registers_patterns(obj))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,7 +157,7 @@ def _pattern_passes(obj: Any) -> tuple[Any, ...]:
         return (obj,)
     if isinstance(obj, (list, tuple)):
         return tuple(found for item in obj for found in _pattern_passes(item))
-    if _registers_patterns(obj):
+    if registers_patterns(obj):
         return (_registered(obj, repr(obj)),)
     if inspect.isroutine(obj) or not hasattr(obj, "__dict__"):
         return ()
@@ -191,7 +191,9 @@ def _is_pattern_pass(obj: Any) -> bool:
     return _is_instance(obj, _PATTERN_MODULE, "PatternMatcherPass")
 
 
-def _registers_patterns(obj: Any) -> bool:
+def registers_patterns(obj: Any) -> bool:
+    """Whether ``obj`` is a function registering replacements into the ``PatternMatcherPass`` it is given (its first
+    parameter annotated ``PatternMatcherPass`` or named as :data:`REGISTERING_NAMES`)."""
     if isinstance(obj, type) or not callable(obj):
         return False
     first = _first_parameter(obj)
