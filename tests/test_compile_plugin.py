@@ -25,26 +25,32 @@ def failed(result) -> list[str]:
     return sorted(line.split()[1] for line in result.outlines if line.startswith("FAILED "))
 
 
-@pytest.mark.slow
-def test_pattern_fuzzing_items_fail_the_unsound_pattern_only(run):
-    result = run("--fxverify-patterns", "tests.compile_patterns:channel_dim_by_size",
-                 "--fxverify-patterns", "tests.compile_patterns:channel_dim_fixed")
-    result.assert_outcomes(passed=3, failed=1)
-    assert failed(result) == [
-        "patterns:tests.compile_patterns:channel_dim_by_size::compile[_channels_last_matmul-patterns-sound]"]
-    result.stdout.fnmatch_lines([
-        "*patterns-sound failed for pattern _channels_last_matmul of tests.compile_patterns:channel_dim_by_size*",
-        "*variant: sizes 8->2 (made equal on purpose)*",
-        "*first node the rewrite inserted: %permute_default*",
-    ])
+# buggy pass -> its correct twin, the item that must fail, and lines of its message (pattern, variant, first node)
+PATTERN_BUGS = {
+    "channel_dim_by_size": ("channel_dim_fixed", "_channels_last_matmul-patterns-sound",
+                            ["*variant: sizes 8->2 (made equal on purpose)*",
+                             "*first node the rewrite inserted: %permute_default*"]),
+    "rms_norm_unguarded": ("rms_norm_guarded", "_rms_norm-patterns-sound",
+                           ["*variant: input 0 bfloat16*", "*first node the rewrite inserted: %fused_rms_norm*"]),
+    "leaky_relu_slope_dropped": ("leaky_relu_slope_kept", "leaky_relu_2-patterns-sound",
+                                 ["*variant: as registered (the example inputs)*",
+                                  "*first node the rewrite inserted: %gt_scalar*"]),
+    "silu_one_order": ("silu_both_orders", "lambda-patterns-complete",
+                       ["*NOT fired: aten.mul.Tensor#0 operands swapped*"]),
+    "scaled_two_outputs": ("scaled_one_output_each", "_scaled-patterns-sound",
+                           ["*variant: input 2 computed just before its first use*",
+                            "*used before it has been defined*", "*first node the rewrite inserted: %mul_tensor*"]),
+}
 
 
 @pytest.mark.slow
-def test_a_broken_completeness_promise_fails_its_item(run):
-    result = run("--fxverify-patterns", "tests.compile_patterns:silu_one_order")
-    result.assert_outcomes(passed=1, failed=1)
-    assert failed(result) == ["patterns:tests.compile_patterns:silu_one_order::compile[lambda-patterns-complete]"]
-    result.stdout.fnmatch_lines(["*NOT fired: aten.mul.Tensor#0 operands swapped*"])
+def test_each_pattern_bug_fails_the_item_meant_for_it_and_its_twin_passes(run):
+    specs = [f"tests.compile_patterns:{name}" for bug, (twin, *_) in PATTERN_BUGS.items() for name in (bug, twin)]
+    result = run(*(arg for spec in specs for arg in ("--fxverify-patterns", spec)))
+    assert failed(result) == sorted(f"patterns:tests.compile_patterns:{bug}::compile[{item}]"
+                                    for bug, (_, item, _) in PATTERN_BUGS.items())
+    for bug, (_, item, lines) in PATTERN_BUGS.items():
+        result.stdout.fnmatch_lines([f"*{item.rpartition('-patterns-')[2]}*failed*pattern*{bug}*", *lines])
 
 
 @pytest.mark.slow
