@@ -175,8 +175,9 @@ def test_an_unpinned_fusion_fails_numerics_naming_the_node_and_its_twin_passes(c
     found = v.run("numerics")
     assert found.outcome == FAILED, found.message
     assert "silu" in str(found.node), (found.node, found.message)
-    assert fired_in(v.subject.applied().result) == (
-        ("inference",) if capture == "inductor" else ("forward", "backward"))  # the backward has gates too
+    where = ("inference",) if capture == "inductor" else ("forward", "backward")  # the backward has gates too
+    assert fired_in(v.subject.applied().result) == where
+    assert f"in {','.join(where)}" in v.subject.changes  # the summary's changed column says where it fired
     twin = _verification(inductor_passes.fuse_silu, _Gated, (3, 6), capture)
     assert [twin.run(check).outcome for check in ("numerics", "lint", "meta", "opset")] == [PASSED] * 4
 

@@ -97,6 +97,12 @@ class Capture:
         """``transform`` called on ``gm`` as its users call it; ``(result, in_place)``."""
         return transform.apply(gm, timeout=timeout)
 
+    def fired_in(self, result: nn.Module) -> tuple[str, ...] | None:
+        """Which of its graphs the transform changed, for a capture of several graphs a pass runs on one by one
+        (``inference``; ``forward``, ``backward``), which the summary's ``changed`` column shows; None (the
+        default): one graph."""
+        return None
+
     def input_change(self, original: fx.GraphModule, given: fx.GraphModule) -> str | None:
         """What a transform of form ``program`` that returned another program changed in the program it was
         given, compared with the capture ``original``; None (the default: the subject's snapshot of the

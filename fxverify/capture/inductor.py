@@ -113,6 +113,9 @@ class Inductor(Capture):
         _check_placement(transform, tuple(changed))
         return gm, True
 
+    def fired_in(self, result: nn.Module) -> tuple[str, ...] | None:
+        return fired_in(result)
+
     def describe(self) -> str:
         graphs = "forward and backward graphs" if self.training_graphs else "inference graph"
         return f"{self.name} (the {graphs} post_grad_custom_pre_pass receives; static shapes)"

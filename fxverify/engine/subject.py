@@ -204,6 +204,8 @@ class Subject:
             input_change = self.capture.input_change(original, given)
         self.capture.set_mode(result, mode == "train")
         changes = Snapshot.take(original).differences(result) + (["guards"] if added else [])
+        fired = self.capture.fired_in(result)  # the graphs of a capture of several the transform changed
+        changes += [f"in {','.join(fired)}"] if fired else []
         fates = tensor_fates(original, result, copies)
         return Applied(mode, original, result, in_place, input_change, fates,
                        rewrites_state(original, result, copies), changes,
