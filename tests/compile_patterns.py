@@ -159,5 +159,6 @@ def _addmm_pass() -> PatternMatcherPass:
     return matcher
 
 
+ADDMM = _addmm_pass()  # a transform as it is (form graph), under the inductor captures
 INDUCTOR_ADDMM = [PatternExample("addmm", lambda inp, a, b: a @ b + inp, tuple(_inputs((4,), (3, 5), (5, 4))),
-                                 fwd_only, {}, _addmm_pass())]
+                                 fwd_only, {}, ADDMM)]

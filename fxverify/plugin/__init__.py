@@ -4,7 +4,7 @@ Registered through the ``pytest11`` entry point. It imports neither torch nor
 the checks unless ``--fxverify`` (or the ``fxverify`` ini option) is given or a
 test uses ``fx_model``: the imports of the modules that do the work
 (:mod:`~fxverify.plugin.items`, :mod:`~fxverify.plugin.ledger`,
-:mod:`~fxverify.plugin.reports`, :mod:`~fxverify.plugin.random_graphs`,
+:mod:`~fxverify.plugin.reports`, :mod:`~fxverify.plugin.random_graphs`, :mod:`~fxverify.plugin.compile_items`,
 :mod:`~fxverify.plugin.xdist`) sit inside the hooks that need them, to keep
 pytest's start-up free of torch; none of them imports this module.
 """

@@ -18,9 +18,10 @@ import pytest
 
 from fxverify.cases.case import ModelCase
 from fxverify.compile import backend, graph_cache, patterns
-from fxverify.core.results import ERROR, FAILED, SKIPPED, XFAILED, CheckResult
+from fxverify.core.results import CheckResult
 from fxverify.core.transform import load_object
-from fxverify.errors import CheckFailed, FxVerifyError
+from fxverify.errors import FxVerifyError
+from fxverify.plugin.items import ResultItem
 
 
 @dataclasses.dataclass(eq=False)  # pytest plugins must be hashable
@@ -104,7 +105,7 @@ class SpecCollector(pytest.Collector):
         return items
 
 
-class CompileItem(pytest.Item):
+class CompileItem(ResultItem):
     """One check of one subject; its verdict is the CheckResult ``compute`` gives."""
 
     def __init__(self, *, compute: Callable[[], CheckResult], **kwargs: Any) -> None:
@@ -112,18 +113,4 @@ class CompileItem(pytest.Item):
         self.compute = compute
 
     def runtest(self) -> None:
-        result = self.compute()
-        if result.outcome == SKIPPED:
-            pytest.skip(result.message)
-        if result.outcome == XFAILED:
-            pytest.xfail(result.message)
-        if result.outcome in (FAILED, ERROR):
-            raise CheckFailed(result.message)
-
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
-        if isinstance(excinfo.value, CheckFailed):
-            return str(excinfo.value)
-        return super().repr_failure(excinfo, style=style)
-
-    def reportinfo(self) -> tuple[Any, int | None, str]:
-        return self.path, None, f"{self.parent.name if self.parent else ''} {self.name}"
+        self.report(self.compute())

@@ -22,7 +22,7 @@ from fxverify.api import Verification
 from fxverify.cases.case import ModelCase
 from fxverify.checks import not_applicable, services_for
 from fxverify.core.memory import release_memory
-from fxverify.core.results import ERROR, FAILED, SKIPPED, WRITTEN, XFAILED
+from fxverify.core.results import ERROR, FAILED, SKIPPED, WRITTEN, XFAILED, CheckResult
 from fxverify.core.transform import Transform
 from fxverify.engine.references import ReferenceStore
 from fxverify.engine.subject import Settings
@@ -122,7 +122,28 @@ class TransformCollector(pytest.Collector):
         return items
 
 
-class CheckItem(pytest.Item):
+class ResultItem(pytest.Item):
+    """An item whose verdict is a :class:`~fxverify.core.results.CheckResult`: it skips, xfails or fails as the
+    result says, and a failure shows the result's message alone."""
+
+    def report(self, result: CheckResult) -> None:
+        if result.outcome == SKIPPED:
+            pytest.skip(result.message)
+        if result.outcome == XFAILED:
+            pytest.xfail(result.message)
+        if result.outcome in (FAILED, ERROR):
+            raise CheckFailed(result.message)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+        if isinstance(excinfo.value, CheckFailed):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style=style)
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        return self.path, None, f"{self.parent.name if self.parent else ''} {self.name}"
+
+
+class CheckItem(ResultItem):
     """One check of one transform on one model."""
 
     def __init__(self, *, case: ModelCase, check: str, capture: str, **kwargs: Any) -> None:
@@ -158,20 +179,6 @@ class CheckItem(pytest.Item):
             result = verification.internal_error(self.check, exc, doing="recording the item's result for the summary and reports")
             if run.options.reports:
                 self.user_properties.extend(report_properties(result, None, reports={}))
-        if result.outcome == SKIPPED:
-            pytest.skip(result.message)
-        if result.outcome == XFAILED:
-            pytest.xfail(result.message)
         if result.outcome == ERROR:
             self.user_properties.append((OUTCOME, ERROR.value))
-            raise CheckFailed(result.message)
-        if result.outcome == FAILED:
-            raise CheckFailed(result.message)
-
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
-        if isinstance(excinfo.value, CheckFailed):
-            return str(excinfo.value)
-        return super().repr_failure(excinfo, style=style)
-
-    def reportinfo(self) -> tuple[Any, int | None, str]:
-        return self.path, None, f"{self.parent.name if self.parent else ''} {self.name}"
+        self.report(result)
