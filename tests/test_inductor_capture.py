@@ -158,14 +158,17 @@ def test_the_training_capture_runs_forward_then_backward_and_returns_outputs_and
 
 
 @pytest.mark.slow
-def test_the_inference_capture_is_the_graph_the_hook_receives_and_computes_the_model():
+@pytest.mark.parametrize("position", ["pre", "post"])
+def test_the_inference_capture_is_the_graph_the_hook_receives_and_computes_the_model(position):
     from fxverify.capture.inductor import Inductor
 
     model, x = _Gated().eval(), torch.randn(3, 6)
-    gm = Inductor().capture(model, training=False, inputs=(x,))
+    capture = Inductor(position=position)
+    gm = capture.capture(model, training=False, inputs=(x,))
     torch.testing.assert_close(gm(x), model(x))
     assert all("val" in node.meta for node in gm.graph.nodes if node.op == "call_function")
     assert {name for name, _ in gm.named_parameters()} == {name for name, _ in model.named_parameters()}
+    assert f"post_grad_custom_{position}_pass" in capture.describe()
 
 
 @pytest.mark.slow
@@ -188,5 +191,7 @@ def test_a_pass_firing_where_its_contract_excludes_fails_naming_the_graph():
     found = _verification(inference_only, _Doubling, (3, 4), "inductor_train").run("numerics")
     assert found.outcome == FAILED
     assert "changed the forward and backward graph, which its contract excludes (fires_in=inference)" in found.message
-    passed = _verification(inference_only, _Doubling, (3, 4), "inductor").run("numerics")
-    assert passed.outcome == PASSED, passed.message
+    for capture in ("inductor", "inductor_post"):  # the inference graph, at the pre and the post hook
+        passed = _verification(inference_only, _Doubling, (3, 4), capture)
+        assert passed.run("numerics").outcome == PASSED
+        assert fired_in(passed.subject.applied().result) == ("inference",)

@@ -9,6 +9,9 @@ Inductor's decomposition table (``select_decomp_table()``), then Inductor's ``jo
 there. Parameters and buffers are ``get_attr`` nodes of the module's own tensors under their own names, so the
 ``GraphModule`` takes the model's inputs and returns its outputs.
 
+``inductor_post``: the same inference graph where ``post_grad_custom_post_pass`` receives it, after Inductor's
+own post-grad pattern passes (a pass that fires at the pre hook may find nothing left to rewrite here).
+
 ``inductor_train`` (training, as Inductor compiles a model whose parameters require grad): AOTAutograd's joint
 graph with Inductor's decompositions, partitioned by Inductor's own ``partition_fn`` (its joint-graph passes,
 then the min-cut partitioner) into a forward and a backward graph, each taken where
@@ -59,13 +62,14 @@ class Inductor(Capture):
     receives, made offline: decompositions and Inductor's graph passes, no code generation."""
 
     training_graphs: bool = False
+    position: str = "pre"  # the hook: post_grad_custom_pre_pass ("pre") or post_grad_custom_post_pass ("post")
     bakes_dtypes = True  # ATen nodes bake dtype=: a float64 copy is the float64 model captured again
     switches_mode = False  # the mode is traced in
     keeps_captures = True  # a capture costs 10-100 symbolic traces
 
     @property
     def name(self) -> str:
-        return "inductor_train" if self.training_graphs else "inductor"
+        return "inductor_train" if self.training_graphs else "inductor" if self.position == "pre" else "inductor_post"
 
     def capture(self, module: nn.Module, *, training: bool, inputs: tuple[Any, ...] = ()) -> fx.GraphModule:
         """A fresh graph of ``module`` in the given mode, traced on ``inputs``, as Inductor's hook receives it."""
@@ -82,7 +86,7 @@ class Inductor(Capture):
                 return _training_package(module, inputs)
             with torch.no_grad():
                 gm = lifted_make_fx(module, inputs, select_decomp_table())
-            return at_custom_pre_pass(joint_graph_passes(gm), is_inference=True)
+            return at_custom_pass(joint_graph_passes(gm), is_inference=True, position=self.position)
 
     def apply(self, transform: Transform, gm: fx.GraphModule, *, timeout: float | None) -> tuple[nn.Module, bool]:
         """``transform`` run on the inference graph, or on the forward and the backward graph separately (told
@@ -118,12 +122,17 @@ class Inductor(Capture):
 
     def describe(self) -> str:
         graphs = "forward and backward graphs" if self.training_graphs else "inference graph"
-        return f"{self.name} (the {graphs} post_grad_custom_pre_pass receives; static shapes)"
+        return f"{self.name} (the {graphs} post_grad_custom_{self.position}_pass receives; static shapes)"
 
 
 def for_model(facts: captures.ModelFacts) -> Inductor:
     """The ``inductor`` capture of a model (the registry's factory): static shapes."""
     return Inductor()
+
+
+def post_for_model(facts: captures.ModelFacts) -> Inductor:
+    """The ``inductor_post`` capture of a model (the registry's factory): the inference graph at the post hook."""
+    return Inductor(position="post")
 
 
 def training_for_model(facts: captures.ModelFacts) -> Inductor:
@@ -137,9 +146,10 @@ def fired_in(module: nn.Module) -> tuple[str, ...] | None:
     return module.meta.get(FIRED) if isinstance(module, fx.GraphModule) else None
 
 
-def at_custom_pre_pass(gm: fx.GraphModule, *, is_inference: bool) -> fx.GraphModule:
-    """``gm`` (after the joint-graph passes) as ``post_grad_custom_pre_pass`` receives it: ``view_to_reshape``,
-    then ``post_grad_passes`` up to that hook, which stops it."""
+def at_custom_pass(gm: fx.GraphModule, *, is_inference: bool, position: str = "pre") -> fx.GraphModule:
+    """``gm`` (after the joint-graph passes) as ``post_grad_custom_<position>_pass`` receives it: ``view_to_reshape``,
+    then ``post_grad_passes`` up to that hook, which stops it (the post hook comes after Inductor's own post-grad
+    pattern passes)."""
     from torch._guards import detect_fake_mode
     from torch._inductor import config
     from torch._inductor.fx_passes.post_grad import post_grad_passes, view_to_reshape
@@ -147,13 +157,15 @@ def at_custom_pre_pass(gm: fx.GraphModule, *, is_inference: bool) -> fx.GraphMod
 
     view_to_reshape(gm)
     fake_mode = detect_fake_mode([node.meta.get("val") for node in gm.graph.nodes])
-    with config.patch(post_grad_custom_pre_pass=_stop, post_grad_custom_post_pass=None), V.set_fake_mode(fake_mode):
+    hooks = {"post_grad_custom_pre_pass": _stop if position == "pre" else None,
+             "post_grad_custom_post_pass": _stop if position == "post" else None}
+    with config.patch(hooks), V.set_fake_mode(fake_mode):
         try:
             post_grad_passes(gm, is_inference)
         except _Reached:
             pass
         else:
-            raise AssertionError("post_grad_passes did not call post_grad_custom_pre_pass")
+            raise AssertionError(f"post_grad_passes did not call post_grad_custom_{position}_pass")
     gm.recompile()
     return gm
 
@@ -209,7 +221,7 @@ def _training_package(module: nn.Module, inputs: tuple[Any, ...]) -> fx.GraphMod
     outputs = [out for out in pytree.tree_leaves(compiled(*inputs, *copies))
                if isinstance(out, torch.Tensor) and out.requires_grad]
     torch.autograd.backward(outputs, [torch.zeros_like(out) for out in outputs])  # compiles the backward
-    forward, backward = (at_custom_pre_pass(kept[part], is_inference=False) for part in ("forward", "backward"))
+    forward, backward = (at_custom_pass(kept[part], is_inference=False) for part in ("forward", "backward"))
     package = fx.GraphModule(nn.Module(), fx.Graph())
     for name, tensor in state.items():
         attach(package, module, name, tensor, parameter=name in parameters)

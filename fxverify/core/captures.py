@@ -8,11 +8,11 @@ Adding a capture is one :class:`CaptureSpec` row below plus its module in ``fxve
 (``CheckSpec.requires``), so no capture names a check and no check tests a capture's name.
 
 >>> capture_names()
-('symbolic_trace', 'export', 'export_core', 'make_fx', 'inductor', 'inductor_train')
+('symbolic_trace', 'export', 'export_core', 'make_fx', 'inductor', 'inductor_post', 'inductor_train')
 >>> spec("make_fx").traits.carries_meta_val, spec("make_fx").traits.has_program
 (True, False)
->>> lacking(spec("symbolic_trace").traits, ("carries_meta_val",), "symbolic_trace")
-"symbolic_trace graphs carry no meta['val'] (captures whose graphs do: export, export_core, make_fx, inductor, inductor_train)"
+>>> lacking(spec("symbolic_trace").traits, ("has_program",), "symbolic_trace")
+'symbolic_trace graphs come with no ExportedProgram (captures whose graphs do: export, export_core)'
 """
 
 from __future__ import annotations
@@ -105,6 +105,10 @@ REGISTRY: tuple[CaptureSpec, ...] = (
                 CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False)),
     CaptureSpec("inductor", "fxverify.capture.inductor", "for_model",
                 "the inference graph Inductor's post_grad_custom_pre_pass receives, made offline (no codegen)",
+                CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False)),
+    CaptureSpec("inductor_post", "fxverify.capture.inductor", "post_for_model",
+                "the same inference graph where post_grad_custom_post_pass receives it, after Inductor's own "
+                "post-grad passes",
                 CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False)),
     CaptureSpec("inductor_train", "fxverify.capture.inductor", "training_for_model",
                 "Inductor's training forward and backward graphs at post_grad_custom_pre_pass, run as one module "
