@@ -55,7 +55,7 @@ def main() -> None:
 
         rows = [r for r in fuse_attention._get_sfdp_patterns() if r[0].endswith("_inference")
                 and "_half" not in r[0] and "_bs1" not in r[0]]
-        for name, kwargs in rows[:args.inductor]:
+        for name, _ in rows[:args.inductor]:
             started = time.perf_counter()
             results = fxverify.check_patterns(rows, names=[name], max_examples=50, budget_s=args.budget)
             print(row(f"inductor {name}", results, time.perf_counter() - started), flush=True)
