@@ -40,7 +40,7 @@ def check(subject: Subject) -> dict[str, Any]:
     where = f"{config.describe()}, float64, {applied.mode} mode, loss = sum(outputs * fixed random weights)"
     mode = functools.partial(subject.capture.set_mode, training=applied.mode == "train")
     try:
-        expected = _gradients(subject.module("original", torch.float64), config.make(subject.case.seed, dtype=torch.float64),
+        expected = loss_gradients(subject.module("original", torch.float64), config.make(subject.case.seed, dtype=torch.float64),
                               subject.case.seed, {name: name for name in compared}, mode)
     except Exception as exc:  # e.g. an op without a derivative (floor_divide), or an in-place op on a saved value
         raise Skip(f"backward through the original raised {exception_summary(exc)}: there are no gradients to "
@@ -60,7 +60,7 @@ def check(subject: Subject) -> dict[str, Any]:
 
     approximates = subject.contract.range_tol is not None  # its result computes another function by design
     try:  # each parameter's gradient is compared as it is accumulated, then let go
-        actual = _gradients(result, config.make(subject.case.seed, dtype=torch.float64), subject.case.seed, compared, mode,
+        actual = loss_gradients(result, config.make(subject.case.seed, dtype=torch.float64), subject.case.seed, compared, mode,
                             keep=(lambda label, grad: None) if approximates else compared_with_expected)
     except _ComparingRaised as raised:  # fxverify's own comparison: an error of fxverify's, not a finding
         raise raised.error from None
@@ -138,7 +138,7 @@ def _loss(outputs: Any, seed: int) -> torch.Tensor:
     return sum(weighted)  # type: ignore[return-value]
 
 
-def _gradients(module: nn.Module, inputs: tuple[torch.Tensor, ...], seed: int, params: dict[str, str],
+def loss_gradients(module: nn.Module, inputs: tuple[torch.Tensor, ...], seed: int, params: dict[str, str],
                set_mode: Callable[[nn.Module], Any],
                keep: Callable[[str, torch.Tensor | None], Any] | None = None) -> dict[str, Any] | None:
     """Gradients of the loss w.r.t. the floating inputs and ``params`` (label -> name in ``module``),
@@ -177,7 +177,7 @@ def _gradients(module: nn.Module, inputs: tuple[torch.Tensor, ...], seed: int, p
         if partial and keep is not None:  # parts were compared and let go: again, every gradient kept
             for t in inputs:
                 t.grad = None
-            whole = _gradients(module, inputs, seed, params, set_mode)
+            whole = loss_gradients(module, inputs, seed, params, set_mode)
             assert whole is not None  # differentiable a moment ago
             return {label: _kept(keep, [label], grad)[label] if label.startswith("parameter") else grad
                     for label, grad in whole.items()}

@@ -44,9 +44,9 @@ from fxverify.analysis.graph_text import node_line
 from fxverify.analysis.module_state import Snapshot
 from fxverify.cases.case import ModelCase, load_case
 from fxverify.cases.inputs import InputConfig, with_batch
-from fxverify.checks.gradients import _gradients
+from fxverify.checks.gradients import loss_gradients
 from fxverify.core.results import ERROR, FAILED, PASSED, SKIPPED, CheckResult, Finding, Outcome, Skip, exception_summary
-from fxverify.core.transform import _Timeout, call_with_timeout, load_object
+from fxverify.core.transform import CallTimedOut, call_with_timeout, load_object
 from fxverify.engine.subject import DEFAULT_TIMEOUT
 from fxverify.errors import TransformLoadError
 
@@ -373,7 +373,7 @@ class Trial:
                 inputs = config.make(self.case.seed, dtype=self.dtype)
                 if backward:
                     params = {name: f"_orig_mod.{name}" for name, _ in model.named_parameters()}
-                    run.values[config.name] = _gradients(compiled, inputs, self.case.seed, params, lambda m: m.eval())
+                    run.values[config.name] = loss_gradients(compiled, inputs, self.case.seed, params, lambda m: m.eval())
                 else:
                     with torch.no_grad():
                         run.values[config.name] = compiled(*inputs)
@@ -411,7 +411,7 @@ class Trial:
         model = self._model(dtype)
         params = {name: name for name, _ in model.named_parameters()}
         try:
-            grads = _gradients(model, self.primary.make(self.case.seed, dtype=dtype), self.case.seed, params,
+            grads = loss_gradients(model, self.primary.make(self.case.seed, dtype=dtype), self.case.seed, params,
                                lambda m: m.eval())
         except Exception as exc:
             raise Skip(f"backward through the eager model raised {exception_summary(exc)}: no gradients to compare "
@@ -522,7 +522,7 @@ def _timed_out(exc: BaseException | None) -> bool:
     """Whether ``exc`` is the timeout of :func:`~fxverify.core.transform.call_with_timeout`, or wraps it (dynamo
     wraps what a backend raises in ``BackendCompilerFailed``)."""
     while exc is not None:
-        if isinstance(exc, _Timeout):
+        if isinstance(exc, CallTimedOut):
             return True
         exc = exc.__cause__ or exc.__context__
     return False

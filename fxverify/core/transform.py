@@ -173,7 +173,7 @@ class Transform:
         """
         try:
             returned = call_with_timeout(self.fn, (gm, *extra), timeout)
-        except _Timeout:
+        except CallTimedOut:
             raise TransformFailed(
                 f"transform {self.spec} did not finish within {timeout:g} s "
                 "(if it is just slow, raise --fxverify-timeout, or timeout= in the Python API)"
@@ -270,12 +270,12 @@ def as_transform(transform: Transform | Callable[..., Any] | str) -> Transform:
     return Transform.from_callable(transform)
 
 
-class _Timeout(Exception):
-    pass
+class CallTimedOut(Exception):
+    """:func:`call_with_timeout`'s call ran past its timeout (callers say what timed out)."""
 
 
 def call_with_timeout(fn: Callable[..., Any], args: tuple[Any, ...], timeout: float | None) -> Any:
-    """Call ``fn(*args)``, raising ``_Timeout`` after ``timeout`` seconds.
+    """Call ``fn(*args)``, raising ``CallTimedOut`` after ``timeout`` seconds.
 
     In the main thread a SIGALRM timer interrupts the call; elsewhere the call
     runs in a daemon thread that is abandoned when it overruns.
@@ -284,7 +284,7 @@ def call_with_timeout(fn: Callable[..., Any], args: tuple[Any, ...], timeout: fl
         return fn(*args)
     if threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGALRM"):
         def on_alarm(signum: int, frame: Any) -> None:
-            raise _Timeout()
+            raise CallTimedOut()
 
         previous = signal.signal(signal.SIGALRM, on_alarm)
         signal.setitimer(signal.ITIMER_REAL, timeout)
@@ -307,7 +307,7 @@ def call_with_timeout(fn: Callable[..., Any], args: tuple[Any, ...], timeout: fl
     worker.start()
     worker.join(timeout)
     if worker.is_alive():
-        raise _Timeout()
+        raise CallTimedOut()
     if "error" in outcome:
         raise outcome["error"]
     return outcome.get("value")
