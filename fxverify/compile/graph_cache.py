@@ -51,7 +51,7 @@ from fxverify.analysis.compare import Mismatch, compare_trees
 from fxverify.analysis.graph_text import canonical_text
 from fxverify.cases.case import load_case
 from fxverify.core.results import FAILED, PASSED, SKIPPED, CheckResult, Outcome, exception_summary
-from fxverify.core.transform import _Timeout, call_with_timeout, load_object
+from fxverify.core.transform import CallTimedOut, call_with_timeout, load_object
 from fxverify.engine.subject import DEFAULT_TIMEOUT
 from fxverify.errors import FxVerifyError, TransformLoadError
 
@@ -484,7 +484,7 @@ def _guarded(setup: _Setup, index: int | None, *, cached: bool) -> _Compiled:
     graph_pass = None if index is None else setup.passes[index]
     try:
         return _compile(setup, graph_pass, cached=cached)
-    except _Timeout:
+    except CallTimedOut:
         raise _CompileRaised(index, cached, f"did not finish within {setup.timeout:g} s (if it is just slow, raise "
                                             "timeout=)") from None
     except Exception as exc:
