@@ -141,11 +141,12 @@ def _verification(transform, factory, shape, capture: str) -> fxverify.Verificat
 
 
 @pytest.mark.slow
-def test_the_training_capture_runs_forward_then_backward_and_returns_outputs_and_gradients():
+@pytest.mark.parametrize("position", ["pre", "post"])
+def test_the_training_capture_runs_forward_then_backward_and_returns_outputs_and_gradients(position):
     from fxverify.capture.inductor import Inductor
 
     model, x = _Gated(), torch.randn(3, 6)
-    gm = Inductor(training_graphs=True).capture(model, training=True, inputs=(x,))
+    gm = Inductor(training_graphs=True, position=position).capture(model, training=True, inputs=(x,))
     tangent = gm.get_buffer("tangent_0")
     found = gm(x)
     out = model(x)
@@ -172,7 +173,7 @@ def test_the_inference_capture_is_the_graph_the_hook_receives_and_computes_the_m
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("capture", ["inductor", "inductor_train"])
+@pytest.mark.parametrize("capture", ["inductor", "inductor_train", "inductor_train_post"])
 def test_an_unpinned_fusion_fails_numerics_naming_the_node_and_its_twin_passes(capture):
     v = _verification(inductor_passes.fuse_silu_unpinned, _Gated, (3, 6), capture)
     found = v.run("numerics")

@@ -9,8 +9,9 @@ Inductor's decomposition table (``select_decomp_table()``), then Inductor's ``jo
 there. Parameters and buffers are ``get_attr`` nodes of the module's own tensors under their own names, so the
 ``GraphModule`` takes the model's inputs and returns its outputs.
 
-``inductor_post``: the same inference graph where ``post_grad_custom_post_pass`` receives it, after Inductor's
-own post-grad pattern passes (a pass that fires at the pre hook may find nothing left to rewrite here).
+``inductor_post`` and ``inductor_train_post``: the same graphs where ``post_grad_custom_post_pass`` receives them,
+after Inductor's own post-grad pattern passes (a pass that fires at the pre hook may find nothing left to
+rewrite here).
 
 ``inductor_train`` (training, as Inductor compiles a model whose parameters require grad): AOTAutograd's joint
 graph with Inductor's decompositions, partitioned by Inductor's own ``partition_fn`` (its joint-graph passes,
@@ -69,7 +70,7 @@ class Inductor(Capture):
 
     @property
     def name(self) -> str:
-        return "inductor_train" if self.training_graphs else "inductor" if self.position == "pre" else "inductor_post"
+        return ("inductor_train" if self.training_graphs else "inductor") + ("_post" if self.position == "post" else "")
 
     def capture(self, module: nn.Module, *, training: bool, inputs: tuple[Any, ...] = ()) -> fx.GraphModule:
         """A fresh graph of ``module`` in the given mode, traced on ``inputs``, as Inductor's hook receives it."""
@@ -83,7 +84,7 @@ class Inductor(Capture):
         module.train(training)
         with config.patch(fallback_random=True):  # random ops as eager draws them, not Inductor's own generator
             if self.training_graphs:
-                return _training_package(module, inputs)
+                return _training_package(module, inputs, self.position)
             with torch.no_grad():
                 gm = lifted_make_fx(module, inputs, select_decomp_table())
             return at_custom_pass(joint_graph_passes(gm), is_inference=True, position=self.position)
@@ -140,6 +141,11 @@ def training_for_model(facts: captures.ModelFacts) -> Inductor:
     return Inductor(training_graphs=True)
 
 
+def training_post_for_model(facts: captures.ModelFacts) -> Inductor:
+    """The ``inductor_train_post`` capture of a model (the registry's factory): the training graphs at the post hook."""
+    return Inductor(training_graphs=True, position="post")
+
+
 def fired_in(module: nn.Module) -> tuple[str, ...] | None:
     """The graphs a transform changed, for a result of the ``inductor`` captures (``("forward", "backward")``);
     None for another module."""
@@ -190,7 +196,7 @@ class _Layout:
     backward_outputs: tuple[int | None, ...]  # the flat input each gradient is of
 
 
-def _training_package(module: nn.Module, inputs: tuple[Any, ...]) -> fx.GraphModule:
+def _training_package(module: nn.Module, inputs: tuple[Any, ...], position: str = "pre") -> fx.GraphModule:
     from torch._functorch.aot_autograd import aot_function, make_boxed_func
     from torch._inductor.compile_fx import partition_fn
     from torch._inductor.decomposition import select_decomp_table
@@ -221,7 +227,8 @@ def _training_package(module: nn.Module, inputs: tuple[Any, ...]) -> fx.GraphMod
     outputs = [out for out in pytree.tree_leaves(compiled(*inputs, *copies))
                if isinstance(out, torch.Tensor) and out.requires_grad]
     torch.autograd.backward(outputs, [torch.zeros_like(out) for out in outputs])  # compiles the backward
-    forward, backward = (at_custom_pass(kept[part], is_inference=False) for part in ("forward", "backward"))
+    forward, backward = (at_custom_pass(kept[part], is_inference=False, position=position)
+                         for part in ("forward", "backward"))
     package = fx.GraphModule(nn.Module(), fx.Graph())
     for name, tensor in state.items():
         attach(package, module, name, tensor, parameter=name in parameters)

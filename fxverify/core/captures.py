@@ -8,7 +8,7 @@ Adding a capture is one :class:`CaptureSpec` row below plus its module in ``fxve
 (``CheckSpec.requires``), so no capture names a check and no check tests a capture's name.
 
 >>> capture_names()
-('symbolic_trace', 'export', 'export_core', 'make_fx', 'inductor', 'inductor_post', 'inductor_train')
+('symbolic_trace', 'export', 'export_core', 'make_fx', 'inductor', 'inductor_post', 'inductor_train', 'inductor_train_post')
 >>> spec("make_fx").traits.carries_meta_val, spec("make_fx").traits.has_program
 (True, False)
 >>> lacking(spec("symbolic_trace").traits, ("has_program",), "symbolic_trace")
@@ -113,6 +113,9 @@ REGISTRY: tuple[CaptureSpec, ...] = (
     CaptureSpec("inductor_train", "fxverify.capture.inductor", "training_for_model",
                 "Inductor's training forward and backward graphs at post_grad_custom_pre_pass, run as one module "
                 "returning outputs and gradients",
+                CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False)),
+    CaptureSpec("inductor_train_post", "fxverify.capture.inductor", "training_post_for_model",
+                "the same training graphs where post_grad_custom_post_pass receives them",
                 CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False)),
 )
 
