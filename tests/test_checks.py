@@ -405,7 +405,7 @@ def test_a_gradient_accumulated_in_parts_is_compared_whole():
     """Reentrant checkpointing accumulates a parameter used in two segments in two parts."""
     from torch.utils.checkpoint import checkpoint
 
-    from fxverify.checks.gradients import _gradients
+    from fxverify.checks.gradients import loss_gradients
 
     class TwoSegments(torch.nn.Module):
         def __init__(self) -> None:
@@ -416,8 +416,8 @@ def test_a_gradient_accumulated_in_parts_is_compared_whole():
             return checkpoint(self.lin, torch.tanh(checkpoint(self.lin, x, use_reentrant=True)), use_reentrant=True)
 
     module, x, params = TwoSegments(), torch.randn(2, 4, dtype=torch.float64), {"lin.weight": "lin.weight"}
-    whole = _gradients(module, (x.clone(),), 0, params, lambda m: m.eval())
-    kept = _gradients(module, (x.clone(),), 0, params, lambda m: m.eval(), keep=lambda label, grad: grad.clone())
+    whole = loss_gradients(module, (x.clone(),), 0, params, lambda m: m.eval())
+    kept = loss_gradients(module, (x.clone(),), 0, params, lambda m: m.eval(), keep=lambda label, grad: grad.clone())
     assert whole is not None and kept is not None
     assert torch.equal(kept["parameter 'lin.weight'"], whole["parameter 'lin.weight'"])
     assert torch.equal(kept["input 0"], whole["input 0"])

@@ -245,13 +245,13 @@ def test_gradients_run_first_backpropagates_the_original_without_the_results_flo
 
     v = fxverify.Verification(fxverify.examples.identity, EDGE)
     alive = []
-    real = gradients_module._gradients
+    real = gradients_module.loss_gradients
 
     def watched(module, *args, **kwargs):
         alive.append(sorted(v.subject._float64))
         return real(module, *args, **kwargs)
 
-    monkeypatch.setattr(gradients_module, "_gradients", watched)
+    monkeypatch.setattr(gradients_module, "loss_gradients", watched)
     assert v.run("gradients").ok
     assert alive == [["original-torch.float64"], ["result-torch.float64"]]
 
