@@ -29,8 +29,7 @@ import inspect
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from fxverify.core.graph_passes import registers_patterns
-from fxverify.core.results import exception_summary
+from fxverify.core.graph_passes import register_into, registers_patterns
 from fxverify.errors import TransformLoadError
 
 FORMS = ("a function registering replacements into the PatternMatcherPass it is given (first parameter annotated "
@@ -130,11 +129,7 @@ def _record_registrations(register: Callable[..., Any], spec: str) -> tuple[Patt
     whole = PatternMatcherPass(pass_name=f"fxverify[{spec}]")
     found: list[Any] = []
     with _recording(found):
-        try:
-            register(whole)
-        except Exception as exc:
-            raise TransformLoadError(f"patterns {spec}: registering the patterns into a fresh PatternMatcherPass "
-                                     f"raised {exception_summary(exc)}") from exc
+        register_into(register, whole, f"patterns {spec}")
     if not found:
         raise TransformLoadError(
             f"patterns {spec}: calling it with a fresh PatternMatcherPass registered no pattern that fxverify saw "

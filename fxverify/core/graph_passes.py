@@ -166,16 +166,22 @@ def _pattern_passes(obj: Any) -> tuple[Any, ...]:
     return tuple(held.values())
 
 
-def _registered(register: Callable[..., Any], spec: str) -> Any:
-    """A fresh ``PatternMatcherPass`` with ``register``'s replacements in it."""
-    from torch._inductor.pattern_matcher import PatternMatcherPass
-
-    fresh = PatternMatcherPass()
+def register_into(register: Callable[..., Any], fresh: Any, spec: str) -> None:
+    """Call the registering function ``register`` with the ``PatternMatcherPass`` ``fresh``;
+    :class:`TransformLoadError` naming ``spec`` when it raises."""
     try:
         register(fresh)
     except Exception as exc:
         raise TransformLoadError(f"{spec}: registering its replacements into a fresh PatternMatcherPass raised "
                                  f"{exception_summary(exc)}") from exc
+
+
+def _registered(register: Callable[..., Any], spec: str) -> Any:
+    """A fresh ``PatternMatcherPass`` with ``register``'s replacements in it."""
+    from torch._inductor.pattern_matcher import PatternMatcherPass
+
+    fresh = PatternMatcherPass()
+    register_into(register, fresh, spec)
     if not fresh.patterns:
         raise TransformLoadError(f"{spec} registered no replacement into the PatternMatcherPass it was given")
     return fresh
