@@ -225,7 +225,7 @@ def build(search: Callable[..., Any], trace_fn: Callable[..., Any], example: Seq
             graph, inputs = edited
             graph = trace_fn(graph, inputs)
         graph(*inputs)
-        _propagate_fake(graph, inputs)
+        fake_outputs(graph, inputs)
     except Exception:  # a near miss that is no program (a shape or dtype error) is no variant
         return None
     return graph, inputs
@@ -243,13 +243,15 @@ def _numbers_bound(search: Callable[..., Any], inputs: list[Any]) -> tuple[Calla
     return bound, rest
 
 
-def _propagate_fake(graph: fx.GraphModule, inputs: list[Any]) -> None:
-    """Set every node's ``meta['val']`` from one fake mode (tracing leaves fake tensors of several)."""
+def fake_outputs(graph: fx.GraphModule, inputs: Sequence[Any], mode: Any = None) -> Any:
+    """``graph`` run on fake copies of ``inputs`` in ``mode`` (a fresh ``FakeTensorMode``: None), every node's
+    ``meta['val']`` set from that one mode (tracing leaves fake tensors of several); its outputs."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    FakeTensorProp(graph, mode).propagate(*(mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for v in inputs))
+    mode = mode if mode is not None else FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = (mode.from_tensor(value) if isinstance(value, torch.Tensor) else value for value in inputs)
+    return FakeTensorProp(graph, mode).propagate(*fakes)
 
 
 def copied(graph: fx.GraphModule) -> fx.GraphModule:

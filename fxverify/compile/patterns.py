@@ -54,6 +54,7 @@ from fxverify.compile.pattern_variants import (
     copied,
     dtype_options,
     edits_of,
+    fake_outputs,
     size_options,
 )
 from fxverify.core.contracts import contract_of
@@ -220,13 +221,11 @@ def _runs_nowhere(exc: Exception) -> bool:
 def _meta_difference(program: fx.GraphModule, rewritten: fx.GraphModule, inputs: list[Any]) -> str | None:
     """How the rewritten program's outputs differ in dtype or shape from the program's, run on fake tensors."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    fakes = [mode.from_tensor(value) if isinstance(value, torch.Tensor) else value for value in inputs]
+    mode = FakeTensorMode(allow_non_fake_inputs=True)  # one mode for both: the same fake inputs
     try:
-        expected = FakeTensorProp(program, mode).propagate(*fakes)
-        actual = FakeTensorProp(rewritten, mode).propagate(*fakes)
+        expected = fake_outputs(program, inputs, mode)
+        actual = fake_outputs(rewritten, inputs, mode)
     except Exception as exc:  # no fake kernel either: nothing left to judge with
         return f"cannot be judged: the rewritten program runs neither here nor on fake tensors ({exception_summary(exc)})"
     for i, (a, e) in enumerate(zip(pytree.tree_leaves(actual), pytree.tree_leaves(expected))):
@@ -334,7 +333,8 @@ def _soundness(fuzzer: Fuzzer, spec: str, max_examples: int, budget_s: float, re
         if verdict is not None and verdict.problem:
             key = (verdict.how, frozenset(edit.kind for edit in variant.edits) - SPELLINGS)
             failures.setdefault(key, UnsoundRewrite(fuzzer.pattern, variant, verdict))
-            first_seconds = first_seconds or round(time.monotonic() - started, 2)
+            if first_seconds is None:  # the first failure of the sweep, however early
+                first_seconds = round(time.monotonic() - started, 2)
     if not failures and max_examples and time.monotonic() - started < budget_s:
         try:
             soundness_test(fuzzer, max_examples=max_examples, database=database, sweep=False,
