@@ -300,28 +300,39 @@ def check_patterns(patterns: Any, *, max_examples: int = 100, budget_s: float = 
     """
     spec = patterns if isinstance(patterns, str) else getattr(patterns, "__qualname__", type(patterns).__name__)
     source = load_object(patterns, "patterns") if isinstance(patterns, str) else patterns
-    if complete is None:
-        complete = callable(source) and contract_of(source).rewrites_every_occurrence
+    complete = promises_every_spelling(source) if complete is None else complete
+    return [result for pattern in pattern_examples(source, spec) if names is None or pattern.name in names
+            for result in check_pattern(pattern, spec, max_examples=max_examples, budget_s=budget_s,
+                                        complete=complete, repro_dir=repro_dir if isinstance(patterns, str) else None,
+                                        database=database, checks=checks)]
+
+
+def promises_every_spelling(source: Any) -> bool:
+    """Whether the registering function ``source`` declares ``@fxverify.contract(rewrites_every_occurrence=True)``:
+    its patterns then fail ``patterns-complete`` where they do not fire on an equivalent spelling."""
+    return callable(source) and contract_of(source).rewrites_every_occurrence
+
+
+def check_pattern(pattern: PatternExample, spec: str, *, max_examples: int = 100, budget_s: float = 60.0,
+                  complete: bool = False, repro_dir: str | os.PathLike[str] | None = None,
+                  database: ExampleDatabase | None = None, checks: Sequence[str] = CHECKS) -> list[CheckResult]:
+    """The results of ``checks`` on one pattern of the patterns ``spec`` names (see :func:`check_patterns`); a repro
+    is written to ``repro_dir`` only where ``spec`` loads the patterns back."""
+    if pattern.traced_with != "fwd_only":
+        reason = (f"pattern {pattern.name} is traced with {pattern.traced_with}: fxverify fuzzes inference "
+                  "patterns (fwd_only) only so far; its inference twin is fuzzed where one is registered")
+        return [CheckResult(check, pattern.name, spec, Outcome.SKIPPED, reason) for check in checks]
+    fuzzer = Fuzzer(pattern)
     results = []
-    for pattern in pattern_examples(source, spec):
-        if names is not None and pattern.name not in names:
-            continue
-        if pattern.traced_with != "fwd_only":
-            reason = (f"pattern {pattern.name} is traced with {pattern.traced_with}: fxverify fuzzes inference "
-                      "patterns (fwd_only) only so far; its inference twin is fuzzed where one is registered")
-            results += [CheckResult(check, pattern.name, spec, Outcome.SKIPPED, reason) for check in checks]
-            continue
-        fuzzer = Fuzzer(pattern)
-        if SOUND in checks:
-            results.append(_soundness(fuzzer, spec, max_examples, budget_s, repro_dir, database,
-                                      isinstance(patterns, str)))
-        if COMPLETE in checks:
-            results.append(_completeness(fuzzer, spec, complete))
+    if SOUND in checks:
+        results.append(_soundness(fuzzer, spec, max_examples, budget_s, repro_dir, database))
+    if COMPLETE in checks:
+        results.append(_completeness(fuzzer, spec, complete))
     return results
 
 
 def _soundness(fuzzer: Fuzzer, spec: str, max_examples: int, budget_s: float, repro_dir: Any,
-               database: ExampleDatabase | None, reloadable: bool) -> CheckResult:
+               database: ExampleDatabase | None) -> CheckResult:
     """The sweep (every distinct kind of failure kept), then, where it found none, Hypothesis's combinations."""
     started = time.monotonic()
     failures: dict[tuple[str, frozenset[str]], UnsoundRewrite] = {}
@@ -351,7 +362,7 @@ def _soundness(fuzzer: Fuzzer, spec: str, max_examples: int, budget_s: float, re
                            f"sound ({counts['seconds']} s)", details=counts)
     kept = list(failures.values())
     variant, verdict = kept[0].variant, kept[0].verdict
-    repro = write_repro(spec, fuzzer.pattern.name, variant, repro_dir) if repro_dir and reloadable else None
+    repro = write_repro(spec, fuzzer.pattern.name, variant, repro_dir) if repro_dir else None
     others = "".join(f"\n  also: [{other.variant.describe()}] {other.verdict.problem}" for other in kept[1:])
     message = (f"{SOUND} failed for pattern {fuzzer.pattern.name} of {spec}:\n  variant: {variant.describe()}\n"
                f"  it fired and {verdict.problem}\n  judged by {JUDGED_BY[verdict.how]}"

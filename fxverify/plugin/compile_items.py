@@ -35,6 +35,7 @@ class CompileRun:
 
     def __post_init__(self) -> None:
         self.results: dict[tuple[str, str, str], dict[str, CheckResult]] = {}
+        self.patterns: dict[str, dict[str, Any]] = {}  # spec -> its PatternExamples by name, registered once
 
     def result(self, kind: str, spec: str, subject: str, check: str) -> CheckResult:
         """The result of ``check`` on ``subject`` of ``spec``, computing the subject's results on first use."""
@@ -45,7 +46,8 @@ class CompileRun:
 
     def _compute(self, kind: str, spec: str, subject: str) -> list[CheckResult]:
         if kind == "patterns":
-            return patterns.check_patterns(spec, names=[subject])
+            complete = patterns.promises_every_spelling(load_object(spec, kind))
+            return patterns.check_pattern(self.patterns[spec][subject], spec, complete=complete)
         if kind == "backend":
             import torch
 
@@ -58,7 +60,8 @@ class CompileRun:
         if kind == "patterns":
             from fxverify.compile.pattern_sources import pattern_examples
 
-            return [(p.name, patterns.CHECKS) for p in pattern_examples(load_object(spec, "patterns"), spec)]
+            self.patterns[spec] = {p.name: p for p in pattern_examples(load_object(spec, kind), spec)}
+            return [(name, patterns.CHECKS) for name in self.patterns[spec]]
         if kind == "backend":
             return [(case.name, backend.ASPECTS) for case in self.cases]
         return [("passes", graph_cache.ASPECTS)]
