@@ -196,3 +196,17 @@ def test_a_pass_firing_where_its_contract_excludes_fails_naming_the_graph():
         passed = _verification(inference_only, _Doubling, (3, 4), capture)
         assert passed.run("numerics").outcome == PASSED
         assert fired_in(passed.subject.applied().result) == ("inference",)
+
+
+@pytest.mark.slow
+def test_a_pass_returning_another_module_is_judged_not_an_error_of_fxverify():
+    class Wrapped(torch.nn.Module):
+        def __init__(self, inner: torch.nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *args: torch.Tensor) -> torch.Tensor:
+            return self.inner(*args)
+
+    found = _verification(lambda gm: Wrapped(gm), _Gated, (3, 6), "inductor").run("numerics")
+    assert found.outcome == PASSED, found.message

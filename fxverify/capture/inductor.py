@@ -95,9 +95,10 @@ class Inductor(Capture):
         if not self.training_graphs:
             before = canonical_text(gm.graph)
             result, in_place = transform.apply(gm, timeout=timeout)
-            fired = ("inference",) if not isinstance(result, fx.GraphModule) or canonical_text(result.graph) != before \
-                else ()
-            result.meta[FIRED] = fired
+            graph_module = isinstance(result, fx.GraphModule)
+            fired = ("inference",) if not graph_module or canonical_text(result.graph) != before else ()
+            if graph_module:  # another module holds no meta: fired_in says None for it
+                result.meta[FIRED] = fired
             _check_placement(transform, fired)
             return result, in_place
         changed: list[str] = []
