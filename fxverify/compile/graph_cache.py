@@ -50,7 +50,7 @@ from torch.utils import _pytree as pytree
 from fxverify.analysis.compare import Mismatch, compare_trees
 from fxverify.analysis.graph_text import canonical_text
 from fxverify.cases.case import load_case
-from fxverify.core.results import FAILED, PASSED, SKIPPED, CheckResult, Outcome, exception_summary
+from fxverify.core.results import FAILED, PASSED, SKIPPED, CheckResult, Outcome, exception_summary, short_repr
 from fxverify.core.transform import CallTimedOut, call_with_timeout, load_object
 from fxverify.engine.subject import DEFAULT_TIMEOUT
 from fxverify.errors import FxVerifyError, TransformLoadError
@@ -126,7 +126,7 @@ def describe_state(difference: dict[str, tuple[Any, Any]]) -> str:
     >>> describe_state({})
     'no instance attribute differs'
     """
-    parts = [f"`{name}` ({_short(ours)}, {_short(theirs)})" for name, (ours, theirs) in difference.items()]
+    parts = [f"`{name}` ({short_repr(ours, 60)}, {short_repr(theirs, 60)})" for name, (ours, theirs) in difference.items()]
     if not parts:
         return "no instance attribute differs"
     if len(parts) == 1:
@@ -152,9 +152,6 @@ def _same(ours: Any, theirs: Any) -> bool:
         return ours is theirs
 
 
-def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,7 +176,7 @@ class _Setup:
     def input_text(self) -> str:
         leaves = pytree.tree_leaves(self.inputs)
         return ", ".join(f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}" if isinstance(x, torch.Tensor)
-                         else _short(x) for x in leaves)
+                         else short_repr(x, 60) for x in leaves)
 
     def reproduce(self) -> str | None:
         if self.spec is None or not self.default_model:
@@ -232,7 +229,7 @@ def _passes(given: Any, spec: str | None) -> tuple[CustomGraphPass, ...]:
         given = given()
     if isinstance(given, CustomGraphPass) or not isinstance(given, Sequence) or isinstance(given, str):
         raise TransformLoadError(f"{what} must be a sequence of two or more CustomGraphPass instances that differ in "
-                                 f"their state (or a function returning one), not {_short(given)}")
+                                 f"their state (or a function returning one), not {short_repr(given, 60)}")
     found = tuple(given)
     if len(found) < 2:
         raise TransformLoadError(f"{what} holds {len(found)} instance(s): give two or more that differ in their state, "
@@ -269,18 +266,18 @@ def _uuid_in_process(setup: _Setup) -> CheckResult | None:
             f"Inductor bypasses the FX graph cache for every graph it compiles with the pass (see {BYPASS}), so "
             "every such compile runs cold and nothing can go stale. To be cached, return a picklable value naming "
             "the pass's code and every state it reads, e.g. `" + FIX.format(state="self.<state>") + "`"),
-            details={"uuids": [_short(v) for v in values]})
+            details={"uuids": [short_repr(v, 60) for v in values]})
     for i, value in enumerate(values):
         try:
             pickle.dumps(value)
         except Exception as exc:
             return setup.result(UUID, FAILED, _unpicklable(setup, values, i, exception_summary(exc)),
-                                details={"uuids": [_short(v) for v in values]})
+                                details={"uuids": [short_repr(v, 60) for v in values]})
     if setup.spec is None:
         return setup.result(UUID, SKIPPED, (
             f"uuid() is set and pickles for all {len(values)} instances; whether another process computes the same "
             "value needs the passes as a spec it can import: give 'package.module:NAME' (a sequence of the instances, "
-            "or a function returning one) instead of the objects"), details={"uuids": [_short(v) for v in values]})
+            "or a function returning one) instead of the objects"), details={"uuids": [short_repr(v, 60) for v in values]})
     return None
 
 
@@ -295,7 +292,7 @@ def _unpicklable(setup: _Setup, values: list[Any], i: int, error: str) -> str:
                   f"whatever it holds ({alike} of the {len(values)} instances get the same key here), so instances "
                   f"whose state differs share cache entries (see {STALE})")
     return (f"{type(setup.passes[i]).__qualname__}.uuid() returns a {type(values[i]).__qualname__} (passes[{i}]: "
-            f"{_short(values[i])}), which does not pickle ({error}): {effect}. Return a picklable value: bytes or "
+            f"{short_repr(values[i], 60)}), which does not pickle ({error}): {effect}. Return a picklable value: bytes or "
             "str (a hashlib digest is `.digest()` / `.hexdigest()`, not the hash object), numbers, tuples of them")
 
 
@@ -334,7 +331,7 @@ def uuid_digests(spec: str) -> list[dict[str, str]]:
     for graph_pass in _passes(load_object(spec, "graph-cache passes"), spec):
         try:
             value = graph_pass.uuid()
-            found.append({"sha256": hashlib.sha256(pickle.dumps(value)).hexdigest(), "repr": _short(value)})
+            found.append({"sha256": hashlib.sha256(pickle.dumps(value)).hexdigest(), "repr": short_repr(value, 60)})
         except Exception as exc:
             found.append({"error": exception_summary(exc)})
     return found
@@ -557,7 +554,7 @@ def _stale_failure(setup: _Setup, cached: list[_Compiled], fresh: dict[int, _Com
     if j is None:  # served from the cache, but not one of the entries these passes wrote
         return setup.result(STALE, FAILED, (
             f"passes[{i}] got a cache hit and was never called, and the output served differs from its output with "
-            f"caches disabled; uuid() ({_short(setup.passes[i].uuid())}) misses some state the pass reads"),
+            f"caches disabled; uuid() ({short_repr(setup.passes[i].uuid(), 60)}) misses some state the pass reads"),
             where=mismatch.describe(), details=details)
     difference = differing_state(setup.passes[j], setup.passes[i])
     state = describe_state(difference)

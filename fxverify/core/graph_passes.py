@@ -42,7 +42,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from fxverify.core.results import exception_summary
+from fxverify.core.results import exception_summary, short_repr
 from fxverify.errors import TransformLoadError
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ def pattern_passes(obj: Any, spec: str) -> tuple[PatternMatcherPass, ...]:
     found = _pattern_passes(obj)
     if not found:
         raise TransformLoadError(
-            f"{spec} holds no PatternMatcherPass: found a {type(obj).__name__} ({_short(obj)}). Give a "
+            f"{spec} holds no PatternMatcherPass: found a {type(obj).__name__} ({short_repr(obj, 60)}). Give a "
             "PatternMatcherPass, a function registering replacements into the one it is given (first parameter "
             f"annotated PatternMatcherPass or named {' or '.join(REGISTERING_NAMES)}), an object holding "
             "PatternMatcherPass attributes, or a list of those")
@@ -107,7 +107,7 @@ def graph_pass(obj: Any, spec: str, *, is_inference: bool = True) -> Callable[[t
     if callable(obj):
         return obj
     raise TransformLoadError(
-        f"{spec} is a {type(obj).__name__} ({_short(obj)}), not a graph pass: give a CustomGraphPass, a function "
+        f"{spec} is a {type(obj).__name__} ({short_repr(obj, 60)}), not a graph pass: give a CustomGraphPass, a function "
         "taking a torch.fx.Graph, a PatternMatcherPass or a function registering replacements into one")
 
 
@@ -224,6 +224,3 @@ def _first_annotation(obj: Any) -> str:
     return str(named).strip("'\"").rpartition(".")[2]
 
 
-def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."

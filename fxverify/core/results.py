@@ -151,6 +151,16 @@ def exception_summary(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {head}"
 
 
+def short_repr(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters with ``...`` where longer (for a message naming a value).
+
+    >>> short_repr(list(range(30)), 20)
+    '[0, 1, 2, 3, 4, 5...'
+    """
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def exception_text(exc: BaseException) -> str:
     """``str(exc)``, or a note saying it could not be had (never raises).
 

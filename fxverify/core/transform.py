@@ -37,7 +37,7 @@ from fxverify.analysis.known_errors import known_cause
 from fxverify.core.captures import program_captures
 from fxverify.core.contracts import PROGRAM_FORMS, Contract, contract_of
 from fxverify.core.graph_passes import GraphPassRunner, takes_graph
-from fxverify.core.results import exception_summary
+from fxverify.core.results import exception_summary, short_repr
 from fxverify.errors import TransformFailed, TransformLoadError
 
 ACCEPTED_RETURNS = (
@@ -199,7 +199,7 @@ class Transform:
                 return returned, returned is given
             raise TransformFailed(
                 f"transform {self.spec} takes an ExportedProgram (form=program) and returned "
-                f"{type(returned).__module__}.{type(returned).__qualname__} ({_short_repr(returned)}); accepted: "
+                f"{type(returned).__module__}.{type(returned).__qualname__} ({short_repr(returned)}); accepted: "
                 f"{PROGRAM_RETURNS}. A pass on the program's graph_module declares form='lifted'.")
         if isinstance(returned, PassResult):
             returned = returned.graph_module
@@ -210,7 +210,7 @@ class Transform:
             hint = " To return a Graph, wrap it: `return torch.fx.GraphModule(gm, graph)`."
         raise TransformFailed(
             f"transform {self.spec} returned {type(returned).__module__}.{type(returned).__qualname__} "
-            f"({_short_repr(returned)}); accepted: {ACCEPTED_RETURNS}.{hint}"
+            f"({short_repr(returned)}); accepted: {ACCEPTED_RETURNS}.{hint}"
         )
 
 
@@ -441,6 +441,3 @@ def _importable_spec(fn: Callable[..., Any]) -> str | None:
     return f"{module}:{qualname}" if obj is fn else None
 
 
-def _short_repr(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
