@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 from torch._inductor.fx_passes import post_grad
-from torch._inductor.pattern_matcher import PatternMatcherPass, fwd_only, register_replacement
+from torch._inductor.pattern_matcher import PatternMatcherPass, fwd_only, joint_fwd_bwd, register_replacement
 
 import fxverify
 from fxverify.compile.pattern_sources import PatternExample
@@ -142,6 +142,33 @@ def scaled_one_output_each(pass_dict: PatternMatcherPass) -> None:
     """The twin: the same rewrite as single-output patterns."""
     register_replacement(lambda x, y: (x * y).relu(), lambda x, y: torch.relu(torch.mul(x, y)),
                          _inputs((4, 8), (4, 8)), fwd_only, pass_dict)
+
+
+# -- a training pattern whose replacement is right forward and wrong backward ---------------------------
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return 0.5 * x * (1.0 + torch.tanh(0.7978845608 * (x + 0.044715 * x * x * x)))
+
+
+def _trainable(*shapes: tuple[int, ...]) -> list[torch.Tensor]:
+    return [t.requires_grad_() for t in _inputs(*shapes)]
+
+
+def gelu_detached_backward(pass_dict: PatternMatcherPass) -> None:
+    """A joint_fwd_bwd pattern whose replacement computes the forward from ``x.detach()`` in the tanh: the
+    same outputs, a gradient missing most of its terms (fuzzing the inference graph cannot see it)."""
+
+    def replacement(x: torch.Tensor) -> torch.Tensor:
+        inner = x.detach()
+        return 0.5 * x * (1.0 + torch.tanh(0.7978845608 * (inner + 0.044715 * inner * inner * inner)))
+
+    register_replacement(_gelu_tanh, replacement, _trainable((4, 8)), joint_fwd_bwd, pass_dict)
+
+
+def gelu_fused(pass_dict: PatternMatcherPass) -> None:
+    """The twin: the fused op, whose backward is the derivative."""
+    register_replacement(_gelu_tanh, lambda x: torch.nn.functional.gelu(x, approximate="tanh"), _trainable((4, 8)),
+                         joint_fwd_bwd, pass_dict)
 
 
 # -- correct passes ------------------------------------------------------------------------------------

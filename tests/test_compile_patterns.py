@@ -35,6 +35,8 @@ BUGS = [
                  "aten.mul.Tensor#0", id="never-fires-on-a-spelling"),
     pytest.param("scaled_two_outputs", "scaled_one_output_each", SOUND, "computed just before its first use",
                  "used before it has been defined", "%mul", id="multi-output-out-of-order"),
+    pytest.param("gelu_detached_backward", "gelu_fused", SOUND, "as registered", "output['gradient of input 0']",
+                 "%mul_tensor", id="training-pattern-wrong-backward"),
 ]
 
 
@@ -145,3 +147,34 @@ def test_inductors_attention_fusion_matches_a_key_it_does_not_transpose_when_siz
     assert coinciding is not None and coinciding.fired and "values differ" in (coinciding.problem or "")
     as_written = judge(pattern, Variant(sizes=((16, 8),), numbers=True))
     assert as_written is not None and as_written.fired and as_written.problem is None
+
+
+def _sfdp(name: str):  # type: ignore[no-untyped-def]
+    from torch._inductor.fx_passes import fuse_attention
+
+    return pattern_examples([row for row in fuse_attention._get_sfdp_patterns() if row[0] == name], "sfdp")[0]
+
+
+@pytest.mark.slow
+def test_inductors_training_attention_patterns_are_fuzzed_on_the_joint_graph():
+    """A joint_fwd_bwd pattern is judged on the joint graph (outputs and gradients): pattern 1's training twin
+    fires on coinciding sizes and is sound there, and does not fire on the untransposed key its inference twin
+    fuses (the backward's permutation pins it); pattern 4 draws dropout's random numbers, so its rewrite is
+    judged by dtype and shape, saying so."""
+    attention = _sfdp("_sfdp_pattern_1_training")
+    untransposed = next(e for e in Fuzzer(attention).edits if e.kind == "dims" and e.value == (0, 1, 2, 3))
+    coinciding = judge(attention, Variant(sizes=((16, 8),), numbers=True))
+    assert coinciding is not None and coinciding.fired and coinciding.problem is None and coinciding.how == ""
+    keyed = judge(attention, Variant(sizes=((16, 8),), numbers=True, edits=(untransposed,)))
+    assert keyed is not None and not keyed.fired
+    dropout = judge(_sfdp("_sfdp_pattern_4_training"), Variant(numbers=True))
+    assert dropout is not None and dropout.fired and dropout.how == "random" and dropout.problem is None
+
+
+def test_scalar_workaround_arguments_are_traced_as_torch_traces_them():
+    """register_replacement's scalar_workaround values join the example inputs at their own parameters (before,
+    a search function taking one failed to trace at all)."""
+    scaled = _sfdp("_sfdp_pattern_5_inference")
+    assert [type(value).__name__ for value in scaled.traced_inputs()] == ["Tensor"] * 4 + ["float"]
+    verdict = judge(scaled, Variant(numbers=True))
+    assert verdict is not None and verdict.fired and verdict.problem is None

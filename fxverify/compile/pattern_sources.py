@@ -29,6 +29,7 @@ import inspect
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from fxverify.compile.pattern_variants import unwrapped
 from fxverify.core.graph_passes import register_into, registers_patterns
 from fxverify.errors import TransformLoadError
 
@@ -63,7 +64,22 @@ class PatternExample:
 
     @property
     def traced_with(self) -> str:
-        return getattr(self.trace_fn, "__name__", repr(self.trace_fn))
+        """The trace function's name (of the function a ``functools.partial`` wraps)."""
+        return getattr(unwrapped(self.trace_fn), "__name__", repr(self.trace_fn))
+
+    def traced_inputs(self) -> list[Any]:
+        """The arguments the search function is traced with, as ``register_replacement`` passes them: the example
+        inputs, with each ``scalar_workaround`` value at its own parameter.
+
+        >>> import torch
+        >>> from torch._inductor.pattern_matcher import fwd_only
+        >>> scaled = PatternExample("scaled", lambda x, scale: x * scale, (torch.ones(2),), fwd_only, {"scale": 0.5}, None)
+        >>> scaled.traced_inputs()
+        [tensor([1., 1.]), 0.5]
+        """
+        given = iter(self.example_inputs)
+        return [self.scalar_workaround[name] if name in self.scalar_workaround else next(given)
+                for name in inspect.signature(self.search_fn).parameters]
 
     def search_source(self) -> str:
         """The search function's source, or its name where Python keeps none."""

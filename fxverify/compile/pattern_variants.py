@@ -19,6 +19,7 @@ that a variant describes, or None where the variant is not a well-typed program.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -127,20 +128,21 @@ def inputs_for(example: Sequence[Any], variant: Variant, seed: int = 0) -> list[
             shape[0] = 1
         named = variant.dtypes[i] if i < len(variant.dtypes) else None
         dtype = getattr(torch, named) if named else value.dtype
-        made.append(_tensor_like(value, shape, dtype, variant.strided == i, generator))
+        made.append(_tensor_like(value, shape, dtype, variant.strided == i, generator, value.requires_grad))
     if variant.strided is not None and not (0 <= variant.strided < len(made) and made[variant.strided].dim() >= 2):
         return None
     return made
 
 
 def _tensor_like(value: torch.Tensor, shape: list[int], dtype: torch.dtype, strided: bool,
-                 generator: torch.Generator) -> torch.Tensor:
+                 generator: torch.Generator, requires_grad: bool = False) -> torch.Tensor:
+    """A fresh tensor like ``value`` (requiring grad where a training pattern's example does)."""
     if not value.is_floating_point():
         return value.clone() if list(value.shape) == shape else torch.zeros(shape, dtype=value.dtype)
     if strided and len(shape) >= 2:
         swapped = [*shape[:-2], shape[-1], shape[-2]]
-        return torch.randn(swapped, generator=generator).to(dtype).transpose(-1, -2)
-    return torch.randn(shape, generator=generator).to(dtype) if shape else torch.randn((), generator=generator).to(dtype)
+        return torch.randn(swapped, generator=generator).to(dtype).requires_grad_(requires_grad).transpose(-1, -2)
+    return torch.randn(shape, generator=generator).to(dtype).requires_grad_(requires_grad)
 
 
 def edits_of(graph: fx.GraphModule) -> list[Edit]:
@@ -208,27 +210,73 @@ def _swapped(items: list[int], i: int) -> list[int]:
 
 def build(search: Callable[..., Any], trace_fn: Callable[..., Any], example: Sequence[Any], variant: Variant
           ) -> tuple[fx.GraphModule, list[Any]] | None:
-    """The program ``variant`` describes, traced as the pass meets it (``trace_fn``, Inductor's ``fwd_only``),
-    and its inputs; None where the variant is no well-typed program (its edits do not apply at these inputs,
-    or it raises). Every node's ``meta['val']`` comes from one fake mode, as in a graph Inductor compiles."""
+    """The program ``variant`` describes, traced as the pass meets it (``trace_fn``: Inductor's ``fwd_only``, or
+    ``joint_fwd_bwd`` for a training pattern, whose program is the joint graph of the variant's forward, taking its
+    inputs and then a tangent for each output, drawn here), and its inputs; None where the variant is no well-typed
+    program (its edits do not apply at these inputs, or it raises). Edits change the forward program. Every node's
+    ``meta['val']`` comes from one fake mode, as in a graph Inductor compiles."""
     inputs = inputs_for(example, variant)
     if inputs is None:
         return None
     if variant.numbers:
         search, inputs = _numbers_bound(search, inputs)
+    joint = traces_joint(trace_fn)
+    forward = forward_trace(trace_fn)
     try:
-        graph = trace_fn(search, inputs)
+        graph = forward(search, inputs)
         if variant.edits:
             edited = _edited(graph, variant.edits, inputs)
             if edited is None:
                 return None
             graph, inputs = edited
-            graph = trace_fn(graph, inputs)
+            graph = forward(graph, inputs)
+        if joint:
+            graph, inputs = _joint(trace_fn, graph if variant.edits else search, inputs)
         graph(*inputs)
         fake_outputs(graph, inputs)
     except Exception:  # a near miss that is no program (a shape or dtype error) is no variant
         return None
     return graph, inputs
+
+
+def traces_joint(trace_fn: Callable[..., Any]) -> bool:
+    """Whether ``trace_fn`` is Inductor's ``joint_fwd_bwd`` (a training pattern's), or a ``functools.partial`` of it."""
+    from torch._inductor.pattern_matcher import joint_fwd_bwd
+
+    return unwrapped(trace_fn) is joint_fwd_bwd
+
+
+def forward_trace(trace_fn: Callable[..., Any]) -> Callable[..., Any]:
+    """How a pattern's forward program is traced, the program edits change: ``fwd_only`` for a training pattern
+    (``joint_fwd_bwd``), else ``trace_fn`` itself."""
+    from torch._inductor.pattern_matcher import fwd_only
+
+    return fwd_only if traces_joint(trace_fn) else trace_fn
+
+
+def unwrapped(function: Any) -> Any:
+    """The function a ``functools.partial`` (however nested) wraps, else ``function``."""
+    while isinstance(function, functools.partial):
+        function = function.func
+    return function
+
+
+def _joint(trace_fn: Callable[..., Any], forward: Callable[..., Any], inputs: list[Any]
+           ) -> tuple[fx.GraphModule, list[Any]]:
+    """The joint graph of ``forward`` (``trace_fn`` is ``joint_fwd_bwd``) and its inputs: ``inputs`` (AOTAutograd's
+    primals, as given), then a tangent for each output needing a gradient, drawn from a fixed seed."""
+    from torch._functorch._aot_autograd.descriptors import TangentAOTInput
+
+    graph = trace_fn(forward, inputs)
+    placeholders = graph.graph.find_nodes(op="placeholder")
+    for node in placeholders:  # joint_fwd_bwd renames them (primals_2 reads argument primals_1): code that runs
+        node.target = node.name
+    graph.recompile()
+    generator = torch.Generator().manual_seed(len(inputs))
+    tangents = [node.meta["val"] for node in placeholders if isinstance(node.meta.get("desc"), TangentAOTInput)]
+    drawn = [torch.randn(tuple(fake.shape), generator=generator).to(fake.dtype) for fake in tangents]
+    primals = [value.detach() if isinstance(value, torch.Tensor) else value for value in inputs]
+    return graph, [*primals, *drawn]
 
 
 def _numbers_bound(search: Callable[..., Any], inputs: list[Any]) -> tuple[Callable[..., Any], list[Any]]:
@@ -327,4 +375,5 @@ def _keep_permuted_shape(node: fx.Node, dims: list[int], placeholders: list[fx.N
     shape = [0] * len(out)
     for position, d in enumerate(dims):
         shape[d] = out[position]
-    inputs[index] = torch.randn(shape, generator=torch.Generator().manual_seed(index)).to(value.dtype)
+    inputs[index] = _tensor_like(value, shape, value.dtype, False, torch.Generator().manual_seed(index),
+                                 value.requires_grad)

@@ -6,7 +6,10 @@ node defined before its use) and compute what the program did: outputs compared 
 un-rewritten program by fxverify's float64 rule (the rewritten error against a float64 run of the
 program may not exceed a small multiple of the program's own), or, where the replacement's kernel
 cannot run here (a CUDA-only fused op on a CPU machine), each output's dtype and shape from fake
-tensors. A targeted sweep runs first (each variant family alone: coinciding sizes, dtypes, strides,
+tensors. A training pattern (``joint_fwd_bwd``) is judged on the joint graph of each variant's forward: its
+outputs and the gradient of each input, on drawn tangents; where the program draws random numbers (dropout),
+which a replacement draws otherwise, by dtype and shape. Differences below ``ROUNDING`` of an output's scale
+are rounding (a fused kernel computes in another order). A targeted sweep runs first (each variant family alone: coinciding sizes, dtypes, strides,
 then each single edit, then each edit at each coinciding size); then Hypothesis draws combinations
 and shrinks a failing one. The property is an ordinary Hypothesis test (:func:`soundness_test`), so
 a campaign can run it under HypoFuzz and share failing variants through an example database.
@@ -44,7 +47,7 @@ from hypothesis.database import ExampleDatabase
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from fxverify.analysis.compare import compare_trees
+from fxverify.analysis.compare import Tolerance, compare_trees
 from fxverify.compile.pattern_sources import PatternExample, pattern_examples
 from fxverify.compile.pattern_variants import (
     SPELLINGS,
@@ -55,6 +58,7 @@ from fxverify.compile.pattern_variants import (
     dtype_options,
     edits_of,
     fake_outputs,
+    forward_trace,
     size_options,
 )
 from fxverify.core.contracts import contract_of
@@ -64,11 +68,16 @@ from fxverify.core.transform import load_object
 SOUND, COMPLETE = "patterns-sound", "patterns-complete"
 CHECKS = (SOUND, COMPLETE)  # the results of check_patterns for each pattern, in this order
 SWEEP_LIMIT = 600  # targeted variants per pattern, before Hypothesis draws combinations
+# a replacement computes in another order (a fused kernel, x * (1 / s) for x / s): on drawn inputs, some of them
+# ill-conditioned (a softmax of logits scaled by -8), rounding differences up to this fraction of an output's scale pass
+ROUNDING = Tolerance(range_tol=1e-5)
 # the edits a sweep tries first: arguments the matcher wildcards, then spellings, then structure
 EDIT_ORDER = ("dims", "dim", "sizes", "scalar", "swap", "late_input", "extra_user")
 JUDGED_BY = {"values": "its outputs against the un-rewritten program's (float64 rule)",
              "fake": "fake tensors' dtype and shape (the replacement has no kernel here)",
-             "structure": "torch.fx's graph.lint()", "raised": "the pass raising on a valid program"}
+             "structure": "torch.fx's graph.lint()", "raised": "the pass raising on a valid program",
+             "random": "fake tensors' dtype and shape (the program draws random numbers, which the replacement "
+                       "draws otherwise, so values cannot be compared)"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,8 +108,8 @@ class Fuzzer:
 
     def __init__(self, pattern: PatternExample) -> None:
         self.pattern = pattern
-        self.example = list(pattern.example_inputs)
-        self.edits: list[Edit] = edits_of(pattern.trace_fn(pattern.search_fn, list(self.example)))
+        self.example = pattern.traced_inputs()
+        self.edits: list[Edit] = edits_of(forward_trace(pattern.trace_fn)(pattern.search_fn, list(self.example)))
         self.sizes = size_options(self.example)
         self.dtypes = dtype_options(self.example)
         self.tensors = [i for i, value in enumerate(self.example) if isinstance(value, torch.Tensor) and value.dim()]
@@ -168,7 +177,7 @@ def _quiet() -> Iterator[None]:
 
 
 def _judged(pattern: PatternExample, variant: Variant) -> Verdict | None:
-    built = build(pattern.search_fn, pattern.trace_fn, pattern.example_inputs, variant)
+    built = build(pattern.search_fn, pattern.trace_fn, pattern.traced_inputs(), variant)
     if built is None:
         return None
     program, inputs = built
@@ -187,6 +196,8 @@ def _judged(pattern: PatternExample, variant: Variant) -> Verdict | None:
         rewritten.recompile()
     except Exception as exc:  # a graph torch.fx rejects
         return Verdict(True, f"left a graph torch.fx rejects: {exception_summary(exc)}", first, "structure")
+    if _draws_random(program):  # the replacement draws its random numbers otherwise: values differ either way
+        return Verdict(True, _meta_difference(program, rewritten, inputs), first, "random")
     expected = program(*inputs)
     try:
         actual = rewritten(*inputs)
@@ -195,7 +206,8 @@ def _judged(pattern: PatternExample, variant: Variant) -> Verdict | None:
         if problem is None and not _runs_nowhere(exc):
             problem = f"the rewritten program raised {exception_summary(exc)}"
         return Verdict(True, problem, first, "fake")
-    found = compare_trees(actual, expected, fp64_expected=lambda: _in_float64(program)(*_upcast(inputs)))
+    found = compare_trees(_labelled(program, actual), _labelled(program, expected), tolerance=ROUNDING,
+                          fp64_expected=lambda: _labelled(program, _in_float64(program)(*_upcast(inputs))))
     if found is None:
         return Verdict(True)
     replaced = sorted(before - {node.name for node in rewritten.graph.nodes})
@@ -210,6 +222,31 @@ def _listed(items: list[str], limit: int = 6) -> str:
 
 def _named(node: fx.Node) -> str:
     return f"%{node.name} ({node.target})"
+
+
+def _labelled(program: fx.GraphModule, outputs: Any) -> Any:
+    """A joint graph's flat outputs named by what AOTAutograd says each is (``{"output 0": ..., "gradient of input
+    1": ...}``), so a finding says whether the forward or the backward went wrong; another program's as they are."""
+    from torch._functorch._aot_autograd.descriptors import GradAOTOutput, PlainAOTInput, PlainAOTOutput
+
+    descriptions = program.graph.output_node().meta.get("desc")
+    if not descriptions or not isinstance(outputs, (list, tuple)) or len(outputs) != len(descriptions):
+        return outputs
+    named = {}
+    for description, value in zip(descriptions, outputs):
+        if isinstance(description, PlainAOTOutput):
+            named[f"output {description.idx}"] = value
+        elif isinstance(description, GradAOTOutput) and isinstance(description.grad_of, PlainAOTInput):
+            named[f"gradient of input {description.grad_of.idx}"] = value
+        elif value is not None:
+            named[f"other {len(named)}"] = value
+    return named
+
+
+def _draws_random(program: fx.GraphModule) -> bool:
+    """Whether ``program`` calls a seeded random op (dropout's ``rand`` in a training pattern's joint graph)."""
+    return any(torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
+               for node in program.graph.nodes if node.op == "call_function")
 
 
 def _runs_nowhere(exc: Exception) -> bool:
@@ -318,10 +355,6 @@ def check_pattern(pattern: PatternExample, spec: str, *, max_examples: int = 100
                   database: ExampleDatabase | None = None, checks: Sequence[str] = CHECKS) -> list[CheckResult]:
     """The results of ``checks`` on one pattern of the patterns ``spec`` names (see :func:`check_patterns`); a repro
     is written to ``repro_dir`` only where ``spec`` loads the patterns back."""
-    if pattern.traced_with != "fwd_only":
-        reason = (f"pattern {pattern.name} is traced with {pattern.traced_with}: fxverify fuzzes inference "
-                  "patterns (fwd_only) only so far; its inference twin is fuzzed where one is registered")
-        return [CheckResult(check, pattern.name, spec, Outcome.SKIPPED, reason) for check in checks]
     fuzzer = Fuzzer(pattern)
     results = []
     if SOUND in checks:
@@ -355,11 +388,13 @@ def _soundness(fuzzer: Fuzzer, spec: str, max_examples: int, budget_s: float, re
             first_seconds = round(time.monotonic() - started, 2)
     judged = [v for v in fuzzer.verdicts.values() if v is not None]
     fired = sum(v.fired for v in judged)
-    counts = {"judged": len(judged), "fired": fired, "seconds": round(time.monotonic() - started, 2)}
+    by_meta = sum(v.how in ("fake", "random") for v in judged)
+    counts = {"judged": len(judged), "fired": fired, "by_meta": by_meta, "seconds": round(time.monotonic() - started, 2)}
     if not failures:
+        meta_only = (f"; {by_meta} of them judged by dtype and shape only ({_meta_reason(judged)})" if by_meta else "")
         return CheckResult(SOUND, fuzzer.pattern.name, spec, Outcome.PASSED,
                            f"pattern {fuzzer.pattern.name}: {len(judged)} variants, it fired on {fired}, every rewrite "
-                           f"sound ({counts['seconds']} s)", details=counts)
+                           f"sound{meta_only} ({counts['seconds']} s)", details=counts)
     kept = list(failures.values())
     variant, verdict = kept[0].variant, kept[0].verdict
     repro = write_repro(spec, fuzzer.pattern.name, variant, repro_dir) if repro_dir else None
@@ -375,6 +410,12 @@ def _soundness(fuzzer: Fuzzer, spec: str, max_examples: int, budget_s: float, re
                                 "failures": [(f.variant.describe(), f.verdict.how, f.verdict.problem) for f in kept]})
 
 
+def _meta_reason(judged: list[Verdict]) -> str:
+    """Why some rewrites were judged by their outputs' dtype and shape only."""
+    reasons = {"random": "the program draws random numbers", "fake": "the replacement has no kernel here"}
+    return "; ".join(text for how, text in reasons.items() if any(v.how == how for v in judged))
+
+
 def _advice(variant: Variant, verdict: Verdict) -> str:
     """What the pattern's author should do about an unsound rewrite of ``variant``."""
     if verdict.how == "raised":
@@ -384,6 +425,10 @@ def _advice(variant: Variant, verdict: Verdict) -> str:
         return ("  advice: the replacement must be inserted after every input it uses is defined (a multi-output "
                 "replacement or an input defined late); insert it before the match's last node, not its first")
     kinds = {edit.kind for edit in variant.edits}
+    if "output['gradient of" in (verdict.problem or ""):
+        return ("  advice: the replacement's gradient differs from the search function's (a training pattern matches "
+                "the backward too): check replace_fn's differentiable path (a detach, a custom autograd Function's "
+                "backward), or register the pattern with fwd_only for inference only")
     if variant.equivalent and not (variant.sizes or any(variant.dtypes) or variant.strided is not None
                                    or variant.broadcast is not None):
         return ("  advice: the replacement does not compute what the search function computes even on its own "
