@@ -100,3 +100,49 @@ def fuse_silu_unpinned(graph: torch.fx.Graph) -> None:
     is ``b``, so a gated unit ``x * sigmoid(gate(x))`` loses ``x``. Caught by numerics, at the ``silu`` node."""
     for mul, _, x in _sigmoid_gates(graph):
         _to_silu(graph, mul, x)
+
+
+def _relu_gradients(graph: torch.fx.Graph) -> list[tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node]]:
+    """Each relu gradient ``where(out <= 0, 0, grad)`` of ``graph`` (only the backward part of a joint graph has
+    one): ``(where, out, grad)``."""
+    found = []
+    for node in graph.find_nodes(op="call_function", target=aten.where.self):
+        mask, zero, grad = node.args
+        if (isinstance(mask, torch.fx.Node) and mask.target is aten.le.Scalar and mask.args[1] == 0
+                and isinstance(zero, torch.fx.Node) and zero.target is aten.scalar_tensor.default and zero.args[0] == 0):
+            found.append((node, mask.args[0], grad))
+    return found
+
+
+def _masked(graph: torch.fx.Graph, comparison: Any) -> None:
+    for where, out, grad in _relu_gradients(graph):
+        with graph.inserting_before(where):
+            mask = graph.call_function(comparison, (out, 0))
+            masked = graph.call_function(aten.mul.Tensor, (grad, mask))
+        mask.meta.update(where.args[0].meta)
+        masked.meta.update(where.meta)
+        where.replace_all_uses_with(masked)
+        graph.erase_node(where)
+
+
+def relu_gradient_as_mask(graph: torch.fx.Graph) -> None:
+    """A joint-graph pass: the relu gradient ``where(out <= 0, 0, grad)`` -> ``grad * (out > 0)``."""
+    _masked(graph, aten.gt.Scalar)
+
+
+def relu_gradient_as_mask_inclusive(graph: torch.fx.Graph) -> None:
+    """BUG (a boundary flipped, wrong only in the backward part of the joint graph): ``where(out <= 0, 0, grad)``
+    -> ``grad * (out >= 0)``: relu's output is never negative, so the gradient flows through every inactive unit.
+    Nothing in a forward graph has the pattern: caught by numerics on the gradients, at the ``ge`` node."""
+    _masked(graph, aten.ge.Scalar)
+
+
+def inductor_joint_patterns(graph: torch.fx.Graph) -> None:
+    """Inductor's own joint-graph pattern passes, as ``joint_graph_passes`` runs them (``early_patterns``, then each
+    of ``pass_patterns``): real passes nobody here wrote, run as a transform over the corpus (``pass_patterns`` is
+    a list, which no spec names)."""
+    from torch._inductor.fx_passes import joint_graph
+
+    joint_graph.lazy_init()
+    for patterns in (joint_graph.early_patterns, *joint_graph.pass_patterns):
+        patterns.apply(graph)

@@ -1,11 +1,15 @@
 """Passes inside torch.compile (issue 34, point 1): the forms Inductor's hooks take (a ``CustomGraphPass``,
 a function on a ``torch.fx.Graph``, a ``PatternMatcherPass``, a registering function) as transforms of form
-``graph``, and the ``inductor`` / ``inductor_train`` captures of the graphs those hooks receive."""
+``graph``, and the ``inductor`` captures of the graphs those hooks receive (post-grad and joint, inference and
+training)."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
+from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.pattern_matcher import PatternMatcherPass
 
 import fxverify
@@ -141,12 +145,13 @@ def _verification(transform, factory, shape, capture: str) -> fxverify.Verificat
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("hook", ["post_grad", "joint"])
 @pytest.mark.parametrize("position", ["pre", "post"])
-def test_the_training_capture_runs_forward_then_backward_and_returns_outputs_and_gradients(position):
+def test_the_training_capture_runs_forward_then_backward_and_returns_outputs_and_gradients(position, hook):
     from fxverify.capture.inductor import Inductor
 
     model, x = _Gated(), torch.randn(3, 6)
-    gm = Inductor(training_graphs=True, position=position).capture(model, training=True, inputs=(x,))
+    gm = Inductor(training_graphs=True, position=position, hook=hook).capture(model, training=True, inputs=(x,))
     tangent = gm.get_buffer("tangent_0")
     found = gm(x)
     out = model(x)
@@ -155,21 +160,76 @@ def test_the_training_capture_runs_forward_then_backward_and_returns_outputs_and
     assert found["grads"].keys() == dict(model.named_parameters()).keys()
     for name, parameter in model.named_parameters():
         torch.testing.assert_close(found["grads"][name], parameter.grad)
-    assert {"forward_graph", "backward_graph"} <= dict(gm.named_children()).keys()
+    graphs = {"joint_graph"} if hook == "joint" else {"forward_graph", "backward_graph"}
+    assert {name for name, _ in gm.named_children() if name.endswith("_graph")} == graphs
 
 
 @pytest.mark.slow
+def test_the_training_joint_capture_writes_back_the_buffers_the_model_updates():
+    from fxverify.capture.inductor import Inductor
+
+    model, x = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)), torch.randn(3, 4)
+    gm = Inductor(training_graphs=True, hook="joint").capture(copy.deepcopy(model), training=True, inputs=(x,))
+    gm(x)
+    model.train()(x)
+    torch.testing.assert_close(gm.get_buffer("1.running_mean").detach(), model[1].running_mean)
+    assert int(gm.get_buffer("1.num_batches_tracked")) == int(model[1].num_batches_tracked) == 1
+
+
+class _Recorded(CustomGraphPass):
+    """A hook that records the call targets of each graph it receives and changes nothing."""
+
+    def __init__(self) -> None:
+        self.graphs: list[list[str]] = []
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        self.graphs.append(_called(graph))
+
+    def uuid(self) -> None:
+        return None
+
+
+def _called(graph: torch.fx.Graph) -> list[str]:
+    return [str(node.target) for node in graph.nodes if node.op == "call_function"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
 @pytest.mark.parametrize("position", ["pre", "post"])
-def test_the_inference_capture_is_the_graph_the_hook_receives_and_computes_the_model(position):
+def test_the_joint_captures_are_the_graph_torch_compile_hands_the_joint_hook(position, training):
+    from torch._inductor import config
+
+    from fxverify.capture.inductor import Inductor
+
+    x, hook = torch.randn(3, 6), _Recorded()
+    torch._dynamo.reset()
+    with config.patch({f"joint_custom_{position}_pass": hook, "force_disable_caches": True, "fallback_random": True}):
+        compiled = torch.compile(_Gated().train(training))
+        if training:
+            compiled(x).sum().backward()
+        else:
+            with torch.no_grad():
+                compiled(x)
+    torch._dynamo.reset()
+    capture = Inductor(training_graphs=training, hook="joint", position=position)
+    gm = capture.capture(_Gated(), training=training, inputs=(x,))
+    assert hook.graphs == [_called(gm.get_submodule("joint_graph").graph if training else gm.graph)]
+    assert f"joint_custom_{position}_pass" in capture.describe()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hook", ["post_grad", "joint"])
+@pytest.mark.parametrize("position", ["pre", "post"])
+def test_the_inference_capture_is_the_graph_the_hook_receives_and_computes_the_model(position, hook):
     from fxverify.capture.inductor import Inductor
 
     model, x = _Gated().eval(), torch.randn(3, 6)
-    capture = Inductor(position=position)
+    capture = Inductor(position=position, hook=hook)
     gm = capture.capture(model, training=False, inputs=(x,))
     torch.testing.assert_close(gm(x), model(x))
     assert all("val" in node.meta for node in gm.graph.nodes if node.op == "call_function")
     assert {name for name, _ in gm.named_parameters()} == {name for name, _ in model.named_parameters()}
-    assert f"post_grad_custom_{position}_pass" in capture.describe()
+    assert f"{hook}_custom_{position}_pass" in capture.describe()
 
 
 @pytest.mark.slow
@@ -210,3 +270,36 @@ def test_a_pass_returning_another_module_is_judged_not_an_error_of_fxverify():
 
     found = _verification(lambda gm: Wrapped(gm), _Gated, (3, 6), "inductor").run("numerics")
     assert found.outcome == PASSED, found.message
+
+
+@pytest.mark.slow
+def test_a_joint_pass_wrong_only_in_the_backward_fails_on_the_gradients_and_its_twin_passes():
+    v = _verification(inductor_passes.relu_gradient_as_mask_inclusive, _Doubling, (3, 4), "inductor_train_joint")
+    found = v.run("numerics")
+    assert found.outcome == FAILED, found.message
+    assert "reads nodes the transform changed: %ge_scalar" in found.message  # the first bad node, and what it reads
+    assert fired_in(v.subject.applied().result) == ("joint",)
+    for capture in ("inductor_joint", "inductor_train"):  # no relu gradient there: the inference graph, partitioned
+        unchanged = _verification(inductor_passes.relu_gradient_as_mask_inclusive, _Doubling, (3, 4), capture)
+        assert unchanged.run("numerics").outcome == PASSED and fired_in(unchanged.subject.applied().result) == ()
+    twin = _verification(inductor_passes.relu_gradient_as_mask, _Doubling, (3, 4), "inductor_train_joint")
+    assert [twin.run(check).outcome for check in ("numerics", "lint", "meta", "opset", "determinism")] == [PASSED] * 5
+    assert fired_in(twin.subject.applied().result) == ("joint",)
+
+
+@pytest.mark.slow
+def test_a_pass_declared_for_the_inference_graph_fails_where_it_changes_the_joint_graph():
+    inference_only = fxverify.contract(fires_in=("inference",))(inductor_passes.add_to_mul)
+    found = _verification(inference_only, _Doubling, (3, 4), "inductor_train_joint").run("numerics")
+    assert found.outcome == FAILED
+    assert "changed the joint graph, which its contract excludes (fires_in=inference)" in found.message
+    joint_only = fxverify.contract(fires_in=("joint",))(inductor_passes.add_to_mul)
+    assert _verification(joint_only, _Doubling, (3, 4), "inductor_train_joint").run("numerics").outcome == PASSED
+    found = _verification(joint_only, _Doubling, (3, 4), "inductor_joint").run("numerics")
+    assert "changed the inference graph, which its contract excludes (fires_in=joint)" in found.message
+
+
+def test_fires_in_names_the_joint_graph_and_refuses_another_name():
+    assert fxverify.Contract(fires_in=("joint", "inference")).fires_in == ("joint", "inference")
+    with pytest.raises(fxverify.FxVerifyError, match="fires_in"):
+        fxverify.Contract(fires_in=("joined",))

@@ -1,40 +1,54 @@
-"""The ``inductor`` and ``inductor_train`` captures: the graphs Inductor's ``post_grad_custom_pre_pass`` hook
-receives, made offline as ``torch.compile`` makes them, without code generation.
+"""The ``inductor`` captures: the graphs Inductor's custom-pass hooks receive, made offline as ``torch.compile``
+makes them, without code generation. Eight, one for each graph (inference or training) and hook:
 
-``inductor`` (inference, as Inductor compiles a model run under ``torch.no_grad()``): ``make_fx`` of the
-functionalized model with its parameters and buffers lifted to inputs (as AOTAutograd lifts them) and
-Inductor's decomposition table (``select_decomp_table()``), then Inductor's ``joint_graph_passes``, then
-``view_to_reshape`` and ``post_grad_passes(gm, is_inference=True)`` up to the point where it calls
-``post_grad_custom_pre_pass`` (after dead-code elimination and ``reorder_for_locality``): the graph is taken
-there. Parameters and buffers are ``get_attr`` nodes of the module's own tensors under their own names, so the
-``GraphModule`` takes the model's inputs and returns its outputs.
+============================  ===================================  ================================
+capture                       graphs                               hook
+============================  ===================================  ================================
+``inductor``                  inference                            ``post_grad_custom_pre_pass``
+``inductor_post``             inference                            ``post_grad_custom_post_pass``
+``inductor_train``            training forward and backward        ``post_grad_custom_pre_pass``
+``inductor_train_post``       training forward and backward        ``post_grad_custom_post_pass``
+``inductor_joint``            inference                            ``joint_custom_pre_pass``
+``inductor_joint_post``       inference                            ``joint_custom_post_pass``
+``inductor_train_joint``      training joint (before partitioning) ``joint_custom_pre_pass``
+``inductor_train_joint_post`` training joint (before partitioning) ``joint_custom_post_pass``
+============================  ===================================  ================================
 
-``inductor_post`` and ``inductor_train_post``: the same graphs where ``post_grad_custom_post_pass`` receives them,
-after Inductor's own post-grad pattern passes (a pass that fires at the pre hook may find nothing left to
-rewrite here).
+Inference (as Inductor compiles a model run under ``torch.no_grad()``): ``make_fx`` of the functionalized
+model with its parameters and buffers lifted to inputs (as AOTAutograd lifts them) and Inductor's
+decomposition table (``select_decomp_table()``), then Inductor's ``joint_graph_passes`` (stopped at a joint
+hook: the pre hook comes after ``canonicalize_aten_ir_passes``, the post hook after Inductor's own joint-graph
+pattern passes), then ``view_to_reshape`` and ``post_grad_passes(gm, is_inference=True)`` up to a post-grad
+hook (the pre hook after dead-code elimination and ``reorder_for_locality``, the post hook after Inductor's own
+post-grad pattern passes). Parameters and buffers are ``get_attr`` nodes of the module's own tensors under
+their own names, so the ``GraphModule`` takes the model's inputs and returns its outputs.
 
-``inductor_train`` (training, as Inductor compiles a model whose parameters require grad): AOTAutograd's joint
-graph with Inductor's decompositions, partitioned by Inductor's own ``partition_fn`` (its joint-graph passes,
-then the min-cut partitioner) into a forward and a backward graph, each taken where
-``post_grad_passes(gm, is_inference=False)`` calls the hook. The two are kept as the submodules
-``forward_graph`` and ``backward_graph`` (parameters as placeholders, as Inductor has them) and inlined into one
-graph that runs the forward, then the backward on fixed tangents (buffers ``tangent_<i>``, drawn from a fixed
-seed), and returns ``{"outputs": (...), "grads": {name: gradient}}``: every check of outputs (numerics against
-float64, determinism, devices...) then judges gradients too, and names the first divergent node (backward nodes
-are named ``backward_<name>``). :meth:`Inductor.apply` runs the transform on each submodule's graph separately,
-as torch runs a pass once per graph, and inlines them again.
+Training (as Inductor compiles a model whose parameters require grad): AOTAutograd's joint graph (primals and
+tangents to forward outputs and gradients) with Inductor's decompositions, handed to Inductor's own
+``partition_fn``. At a joint hook the joint graph is taken where ``joint_graph_passes`` calls it, before
+partitioning: the submodule ``joint_graph``. At a post-grad hook it is partitioned (the joint-graph passes, then
+the min-cut partitioner) into a forward and a backward graph, each taken where
+``post_grad_passes(gm, is_inference=False)`` calls the hook: the submodules ``forward_graph`` and
+``backward_graph``. Parameters are placeholders there, as Inductor has them. The submodules are inlined into one
+graph that runs them on fixed tangents (buffers ``tangent_<i>``, drawn from a fixed seed), writes back the
+buffers the model updates, and returns ``{"outputs": (...), "grads": {name: gradient}}``: every check of
+outputs (numerics against float64, determinism, devices...) then judges gradients too, and names the first
+divergent node (backward nodes are named ``backward_<name>``). :meth:`Inductor.apply` runs the transform once
+on each submodule's graph, as torch runs a pass once per graph, and inlines them again.
 
 Where the transform changed a graph is :func:`fired_in` of its result (``inference``, ``forward``,
-``backward``); a contract with ``fires_in`` fails a transform that changes another graph.
+``backward``, ``joint``); a contract with ``fires_in`` fails a transform that changes another graph.
 
->>> capture = Inductor(training_graphs=True)
+>>> capture = Inductor(training_graphs=True, hook="joint")
 >>> capture.name, capture.traits.opset, capture.traits.carries_meta_val
-('inductor_train', 'functional', True)
+('inductor_train_joint', 'functional', True)
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -52,46 +66,48 @@ from fxverify.errors import TransformFailed
 
 FIRED = "fxverify_fired"  # gm.meta key: the graphs the transform changed, in order
 
-_LAYOUT = "fxverify_training_layout"  # gm.meta key: what each input and output of the two graphs is
-_PARTS = (("forward_graph", "forward"), ("backward_graph", "backward"))
+_LAYOUT = "fxverify_training_layout"  # gm.meta key: what each input and output of the training graphs is
 _TANGENT_SEED = 0
+HOOKS = ("post_grad", "joint")  # Inductor's hook families: <hook>_custom_pre_pass, <hook>_custom_post_pass
 
 
 @dataclasses.dataclass(frozen=True)
 class Inductor(Capture):
-    """The graph (``training_graphs``: the forward and backward graphs) Inductor's ``post_grad_custom_pre_pass``
+    """The graph (``training_graphs``: the training graphs) Inductor's ``<hook>_custom_<position>_pass``
     receives, made offline: decompositions and Inductor's graph passes, no code generation."""
 
     training_graphs: bool = False
-    position: str = "pre"  # the hook: post_grad_custom_pre_pass ("pre") or post_grad_custom_post_pass ("post")
+    position: str = "pre"  # the hook's place: <hook>_custom_pre_pass ("pre") or <hook>_custom_post_pass ("post")
+    hook: str = "post_grad"  # the hook family (HOOKS): post_grad (after partitioning) or joint (before it)
     bakes_dtypes = True  # ATen nodes bake dtype=: a float64 copy is the float64 model captured again
     switches_mode = False  # the mode is traced in
     keeps_captures = True  # a capture costs 10-100 symbolic traces
 
     @property
     def name(self) -> str:
-        return ("inductor_train" if self.training_graphs else "inductor") + ("_post" if self.position == "post" else "")
+        return ("inductor" + ("_train" if self.training_graphs else "") + ("_joint" if self.hook == "joint" else "")
+                + ("_post" if self.position == "post" else ""))
 
     def capture(self, module: nn.Module, *, training: bool, inputs: tuple[Any, ...] = ()) -> fx.GraphModule:
         """A fresh graph of ``module`` in the given mode, traced on ``inputs``, as Inductor's hook receives it."""
+        from torch._inductor import config
         from torch._inductor.decomposition import select_decomp_table
-        from torch._inductor.fx_passes.joint_graph import joint_graph_passes
 
         if not inputs:
             raise ValueError(f"the {self.name} capture needs example inputs")
-        from torch._inductor import config
-
         module.train(training)
         with config.patch(fallback_random=True):  # random ops as eager draws them, not Inductor's own generator
             if self.training_graphs:
-                return _training_package(module, inputs, self.position)
+                return _training_package(module, inputs, self.hook, self.position)
             with torch.no_grad():
                 gm = lifted_make_fx(module, inputs, select_decomp_table())
-            return at_custom_pass(joint_graph_passes(gm), is_inference=True, position=self.position)
+            if self.hook == "joint":
+                return at_joint_pass(gm, position=self.position)
+            return at_custom_pass(_joint_passes(gm), is_inference=True, position=self.position)
 
     def apply(self, transform: Transform, gm: fx.GraphModule, *, timeout: float | None) -> tuple[nn.Module, bool]:
-        """``transform`` run on the inference graph, or on the forward and the backward graph separately (told
-        ``is_inference=False`` where it asks); where it changed a graph is recorded (:func:`fired_in`)."""
+        """``transform`` run on the inference graph, or once on each training graph (told ``is_inference=False``
+        where it asks); where it changed a graph is recorded (:func:`fired_in`)."""
         if not self.training_graphs:
             before = canonical_text(gm.graph)
             result, in_place = transform.apply(gm, timeout=timeout)
@@ -102,17 +118,18 @@ class Inductor(Capture):
             _check_placement(transform, fired)
             return result, in_place
         changed: list[str] = []
+        layout: _Layout = gm.meta[_LAYOUT]
         with training_graph():
-            for part, graph in _PARTS:
-                given = _part(gm, part)
+            for part in layout.parts:
+                given = _part(gm, part.attribute)
                 before = canonical_text(given.graph)
                 result, _ = transform.apply(given, timeout=timeout)
                 if not isinstance(result, fx.GraphModule):
                     raise TransformFailed(f"transform {transform.spec} returned a {type(result).__name__} for the "
-                                          f"{graph} graph: Inductor's hooks change the graph they are given")
-                setattr(gm, part, result)
+                                          f"{part.graph} graph: Inductor's hooks change the graph they are given")
+                setattr(gm, part.attribute, result)
                 if canonical_text(result.graph) != before:
-                    changed.append(graph)
+                    changed.append(part.graph)
         gm.graph = _inlined(gm)
         gm.recompile()
         gm.meta[FIRED] = tuple(changed)
@@ -123,8 +140,9 @@ class Inductor(Capture):
         return fired_in(result)
 
     def describe(self) -> str:
-        graphs = "forward and backward graphs" if self.training_graphs else "inference graph"
-        return f"{self.name} (the {graphs} post_grad_custom_{self.position}_pass receives; static shapes)"
+        graphs = ("inference graph" if not self.training_graphs
+                  else "joint graph" if self.hook == "joint" else "forward and backward graphs")
+        return f"{self.name} (the {graphs} {self.hook}_custom_{self.position}_pass receives; static shapes)"
 
 
 def for_model(facts: captures.ModelFacts) -> Inductor:
@@ -147,6 +165,30 @@ def training_post_for_model(facts: captures.ModelFacts) -> Inductor:
     return Inductor(training_graphs=True, position="post")
 
 
+def joint_for_model(facts: captures.ModelFacts) -> Inductor:
+    """The ``inductor_joint`` capture of a model (the registry's factory): the inference graph at
+    ``joint_custom_pre_pass``."""
+    return Inductor(hook="joint")
+
+
+def joint_post_for_model(facts: captures.ModelFacts) -> Inductor:
+    """The ``inductor_joint_post`` capture of a model (the registry's factory): the inference graph at
+    ``joint_custom_post_pass``."""
+    return Inductor(hook="joint", position="post")
+
+
+def training_joint_for_model(facts: captures.ModelFacts) -> Inductor:
+    """The ``inductor_train_joint`` capture of a model (the registry's factory): the training joint graph at
+    ``joint_custom_pre_pass``."""
+    return Inductor(training_graphs=True, hook="joint")
+
+
+def training_joint_post_for_model(facts: captures.ModelFacts) -> Inductor:
+    """The ``inductor_train_joint_post`` capture of a model (the registry's factory): the training joint graph
+    at ``joint_custom_post_pass``."""
+    return Inductor(training_graphs=True, hook="joint", position="post")
+
+
 def fired_in(module: nn.Module) -> tuple[str, ...] | None:
     """The graphs a transform changed, for a result of the ``inductor`` captures (``("forward", "backward")``);
     None for another module."""
@@ -158,27 +200,49 @@ def at_custom_pass(gm: fx.GraphModule, *, is_inference: bool, position: str = "p
     then ``post_grad_passes`` up to that hook, which stops it (the post hook comes after Inductor's own post-grad
     pattern passes)."""
     from torch._guards import detect_fake_mode
-    from torch._inductor import config
     from torch._inductor.fx_passes.post_grad import post_grad_passes, view_to_reshape
     from torch._inductor.virtualized import V
 
     view_to_reshape(gm)
     fake_mode = detect_fake_mode([node.meta.get("val") for node in gm.graph.nodes])
-    hooks = {"post_grad_custom_pre_pass": _stop if position == "pre" else None,
-             "post_grad_custom_post_pass": _stop if position == "post" else None}
-    with config.patch(hooks), V.set_fake_mode(fake_mode):
-        try:
-            post_grad_passes(gm, is_inference)
-        except _Reached:
-            pass
-        else:
-            raise AssertionError(f"post_grad_passes did not call post_grad_custom_{position}_pass")
+    with V.set_fake_mode(fake_mode):
+        _stopped_at("post_grad", position, lambda: post_grad_passes(gm, is_inference))
     gm.recompile()
     return gm
 
 
+def at_joint_pass(gm: fx.GraphModule, *, position: str = "pre") -> fx.GraphModule:
+    """``gm`` as ``joint_custom_<position>_pass`` receives it: Inductor's ``joint_graph_passes`` up to that hook,
+    which stops them (the pre hook comes after ``canonicalize_aten_ir_passes``, the post hook after Inductor's own
+    joint-graph pattern passes)."""
+    _stopped_at("joint", position, lambda: _joint_passes(gm))
+    gm.recompile()
+    return gm
+
+
+def _joint_passes(gm: fx.GraphModule) -> fx.GraphModule:
+    from torch._inductor.fx_passes.joint_graph import joint_graph_passes
+
+    return joint_graph_passes(gm)
+
+
+def _stopped_at(hook: str, position: str, run: Callable[[], Any]) -> None:
+    """``run()`` with Inductor's ``<hook>_custom_<position>_pass`` stopping it (the other hook of the family
+    unset); AssertionError where it never calls the hook."""
+    from torch._inductor import config
+
+    name = f"{hook}_custom_{position}_pass"
+    with config.patch({f"{hook}_custom_{place}_pass": _stop if place == position else None
+                       for place in ("pre", "post")}):
+        try:
+            run()
+        except _Reached:
+            return
+    raise AssertionError(f"Inductor's passes did not call {name}")
+
+
 class _Reached(Exception):
-    """Raised by the hook to stop ``post_grad_passes`` where a custom pre pass runs."""
+    """Raised by the hook to stop Inductor's passes where a custom pass runs."""
 
 
 def _stop(graph: fx.Graph) -> None:
@@ -187,17 +251,32 @@ def _stop(graph: fx.Graph) -> None:
 
 # -- the training graphs -------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
+class _Part:
+    """One training graph of a package: the submodule, the graph it is (``forward``, ``backward``, ``joint``),
+    what each of its placeholders reads and what each of its outputs is (from AOTAutograd's descriptors)."""
+
+    attribute: str
+    graph: str
+    reads: tuple[tuple[str, int], ...]  # ("flat", flat input) | ("tangent", i) | ("saved", i of the saved values)
+    gives: tuple[tuple[str, int], ...]  # ("output" | "mutation" | "grad", flat index) | ("saved", i) | ("other", -1)
+
+    @property
+    def prefix(self) -> str:
+        """What its nodes' names start with inlined (the backward's collide with the forward's)."""
+        return "backward_" if self.graph == "backward" else ""
+
+
+@dataclasses.dataclass(frozen=True)
 class _Layout:
-    """What the forward's outputs and the backward's inputs and outputs are (from AOTAutograd's descriptors)."""
+    """The training graphs of a package, run in order, and what the flat inputs are."""
 
     inputs: int  # the model's own inputs, before the lifted parameters and buffers
     state: tuple[str, ...]  # the lifted parameters and buffers, in order
-    forward_outputs: tuple[tuple[str, int], ...]  # ("output" | "mutation" | "saved" | "other", index)
-    backward_inputs: tuple[tuple[str, int], ...]  # ("saved" | "tangent", index)
-    backward_outputs: tuple[int | None, ...]  # the flat input each gradient is of
+    parts: tuple[_Part, ...]
 
 
-def _training_package(module: nn.Module, inputs: tuple[Any, ...], position: str = "pre") -> fx.GraphModule:
+def _training_package(module: nn.Module, inputs: tuple[Any, ...], hook: str, position: str) -> fx.GraphModule:
+    """The training graphs of ``module`` at ``<hook>_custom_<position>_pass``, inlined into one module."""
     from torch._functorch.aot_autograd import aot_function, make_boxed_func
     from torch._inductor.compile_fx import partition_fn
     from torch._inductor.decomposition import select_decomp_table
@@ -216,40 +295,55 @@ def _training_package(module: nn.Module, inputs: tuple[Any, ...], position: str 
             kept[part] = gm
             if is_inference:
                 raise TransformFailed("nothing in the model requires grad: Inductor compiles no backward graph "
-                                      "(use the inductor capture)")
+                                      f"(use the {'inductor_joint' if hook == 'joint' else 'inductor'} capture)")
             return make_boxed_func(gm.forward)
         return compiler
 
+    def joint_only(gm: fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
+        kept["joint"] = gm  # changed in place by the joint-graph passes up to the hook, which stops them
+        _stopped_at("joint", position, lambda: partition_fn(gm, joint_inputs, **kwargs))
+        raise _Reached  # no partitioning: the joint graph is the capture
+
     compiled = aot_function(lifted, fw_compiler=keep("forward", False), bw_compiler=keep("backward", False),
-                            inference_compiler=keep("inference", True), partition_fn=partition_fn,
+                            inference_compiler=keep("inference", True),
+                            partition_fn=joint_only if hook == "joint" else partition_fn,
                             decompositions=select_decomp_table())
     copies = [t.detach().clone().requires_grad_(name in parameters and t.requires_grad)  # the model untouched
               for name, t in state.items()]
-    outputs = [out for out in pytree.tree_leaves(compiled(*inputs, *copies))
-               if isinstance(out, torch.Tensor) and out.requires_grad]
-    torch.autograd.backward(outputs, [torch.zeros_like(out) for out in outputs])  # compiles the backward
-    forward, backward = (at_custom_pass(kept[part], is_inference=False, position=position)
-                         for part in ("forward", "backward"))
     package = fx.GraphModule(nn.Module(), fx.Graph())
+    if hook == "joint":
+        try:
+            compiled(*inputs, *copies)
+        except _Reached:
+            pass
+        parts = {"joint": kept["joint"]}
+        parts["joint"].recompile()
+    else:
+        outputs = [out for out in pytree.tree_leaves(compiled(*inputs, *copies))
+                   if isinstance(out, torch.Tensor) and out.requires_grad]
+        torch.autograd.backward(outputs, [torch.zeros_like(out) for out in outputs])  # compiles the backward
+        parts = {part: at_custom_pass(kept[part], is_inference=False, position=position)
+                 for part in ("forward", "backward")}
     for name, tensor in state.items():
         attach(package, module, name, tensor, parameter=name in parameters)
-    package.forward_graph = forward
-    package.backward_graph = backward
-    layout = _layout_of(forward, backward, count, tuple(names))
+    layout = _Layout(count, tuple(names), tuple(_part_of(graph, f"{graph}_graph", gm) for graph, gm in parts.items()))
     generator = torch.Generator().manual_seed(_TANGENT_SEED)
-    tangents = [node.meta["val"] for (kind, _), node in zip(layout.backward_inputs,
-                                                             backward.graph.find_nodes(op="placeholder"), strict=True)
-                if kind == "tangent"]
-    for index, fake in enumerate(tangents):
-        drawn = torch.randn(tuple(fake.shape), dtype=torch.float64, generator=generator).to(fake.dtype)
-        package.register_buffer(f"tangent_{index}", drawn, persistent=False)
+    for part in layout.parts:
+        setattr(package, part.attribute, parts[part.graph])
+        for (kind, index), node in zip(part.reads, parts[part.graph].graph.find_nodes(op="placeholder"), strict=True):
+            if kind == "tangent":
+                fake = node.meta["val"]
+                drawn = torch.randn(tuple(fake.shape), dtype=torch.float64, generator=generator).to(fake.dtype)
+                package.register_buffer(f"tangent_{index}", drawn, persistent=False)
     package.meta[_LAYOUT] = layout
     package.graph = _inlined(package)
     package.recompile()
     return package
 
 
-def _layout_of(forward: fx.GraphModule, backward: fx.GraphModule, inputs: int, state: tuple[str, ...]) -> _Layout:
+def _part_of(graph: str, attribute: str, gm: fx.GraphModule) -> _Part:
+    """What each placeholder and output of ``gm`` (the ``graph`` graph) is, read from AOTAutograd's descriptors:
+    the backward reads what the forward saved, in order, a primal among them."""
     from torch._functorch._aot_autograd.descriptors import (
         GradAOTOutput,
         InputMutationAOTOutput,
@@ -259,59 +353,58 @@ def _layout_of(forward: fx.GraphModule, backward: fx.GraphModule, inputs: int, s
         TangentAOTInput,
     )
 
-    def flat_index(desc: Any) -> int | None:
-        return desc.idx if isinstance(desc, PlainAOTInput) else None
+    tangents, saved_read, saved_given = itertools.count(), itertools.count(), itertools.count()
 
-    outputs: list[tuple[str, int]] = []
-    saved = 0
-    for desc in forward.graph.output_node().meta["desc"]:
+    def read(desc: Any) -> tuple[str, int]:
+        if isinstance(desc, TangentAOTInput):
+            return "tangent", next(tangents)
+        if graph != "backward" and isinstance(desc, PlainAOTInput):
+            return "flat", desc.idx
+        return "saved", next(saved_read)  # the backward's other inputs, a saved primal among them, in order
+
+    def given(desc: Any) -> tuple[str, int]:
         if isinstance(desc, PlainAOTOutput):
-            outputs.append(("output", desc.idx))
-        elif isinstance(desc, InputMutationAOTOutput) and flat_index(desc.mutated_input) is not None:
-            outputs.append(("mutation", flat_index(desc.mutated_input) or 0))
-        elif isinstance(desc, SavedForBackwardsAOTOutput):
-            outputs.append(("saved", saved))
-            saved += 1
-        else:
-            outputs.append(("other", -1))
-    placeholders = backward.graph.find_nodes(op="placeholder")
-    backward_inputs = [("tangent", i) if isinstance(node.meta.get("desc"), TangentAOTInput) else ("saved", i)
-                       for i, node in enumerate(placeholders)]
-    grads = tuple(flat_index(desc.grad_of) if isinstance(desc, GradAOTOutput) else None
-                  for desc in backward.graph.output_node().meta["desc"])
-    return _Layout(inputs, state, tuple(outputs), tuple(backward_inputs), grads)
+            return "output", desc.idx
+        if isinstance(desc, InputMutationAOTOutput) and isinstance(desc.mutated_input, PlainAOTInput):
+            return "mutation", desc.mutated_input.idx
+        if isinstance(desc, GradAOTOutput) and isinstance(desc.grad_of, PlainAOTInput):
+            return "grad", desc.grad_of.idx
+        if isinstance(desc, SavedForBackwardsAOTOutput):
+            return "saved", next(saved_given)
+        return "other", -1
+
+    reads = tuple(read(node.meta.get("desc")) for node in gm.graph.find_nodes(op="placeholder"))
+    return _Part(attribute, graph, reads, tuple(given(desc) for desc in gm.graph.output_node().meta["desc"]))
 
 
 def _inlined(package: fx.GraphModule) -> fx.Graph:
-    """One graph running ``package.forward_graph``, then ``package.backward_graph`` on the tangents, writing back
-    the buffers the forward updates, returning ``{"outputs": ..., "grads": {name: gradient}}``."""
+    """One graph running the package's training graphs in order (the backward on the tangents), writing back the
+    buffers the model updates, returning ``{"outputs": ..., "grads": {name: gradient}}``."""
     layout: _Layout = package.meta[_LAYOUT]
     graph = fx.Graph()
-    env: dict[fx.Node, Any] = {}
-    forward, backward = (_part(package, part) for part, _ in _PARTS)
-    reads: dict[int, fx.Node] = {}
-    for index, node in enumerate(forward.graph.find_nodes(op="placeholder")):
-        new = graph.placeholder(node.name) if index < layout.inputs else graph.get_attr(layout.state[index - layout.inputs])
-        new.meta.update(node.meta)
-        env[node] = reads[index] = new
-    returned = _copy_body(graph, "forward_graph", forward, env, prefix="")
-    found: dict[str, list[Any]] = {"output": [], "mutation": [], "saved": []}
-    for (kind, index), value in zip(layout.forward_outputs, returned, strict=True):
-        if kind != "other":
+    reads: dict[int, fx.Node] = {}  # the flat inputs, read once
+    found: dict[str, list[tuple[int, Any]]] = collections.defaultdict(list)
+    for part in layout.parts:
+        given = _part(package, part.attribute)
+        saved = [value for _, value in found["saved"]]
+        env: dict[fx.Node, Any] = {}
+        for (kind, index), node in zip(part.reads, given.graph.find_nodes(op="placeholder"), strict=True):
+            if kind == "saved":
+                env[node] = saved[index]
+                continue
+            if kind == "flat" and index in reads:
+                env[node] = reads[index]
+                continue
+            new = (graph.get_attr(f"tangent_{index}") if kind == "tangent" else graph.placeholder(node.name)
+                   if index < layout.inputs else graph.get_attr(layout.state[index - layout.inputs]))
+            new.meta.update(node.meta)
+            env[node] = new
+            if kind == "flat":
+                reads[index] = new
+        for (kind, index), value in zip(part.gives, _copy_body(graph, part.attribute, given, env, prefix=part.prefix),
+                                        strict=True):
             found[kind].append((index, value))
-    saved = [value for _, value in found["saved"]]
-    tangents = 0
-    benv: dict[fx.Node, Any] = {}
-    for (kind, _), node in zip(layout.backward_inputs, backward.graph.find_nodes(op="placeholder"), strict=True):
-        if kind == "saved":
-            benv[node] = saved.pop(0)
-        else:
-            benv[node] = graph.get_attr(f"tangent_{tangents}")
-            benv[node].meta.update(node.meta)
-            tangents += 1
-    gradients = _copy_body(graph, "backward_graph", backward, benv, prefix="backward_")
-    grads = {_input_name(layout, index): grad for index, grad in zip(layout.backward_outputs, gradients, strict=True)
-             if index is not None and isinstance(grad, fx.Node)}
+    grads = {_input_name(layout, index): grad for index, grad in found["grad"] if isinstance(grad, fx.Node)}
     for index, value in found["mutation"]:
         graph.call_function(torch.ops.aten.copy_.default, (reads[index], value))
     graph.output({"outputs": tuple(value for _, value in sorted(found["output"], key=lambda pair: pair[0])),

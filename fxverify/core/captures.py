@@ -7,8 +7,10 @@ Adding a capture is one :class:`CaptureSpec` row below plus its module in ``fxve
 (``docs/architecture.md`` shows a worked example). Checks state the traits they need
 (``CheckSpec.requires``), so no capture names a check and no check tests a capture's name.
 
->>> capture_names()
+>>> capture_names()[:8]
 ('symbolic_trace', 'export', 'export_core', 'make_fx', 'inductor', 'inductor_post', 'inductor_train', 'inductor_train_post')
+>>> capture_names()[8:]
+('inductor_joint', 'inductor_joint_post', 'inductor_train_joint', 'inductor_train_joint_post')
 >>> spec("make_fx").traits.carries_meta_val, spec("make_fx").traits.has_program
 (True, False)
 >>> lacking(spec("symbolic_trace").traits, ("has_program",), "symbolic_trace")
@@ -116,6 +118,20 @@ REGISTRY: tuple[CaptureSpec, ...] = (
                 CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False)),
     CaptureSpec("inductor_train_post", "fxverify.capture.inductor", "training_post_for_model",
                 "the same training graphs where post_grad_custom_post_pass receives them",
+                CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False)),
+    CaptureSpec("inductor_joint", "fxverify.capture.inductor", "joint_for_model",
+                "the inference graph Inductor's joint_custom_pre_pass receives, made offline (no codegen)",
+                CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False)),
+    CaptureSpec("inductor_joint_post", "fxverify.capture.inductor", "joint_post_for_model",
+                "the same inference graph where joint_custom_post_pass receives it, after Inductor's own "
+                "joint-graph passes",
+                CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False)),
+    CaptureSpec("inductor_train_joint", "fxverify.capture.inductor", "training_joint_for_model",
+                "AOTAutograd's training joint graph at joint_custom_pre_pass (before partitioning), run as one "
+                "module returning outputs and gradients",
+                CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False)),
+    CaptureSpec("inductor_train_joint_post", "fxverify.capture.inductor", "training_joint_post_for_model",
+                "the same training joint graph where joint_custom_post_pass receives it",
                 CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False)),
 )
 

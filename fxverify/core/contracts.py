@@ -24,7 +24,7 @@ FORMS = ("module", "program", "lifted", "graph")  # what a transform takes (see 
 PROGRAM_FORMS = ("program", "lifted")  # the forms that take an ExportedProgram (export captures only)
 DTYPES = ("float32", "float64")  # the floating dtypes the checks run a result in
 DEVICES = ("cpu", "cuda", "meta")  # the device types the checks run a result on
-GRAPHS = ("inference", "forward", "backward")  # the graphs Inductor hands a pass (see Contract.fires_in)
+GRAPHS = ("inference", "forward", "backward", "joint")  # the graphs Inductor hands a pass (see Contract.fires_in)
 _ATTRIBUTE = "__fxverify_contract__"
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -77,8 +77,9 @@ class Contract:
     of it. Off by default: many correct passes rewrite only where a pattern holds, and the run's summary
     only warns about the variants they left.
     ``fires_in``: the graphs Inductor hands the pass where it may change anything (``inference``,
-    ``forward``, ``backward``; None: any). Under the ``inductor`` captures a transform that changes
-    another graph fails, naming it (an inference-only fusion that also rewrites the training forward).
+    ``forward``, ``backward``, ``joint``: the training joint graph; None: any). Under the ``inductor``
+    captures a transform that changes another graph fails, naming it (an inference-only fusion that also
+    rewrites the training forward).
 
     >>> Contract(modes=("eval",), dtypes=("float32",)).describe()
     'declared: modes=eval changes_parameters=no dtypes=float32'
