@@ -4,9 +4,10 @@ the time to its first unsound match, side by side in one run.
 The passes are the re-created bug classes of ``tests/compile_patterns.py`` (each must report its first unsound
 match within 60 s on 2 cores, the goal of issue 34), their correct twins (no failure), and Inductor's own
 attention patterns as torch ships them (``--inductor N``: the first N inference patterns of
-``fuse_attention._get_sfdp_patterns()``, each fuzzed as registered into one pass with all of them).
+``fuse_attention._get_sfdp_patterns()``, and ``--training N`` the first N training ones, judged on joint graphs,
+each fuzzed as registered into one pass with all of them).
 
-    python benchmarks/pattern_fuzzing.py [--budget 60] [--inductor 3]
+    python benchmarks/pattern_fuzzing.py [--budget 60] [--inductor 3] [--training 2]
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ sys.path.insert(0, str(ROOT))  # the tests package holds the re-created passes
 
 PASSES = ("channel_dim_by_size", "channel_dim_fixed", "rms_norm_unguarded", "rms_norm_guarded",
           "leaky_relu_slope_dropped", "leaky_relu_slope_kept", "scaled_two_outputs", "scaled_one_output_each",
-          "double_to_scale", "INDUCTOR_ADDMM")
+          "gelu_detached_backward", "gelu_fused", "double_to_scale", "INDUCTOR_ADDMM")
 
 
 def row(label: str, results: list[Any], seconds: float) -> str:
@@ -41,6 +42,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget", type=float, default=60.0, help="seconds of sweep for each pattern")
     parser.add_argument("--inductor", type=int, default=3, help="Inductor attention patterns to fuzz (0: none)")
+    parser.add_argument("--training", type=int, default=2, help="Inductor training attention patterns (0: none)")
     args = parser.parse_args()
     import fxverify
 
@@ -50,12 +52,12 @@ def main() -> None:
         started = time.perf_counter()
         results = fxverify.check_patterns(f"tests.compile_patterns:{name}", max_examples=50, budget_s=args.budget)
         print(row(name, results, time.perf_counter() - started), flush=True)
-    if args.inductor:
-        from torch._inductor.fx_passes import fuse_attention
+    from torch._inductor.fx_passes import fuse_attention
 
-        rows = [r for r in fuse_attention._get_sfdp_patterns() if r[0].endswith("_inference")
+    for kind, count in (("_inference", args.inductor), ("_training", args.training)):
+        rows = [r for r in fuse_attention._get_sfdp_patterns() if r[0].endswith(kind)
                 and "_half" not in r[0] and "_bs1" not in r[0]]
-        for name, _ in rows[:args.inductor]:
+        for name, _ in rows[:count]:
             started = time.perf_counter()
             results = fxverify.check_patterns(rows, names=[name], max_examples=50, budget_s=args.budget)
             print(row(f"inductor {name}", results, time.perf_counter() - started), flush=True)

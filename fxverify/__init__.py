@@ -32,6 +32,7 @@ _EXPORTS: dict[str, str] = {
     "ReferenceStore": "fxverify.engine.references",
     "check_rewrite": "fxverify.rewrite",
     "check_patterns": "fxverify.compile.patterns",
+    "also_spelled": "fxverify.compile.pattern_sources",
     "check_backend": "fxverify.compile.backend",
     "check_graph_cache": "fxverify.compile.graph_cache",
     "RewriteFailed": "fxverify.errors",

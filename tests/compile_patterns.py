@@ -121,6 +121,70 @@ def silu_both_orders(pass_dict: PatternMatcherPass) -> None:
     register_replacement(lambda x: torch.sigmoid(x) * x, _silu, _inputs((4, 8)), fwd_only, pass_dict)
 
 
+# -- never fires on a spelling its author declared: a custom op beside its native implementation ---------
+
+@torch.library.custom_op("fxverify_tests::silu", mutates_args=())
+def silu_op(x: torch.Tensor) -> torch.Tensor:
+    """A custom silu kernel (as serving engines ship one beside the native ops)."""
+    return torch.nn.functional.silu(x)
+
+
+@silu_op.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("fxverify_tests::silu_out", mutates_args=("out",))
+def silu_out(out: torch.Tensor, x: torch.Tensor) -> None:
+    """The same kernel writing into a buffer it is given (a mutable op)."""
+    out.copy_(torch.nn.functional.silu(x))
+
+
+@silu_out.register_fake
+def _(out: torch.Tensor, x: torch.Tensor) -> None:
+    return None
+
+
+def _silu_into_buffer(x: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_like(x)
+    torch.ops.fxverify_tests.silu_out(out, x)
+    return out
+
+
+@fxverify.also_spelled(custom_op=lambda x: torch.ops.fxverify_tests.silu(x))
+def _silu_spelled_out(x: torch.Tensor) -> torch.Tensor:
+    return x / (1.0 + torch.exp(-x))
+
+
+@fxverify.contract(rewrites_every_occurrence=True)
+def silu_native_only(pass_dict: PatternMatcherPass) -> None:
+    """Promises every occurrence, registers the native spelling only: the custom op is left alone."""
+    register_replacement(_silu_spelled_out, _silu, _inputs((4, 8)), fwd_only, pass_dict)
+
+
+@fxverify.contract(rewrites_every_occurrence=True)
+def silu_native_and_custom_op(pass_dict: PatternMatcherPass) -> None:
+    """The twin: the custom op registered too."""
+    register_replacement(_silu_spelled_out, _silu, _inputs((4, 8)), fwd_only, pass_dict)
+    register_replacement(lambda x: torch.ops.fxverify_tests.silu(x), _silu, _inputs((4, 8)), fwd_only, pass_dict)
+
+
+@fxverify.also_spelled(mutable=_silu_into_buffer)
+def _silu_auto_functionalized(x: torch.Tensor) -> torch.Tensor:
+    """The mutable op as Inductor's post-grad passes meet it (``auto_functionalized_v2``), as vLLM writes its
+    patterns."""
+    from torch._higher_order_ops.auto_functionalize import auto_functionalized_v2
+
+    out = torch.empty_like(x)
+    return auto_functionalized_v2(torch.ops.fxverify_tests.silu_out.default, x=x, _out_base_index=0,
+                                  _all_bases=[out])[1]
+
+
+def silu_out_to_native(pass_dict: PatternMatcherPass) -> None:
+    """A pattern on the functionalized mutable op: fires on a program calling ``silu_out`` as users write it."""
+    register_replacement(_silu_auto_functionalized, _silu, _inputs((4, 8)), fwd_only, pass_dict)
+
+
 # -- a multi-output replacement inserted out of topological order (pytorch issues 148751, 162019) ---------
 
 def _scaled(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

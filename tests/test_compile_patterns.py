@@ -35,6 +35,8 @@ BUGS = [
                  "aten.mul.Tensor#0", id="never-fires-on-a-spelling"),
     pytest.param("scaled_two_outputs", "scaled_one_output_each", SOUND, "computed just before its first use",
                  "used before it has been defined", "%mul", id="multi-output-out-of-order"),
+    pytest.param("silu_native_only", "silu_native_and_custom_op", COMPLETE, "spelled as custom_op", "NOT fired",
+                 None, id="never-fires-on-a-custom-op-spelling"),
     pytest.param("gelu_detached_backward", "gelu_fused", SOUND, "as registered", "output['gradient of input 0']",
                  "%mul_tensor", id="training-pattern-wrong-backward"),
 ]
@@ -178,3 +180,16 @@ def test_scalar_workaround_arguments_are_traced_as_torch_traces_them():
     assert [type(value).__name__ for value in scaled.traced_inputs()] == ["Tensor"] * 4 + ["float"]
     verdict = judge(scaled, Variant(numbers=True))
     assert verdict is not None and verdict.fired and verdict.problem is None
+
+
+def test_a_mutable_spelling_is_traced_as_inductor_meets_it_and_judged():
+    """A declared spelling calling a mutable op arrives functionalized (auto_functionalized_v2), as in the graphs
+    Inductor's post-grad passes get, so a pattern written for that form fires on it and is judged there."""
+    import tests.compile_patterns as passes
+    from fxverify.compile.pattern_variants import build, compiled_trace
+
+    program, _ = build(passes._silu_into_buffer, compiled_trace, [torch.randn(4, 8)], Variant(spelling="mutable"))
+    assert "auto_functionalized_v2" in program.code
+    complete = [r for r in fxverify.check_patterns(SPEC.format("silu_out_to_native"), max_examples=0)
+                if r.check == COMPLETE][0]
+    assert ("spelled as mutable", True) in complete.details["matrix"], complete.message

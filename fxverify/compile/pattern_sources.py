@@ -81,12 +81,40 @@ class PatternExample:
         return [self.scalar_workaround[name] if name in self.scalar_workaround else next(given)
                 for name in inspect.signature(self.search_fn).parameters]
 
+    @property
+    def spellings(self) -> Mapping[str, Callable[..., Any]]:
+        """The other spellings of the search function its author declared (:func:`also_spelled`), by label."""
+        return getattr(self.search_fn, SPELLINGS_ATTRIBUTE, {})
+
     def search_source(self) -> str:
         """The search function's source, or its name where Python keeps none."""
         try:
             return inspect.getsource(self.search_fn).strip()
         except (OSError, TypeError):
             return getattr(self.search_fn, "__qualname__", repr(self.search_fn))
+
+
+SPELLINGS_ATTRIBUTE = "__fxverify_spellings__"  # set on a search function by also_spelled
+
+
+def also_spelled(**spellings: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Declare, on a search function, other functions computing what it computes as users' programs spell it
+    (a custom op and its native implementation, an op writing into an ``out`` buffer): pattern fuzzing adds each
+    to the completeness matrix (traced as ``torch.compile`` hands Inductor a graph, so a mutable op arrives as
+    ``auto_functionalized``) and judges the rewrite wherever the pattern fires on it.
+
+    >>> import torch
+    >>> @also_spelled(builtin=torch.nn.functional.silu)
+    ... def silu(x):
+    ...     return x * torch.sigmoid(x)
+    >>> sorted(getattr(silu, SPELLINGS_ATTRIBUTE))
+    ['builtin']
+    """
+    def declare(search_fn: Callable[..., Any]) -> Callable[..., Any]:
+        setattr(search_fn, SPELLINGS_ATTRIBUTE, {**getattr(search_fn, SPELLINGS_ATTRIBUTE, {}), **spellings})
+        return search_fn
+
+    return declare
 
 
 def pattern_examples(source: Any, spec: str) -> tuple[PatternExample, ...]:

@@ -68,6 +68,7 @@ class Variant:
     broadcast: int | None = None  # an input whose first dimension becomes 1
     numbers: bool = False  # 0-dim tensor inputs given as Python numbers (constants of the program, as users write)
     edits: tuple[Edit, ...] = ()
+    spelling: str | None = None  # another spelling of the search function its author declared, by label
 
     def describe(self) -> str:
         """The variant in words, e.g. ``sizes 8->4; input 1 bfloat16``."""
@@ -77,6 +78,8 @@ class Variant:
             parts.append(f"input {self.strided} non-contiguous")
         if self.broadcast is not None:
             parts.append(f"input {self.broadcast} broadcast (first dim 1)")
+        if self.spelling is not None:
+            parts.append(f"spelled as {self.spelling}")
         if self.numbers:
             parts.append("0-dim inputs as Python numbers")
         parts += [edit.describe() for edit in self.edits]
@@ -237,6 +240,25 @@ def build(search: Callable[..., Any], trace_fn: Callable[..., Any], example: Seq
     except Exception:  # a near miss that is no program (a shape or dtype error) is no variant
         return None
     return graph, inputs
+
+
+def compiled_trace(fn: Callable[..., Any], inputs: Sequence[Any]) -> fx.GraphModule:
+    """``fn``'s inference graph as ``torch.compile`` hands it to Inductor: AOTAutograd's functionalized trace with
+    Inductor's decompositions, so a mutable op (one writing into an ``out`` buffer) arrives as
+    ``auto_functionalized``, as the post-grad passes meet it."""
+    from torch._functorch.aot_autograd import aot_function, make_boxed_func
+    from torch._inductor.decomposition import select_decomp_table
+
+    kept: list[fx.GraphModule] = []
+
+    def keep(graph: fx.GraphModule, example_inputs: Any) -> Any:
+        kept.append(graph)
+        return make_boxed_func(graph.forward)
+
+    with torch.no_grad():
+        aot_function(fn, fw_compiler=keep, decompositions=select_decomp_table(),
+                     keep_inference_input_mutations=True)(*inputs)
+    return kept[0]
 
 
 def traces_joint(trace_fn: Callable[..., Any]) -> bool:

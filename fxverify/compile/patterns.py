@@ -9,14 +9,16 @@ cannot run here (a CUDA-only fused op on a CPU machine), each output's dtype and
 tensors. A training pattern (``joint_fwd_bwd``) is judged on the joint graph of each variant's forward: its
 outputs and the gradient of each input, on drawn tangents; where the program draws random numbers (dropout),
 which a replacement draws otherwise, by dtype and shape. Differences below ``ROUNDING`` of an output's scale
-are rounding (a fused kernel computes in another order). A targeted sweep runs first (each variant family alone: coinciding sizes, dtypes, strides,
-then each single edit, then each edit at each coinciding size); then Hypothesis draws combinations
+are rounding (a fused kernel computes in another order). A targeted sweep runs first (each variant
+family alone: coinciding sizes, dtypes, strides, then each single edit, then each edit at each
+coinciding size); then Hypothesis draws combinations
 and shrinks a failing one. The property is an ordinary Hypothesis test (:func:`soundness_test`), so
 a campaign can run it under HypoFuzz and share failing variants through an example database.
 
 **Completeness** (``patterns-complete``): whether the pattern fired on its own search function and
 on each equivalent spelling (other sizes, dtypes, strides, operands of a commutative op swapped,
-inputs defined late), as a matrix. Not firing on its own search function fails; not firing on a
+inputs defined late, and the spellings its author declares with :func:`also_spelled`: a custom op
+against its native implementation, a mutable op), as a matrix. Not firing on its own search function fails; not firing on a
 spelling warns, and fails for a registration whose contract promises ``rewrites_every_occurrence``.
 
 >>> import torch
@@ -54,12 +56,14 @@ from fxverify.compile.pattern_variants import (
     Edit,
     Variant,
     build,
+    compiled_trace,
     copied,
     dtype_options,
     edits_of,
     fake_outputs,
     forward_trace,
     size_options,
+    traces_joint,
 )
 from fxverify.core.contracts import contract_of
 from fxverify.core.results import CheckResult, Outcome, exception_summary
@@ -129,7 +133,8 @@ class Fuzzer:
         spelled = [edit for edit in self.edits if edit.kind in SPELLINGS]
         families = [Variant(), *(Variant(sizes=s) for s in self.sizes[1:]), *(Variant(dtypes=d) for d in self.dtypes[1:]),
                     *(Variant(strided=i) for i in self.tensors if self.example[i].dim() >= 2),
-                    *(Variant(edits=(edit,)) for edit in spelled)]
+                    *(Variant(edits=(edit,)) for edit in spelled),
+                    *(Variant(spelling=label) for label in self.pattern.spellings)]
         return self._spelled(families)
 
     def sweep(self) -> list[Variant]:
@@ -177,7 +182,11 @@ def _quiet() -> Iterator[None]:
 
 
 def _judged(pattern: PatternExample, variant: Variant) -> Verdict | None:
-    built = build(pattern.search_fn, pattern.trace_fn, pattern.traced_inputs(), variant)
+    search, trace_fn = pattern.search_fn, pattern.trace_fn
+    if variant.spelling is not None:  # a spelling declared by the author: traced as torch.compile hands it over
+        search = pattern.spellings[variant.spelling]
+        trace_fn = trace_fn if traces_joint(trace_fn) else compiled_trace
+    built = build(search, trace_fn, pattern.traced_inputs(), variant)
     if built is None:
         return None
     program, inputs = built
@@ -468,10 +477,13 @@ def _completeness(fuzzer: Fuzzer, spec: str, complete: bool) -> CheckResult:
                            details={"matrix": rows})
     if missed and complete:
         edited = next((v.edits[0] for v in missed_variants if v.edits), None)
+        spelled = [v.spelling for v in missed_variants if v.spelling is not None]
+        how = (f"a pattern for each declared spelling it misses ({', '.join(spelled)}: that function as the search "
+               "function)" if spelled else "the pattern for each spelling (e.g. both operand orders)")
         return CheckResult(COMPLETE, name, spec, Outcome.FAILED,
                            f"{COMPLETE} failed: pattern {name} of {spec} promises to rewrite every occurrence "
                            f"(rewrites_every_occurrence) and does not fire on {len(missed)} equivalent spelling(s):\n"
-                           f"{matrix}\n  advice: register the pattern for each spelling (e.g. both operand orders)",
+                           f"{matrix}\n  advice: register {how}",
                            finding=f"NOT fired on: {missed[0]}", input=missed[0], details={"matrix": rows},
                            node=None if edited is None else f"{edited.target}#{edited.occurrence}")
     warning = f"; WARNING: not fired on {len(missed)} equivalent spelling(s)" if missed else ""
