@@ -251,9 +251,9 @@ def compiled_trace(fn: Callable[..., Any], inputs: Sequence[Any]) -> fx.GraphMod
 
     kept: list[fx.GraphModule] = []
 
-    def keep(graph: fx.GraphModule, example_inputs: Any) -> Any:
-        kept.append(graph)
-        return make_boxed_func(graph.forward)
+    def keep(gm: fx.GraphModule, example_inputs: Any) -> Any:
+        kept.append(gm)
+        return make_boxed_func(gm.forward)
 
     with torch.no_grad():
         aot_function(fn, fw_compiler=keep, decompositions=select_decomp_table(),
