@@ -303,3 +303,20 @@ def test_fires_in_names_the_joint_graph_and_refuses_another_name():
     assert fxverify.Contract(fires_in=("joint", "inference")).fires_in == ("joint", "inference")
     with pytest.raises(fxverify.FxVerifyError, match="fires_in"):
         fxverify.Contract(fires_in=("joined",))
+
+
+@pytest.mark.slow
+def test_an_inference_aware_pass_at_a_joint_hook_is_called_as_torch_calls_it_and_fails_there():
+    from torch._inductor.custom_graph_pass import CustomInferenceAwareGraphPass
+
+    class Aware(CustomInferenceAwareGraphPass):  # torch.compile raises here: joint hooks pass no is_inference
+        def __call__(self, graph: torch.fx.Graph, is_inference: bool) -> None:
+            pass
+
+        def uuid(self) -> None:
+            return None
+
+    for capture in ("inductor_joint", "inductor_train_joint"):
+        found = _verification(Aware(), _Doubling, (3, 4), capture).run("numerics")
+        assert found.outcome == FAILED and "missing 1 required positional argument: 'is_inference'" in found.message
+    assert _verification(Aware(), _Doubling, (3, 4), "inductor_train").run("numerics").outcome == PASSED

@@ -47,6 +47,7 @@ Where the transform changed a graph is :func:`fired_in` of its result (``inferen
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import itertools
 from collections.abc import Callable, Iterator
@@ -60,7 +61,7 @@ from fxverify.analysis.graph_text import canonical_text
 from fxverify.capture.base import Capture
 from fxverify.capture.lifted_buffers import attach, lifted_make_fx
 from fxverify.core import captures
-from fxverify.core.graph_passes import training_graph
+from fxverify.core.graph_passes import at_joint_hook, training_graph
 from fxverify.core.transform import Transform
 from fxverify.errors import TransformFailed
 
@@ -106,11 +107,13 @@ class Inductor(Capture):
             return at_custom_pass(_joint_passes(gm), is_inference=True, position=self.position)
 
     def apply(self, transform: Transform, gm: fx.GraphModule, *, timeout: float | None) -> tuple[nn.Module, bool]:
-        """``transform`` run on the inference graph, or once on each training graph (told ``is_inference=False``
-        where it asks); where it changed a graph is recorded (:func:`fired_in`)."""
+        """``transform`` run on the inference graph, or once on each training graph (an inference-aware pass told
+        ``is_inference`` at the post-grad hooks, nothing at the joint hooks, as torch tells it); where it changed a
+        graph is recorded (:func:`fired_in`)."""
         if not self.training_graphs:
             before = canonical_text(gm.graph)
-            result, in_place = transform.apply(gm, timeout=timeout)
+            with self._told():
+                result, in_place = transform.apply(gm, timeout=timeout)
             graph_module = isinstance(result, fx.GraphModule)
             fired = ("inference",) if not graph_module or canonical_text(result.graph) != before else ()
             if graph_module:  # another module holds no meta: fired_in says None for it
@@ -119,7 +122,7 @@ class Inductor(Capture):
             return result, in_place
         changed: list[str] = []
         layout: _Layout = gm.meta[_LAYOUT]
-        with training_graph():
+        with self._told():
             for part in layout.parts:
                 given = _part(gm, part.attribute)
                 before = canonical_text(given.graph)
@@ -138,6 +141,12 @@ class Inductor(Capture):
 
     def fired_in(self, result: nn.Module) -> tuple[str, ...] | None:
         return fired_in(result)
+
+    def _told(self) -> contextlib.AbstractContextManager[None]:
+        """What the hook tells an inference-aware pass: nothing at a joint hook, ``is_inference`` at a post-grad one."""
+        if self.hook == "joint":
+            return at_joint_hook()
+        return training_graph() if self.training_graphs else contextlib.nullcontext()
 
     def describe(self) -> str:
         graphs = ("inference graph" if not self.training_graphs

@@ -16,6 +16,10 @@ passes, and :class:`GraphPassRunner` is a graph pass as fxverify calls a transfo
 ``GraphModule``, whose graph it changes in place before ``gm.recompile()``. Torch is imported
 inside the functions only (the plugin reads this module at start-up).
 
+An inference-aware pass (``CustomInferenceAwareGraphPass``) is told ``is_inference`` at the post-grad hooks
+(:func:`training_graph` says it runs on a training graph); the joint-graph hooks call every pass on the graph
+alone, and so does a runner inside :func:`at_joint_hook`.
+
 >>> import torch
 >>> def double_to_mul(graph: torch.fx.Graph) -> None:
 ...     for node in graph.find_nodes(op="call_function", target=torch.ops.aten.add.Tensor):
@@ -52,7 +56,8 @@ if TYPE_CHECKING:
 REGISTERING_NAMES = ("pass_dict", "patterns")  # a registering function's first parameter, when not annotated
 _PATTERN_MODULE = "torch._inductor.pattern_matcher"
 _CUSTOM_MODULE = "torch._inductor.custom_graph_pass"
-_IS_INFERENCE: contextvars.ContextVar[bool] = contextvars.ContextVar("fxverify_is_inference", default=True)
+# what a pass is told: is_inference=True or False (the post-grad hooks), or nothing (None: the joint-graph hooks)
+_IS_INFERENCE: contextvars.ContextVar[bool | None] = contextvars.ContextVar("fxverify_is_inference", default=True)
 
 
 def pattern_passes(obj: Any, spec: str) -> tuple[PatternMatcherPass, ...]:
@@ -124,28 +129,44 @@ class GraphPassRunner:
     """A graph pass called as fxverify calls a transform: ``runner(gm)`` runs the pass on ``gm.graph``, as
     Inductor does, then ``gm.recompile()``, and returns None (``gm`` changed in place). What the pass returns is
     ignored, as Inductor ignores it. Under :func:`training_graph` an inference-aware pass is told
-    ``is_inference=False``."""
+    ``is_inference=False``; under :func:`at_joint_hook` it is called on the graph alone, as torch's
+    ``joint_graph_passes`` calls it (and fails, as it does there)."""
 
     inference: Callable[[torch.fx.Graph], Any]
     training: Callable[[torch.fx.Graph], Any]
+    untold: Callable[[torch.fx.Graph], Any]
 
     @classmethod
     def of(cls, obj: Any, spec: str) -> GraphPassRunner:
         """The runner of ``obj`` (any form :func:`graph_pass` takes; a registering function registers once)."""
         if _is_instance(obj, _CUSTOM_MODULE, "CustomInferenceAwareGraphPass"):
-            return cls(graph_pass(obj, spec, is_inference=True), graph_pass(obj, spec, is_inference=False))
+            return cls(graph_pass(obj, spec, is_inference=True), graph_pass(obj, spec, is_inference=False), obj)
         found = graph_pass(obj, spec)
-        return cls(found, found)
+        return cls(found, found, found)
 
     def __call__(self, gm: torch.fx.GraphModule) -> None:
-        (self.inference if _IS_INFERENCE.get() else self.training)(gm.graph)
+        told = _IS_INFERENCE.get()
+        (self.untold if told is None else self.inference if told else self.training)(gm.graph)
         gm.recompile()
 
 
 @contextlib.contextmanager
 def training_graph() -> Iterator[None]:
     """Graph passes run inside this block are run on a training graph (``is_inference=False``)."""
-    token = _IS_INFERENCE.set(False)
+    with _told(False):
+        yield
+
+
+@contextlib.contextmanager
+def at_joint_hook() -> Iterator[None]:
+    """Graph passes run inside this block are called as a joint-graph hook calls them: on the graph alone."""
+    with _told(None):
+        yield
+
+
+@contextlib.contextmanager
+def _told(is_inference: bool | None) -> Iterator[None]:
+    token = _IS_INFERENCE.set(is_inference)
     try:
         yield
     finally:
