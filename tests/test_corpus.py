@@ -64,6 +64,34 @@ def test_bad_selections_name_the_problem_and_close_matches(kwargs, message):
     assert fnmatch(str(info.value), message), str(info.value)
 
 
+def test_a_model_dtype_casts_parameters_buffers_and_floating_inputs_and_the_reference_stays_float64():
+    """A bfloat16 entry holds its float32 twin's values rounded to bfloat16, and its float64 reference the
+    bfloat16 values exactly: the reference of a bfloat16 model is that model, not its float32 twin."""
+    twin, case = fxverify.load_case("edge_tiny_decoder_block"), fxverify.load_case("edge_tiny_decoder_block_bf16")
+    module, reference = case.build(), case.captured(dtype=torch.float64)
+    assert {t.dtype for t in [*module.parameters(), *module.buffers()]} == {torch.bfloat16}  # inv_freq too
+    for name, value in twin.build().state_dict().items():
+        assert torch.equal(module.state_dict()[name], value.to(torch.bfloat16)), name
+        assert torch.equal(reference.state_dict()[name], value.to(torch.bfloat16).double()), name
+    for config in case.configs:
+        (x,) = config.make(case.seed)
+        assert x.dtype == torch.bfloat16 and "bfloat16" in config.describe()
+        assert torch.equal(config.make(case.seed, dtype=torch.float64)[0], x.double())
+    assert module(*case.example_inputs()).dtype == torch.bfloat16
+    (tokens,) = fxverify.load_case("edge_tied_embedding_head_bf16").example_inputs()
+    assert tokens.dtype == torch.int64  # integer inputs keep their dtype
+    assert names(catalogue.select("edge", tags="bf16")) == ["edge_tiny_decoder_block_bf16",
+                                                             "edge_tied_embedding_head_bf16"]
+
+
+def test_an_unknown_model_dtype_is_a_corpus_error_naming_the_entry_and_the_accepted_dtypes():
+    data = {"name": "my_half_net", "source": "user", "factory": "torch.nn:Identity", "inputs": [{"shape": [2, 3]}],
+            "dtype": "float16"}
+    with pytest.raises(CorpusError, match=r"corpus entry 'my_half_net': dtype .* must be one of \('float32', "
+                                          r"'bfloat16'\), got dtype='float16'"):
+        catalogue.CorpusEntry.from_data(data)
+
+
 @pytest.mark.parametrize("profile", ["default", "full"])
 def test_shards_partition_the_selection_exactly(profile):
     entries = catalogue.select(profile)

@@ -4,6 +4,7 @@ when marked ``xfail``), and each module really exercises its hazard."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import re
@@ -54,11 +55,21 @@ def test_every_edge_module_has_one_entry_and_a_docstring():
         name for name, obj in vars(edge_cases).items()
         if inspect.isclass(obj) and issubclass(obj, nn.Module) and obj.__module__ == edge_cases.__name__
     }
-    listed = [e.factory.partition(":")[2] for e in EDGE]
+    listed = [e.factory.partition(":")[2] for e in EDGE if e.dtype == "float32"]
     assert sorted(listed) == sorted(set(listed)), "a module is listed twice"
     assert classes - HELPERS == set(listed)
     for name in classes:
         assert len((getattr(edge_cases, name).__doc__ or "").split()) >= 10, f"{name} needs a docstring"
+
+
+def test_each_entry_in_another_dtype_is_a_tagged_twin_of_a_float32_entry():
+    twins = [e for e in EDGE if e.dtype != "float32"]
+    assert {e.dtype for e in twins} == {"bfloat16"}
+    for entry in twins:
+        twin = catalogue.find(entry.name.removesuffix("_bf16"))
+        assert "bf16" in entry.tags and set(entry.tags) - {"bf16"} == set(twin.tags), entry.name
+        assert dataclasses.replace(twin, name=entry.name, dtype=entry.dtype, tags=entry.tags,
+                                   profiles=entry.profiles) == entry, entry.name
 
 
 def test_integer_inputs_have_bounds():

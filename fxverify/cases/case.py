@@ -51,7 +51,7 @@ class ModelCase:
     def configs(self) -> list[InputConfig]:
         """Input configurations, the primary one first."""
         e = self.entry
-        return input_configs(e.inputs, e.batch_sizes, e.spatial_sizes)
+        return input_configs(e.inputs, e.batch_sizes, e.spatial_sizes, dtype=e.dtype)
 
     @functools.cached_property
     def capture(self) -> Capture:
@@ -78,11 +78,15 @@ class ModelCase:
                           tuple(config.specs[0].shape[0] for config in self.configs))
 
     def build(self, *, training: bool = False) -> nn.Module:
-        """A fresh instance with random init and randomised state, in the given mode."""
+        """A fresh instance with random init and randomised state, in the given mode and the entry's dtype
+        (its floating parameters and buffers cast after randomising, so a float32 and a bfloat16 entry of
+        one model hold the same values up to rounding)."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
             module = factory_of(self.entry)()
         randomize_state(module, self.seed)
+        if self.entry.dtype != "float32":
+            module = module.to(getattr(torch, self.entry.dtype))
         return module.train(training)
 
     def captured(self, *, training: bool = False, capture: Capture | None = None,

@@ -26,6 +26,7 @@ from fxverify.errors import CorpusError
 
 SOURCES = ("torchvision", "timm", "edge", "user")
 TRACERS = ("plain", "timm")  # or "module:TracerClass", a torch.fx.Tracer subclass
+DTYPES = ("float32", "bfloat16")  # a model's dtype: its floating parameters, buffers and inputs
 
 
 def model_label(model: str, capture: str) -> str:
@@ -92,6 +93,8 @@ class CorpusEntry:
     ``factory`` is ``"module:attr"`` or a callable returning a fresh
     ``nn.Module``; for torchvision and timm entries it defaults to the model
     name, built with random init (``weights=None`` / ``pretrained=False``).
+    ``dtype`` (one of :data:`DTYPES`) is the model's: its floating parameters and buffers, and
+    every floating input, are cast to it (the float64 reference is the same model in float64).
 
     >>> entry = CorpusEntry(name="tiny", source="user", factory="torch.nn:Identity",
     ...                     inputs=(InputSpec((2, 3)),))
@@ -115,6 +118,7 @@ class CorpusEntry:
     tolerance_reason: str | None = None
     xfail: str | None = None
     capture_xfail: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
         where = f"corpus entry {self.name!r}"
@@ -126,6 +130,9 @@ class CorpusEntry:
             )
         if not self.inputs:
             raise CorpusError(f"{where}: needs at least one input spec")
+        if self.dtype not in DTYPES:
+            raise CorpusError(f"{where}: dtype (the model's floating parameters, buffers and inputs) must be one "
+                              f"of {DTYPES}, got dtype={self.dtype!r}")
         if self.source in ("edge", "user") and self.factory is None:
             raise CorpusError(f"{where}: a {self.source} entry needs a factory ('module:attr' or a callable)")
         if (self.rtol is not None or self.atol is not None) and not self.tolerance_reason:

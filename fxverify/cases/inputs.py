@@ -67,10 +67,17 @@ def input_configs(
     specs: Sequence[InputSpec],
     batch_sizes: Sequence[int],
     spatial_sizes: Sequence[Sequence[int]] = (),
+    *,
+    dtype: str = "float32",
 ) -> list[InputConfig]:
     """The configurations a model is checked at: the primary one first, then other
-    batch sizes, other spatial sizes of the first input, and a large-magnitude set."""
-    primary = tuple(specs)
+    batch sizes, other spatial sizes of the first input, and a large-magnitude set;
+    with ``dtype`` (the model's), every floating input in that dtype.
+
+    >>> input_configs((InputSpec((2, 4)), InputSpec((2,), "int64", 0, 3)), (2,), dtype="bfloat16")[0].describe()
+    'b2-4 (x0: 2x4 bfloat16, x1: 2 int64)'
+    """
+    primary = tuple(_in_dtype(s, dtype) for s in specs)
     configs = [_config(primary)]
     for batch in batch_sizes:
         if batch != primary[0].shape[0]:
@@ -94,6 +101,12 @@ def with_batch(config: InputConfig, batch: int) -> InputConfig:
     'b5-3x8'
     """
     return _config(tuple(_with_batch(s, batch) for s in config.specs))
+
+
+def _in_dtype(spec: InputSpec, dtype: str) -> InputSpec:
+    """``spec`` in the model's ``dtype`` when it is a floating input."""
+    floating = getattr(torch, spec.dtype).is_floating_point
+    return dataclasses.replace(spec, dtype=dtype) if floating and spec.dtype != dtype else spec
 
 
 def _with_batch(spec: InputSpec, batch: int) -> InputSpec:

@@ -1,0 +1,45 @@
+"""bfloat16 corpus entries under the ``inductor`` capture (issue 34): a fusion pass without a dtype guard, right
+in float32 and wrong only in bfloat16 (``tests/bf16_passes.py``), fails on the ``_bf16`` entry naming the model,
+the check and the node, while its float32 twin passes; the dtype-guarded pass and the one that casts back pass
+both."""
+
+from __future__ import annotations
+
+import pytest
+
+import fxverify
+from fxverify.core.results import FAILED, PASSED
+from fxverify.core.transform import Transform
+
+FP32, BF16 = "edge_tiny_decoder_block", "edge_tiny_decoder_block_bf16"
+CHECKS = ("numerics", "gradients", "meta", "devices", "lint")
+
+
+def _verification(spec: str, model: str) -> fxverify.Verification:
+    case = fxverify.load_case(model)
+    return fxverify.Verification(Transform.load(spec), case, capture=case.capture_named("inductor"))
+
+
+@pytest.mark.slow
+def test_an_rms_norm_fusion_without_a_dtype_guard_fails_on_bfloat16_only_naming_the_node():
+    wrong = _verification("tests.bf16_passes:RMS_NORM_IN_FLOAT32", BF16)
+    found = wrong.run("numerics")
+    assert found.outcome == FAILED, found.message
+    assert f"model:      {BF16}" in found.message and "numerics check failed" in found.message
+    assert "expected m1 and m2 to have the same dtype, but got: float != c10::BFloat16" in found.message
+    # the first node that runs wrong: the projection reading the float32 norm with its bfloat16 weight
+    assert "target=torch.ops.aten.mm.default" in str(found.node) and f"first node: {found.node}" in found.message
+    assert "in inference" in wrong.subject.changes
+    float32 = _verification("tests.bf16_passes:RMS_NORM_IN_FLOAT32", FP32)
+    assert [float32.run(check).outcome for check in CHECKS] == [PASSED] * len(CHECKS)
+    assert "in inference" in float32.subject.changes  # it fired, and is right in float32 (and float64)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", ["tests.bf16_passes:RMS_NORM_GUARDED", "tests.bf16_passes:RMS_NORM_CAST_BACK"])
+@pytest.mark.parametrize("model", [FP32, BF16])
+def test_the_guarded_and_the_cast_back_twins_pass_in_both_dtypes(spec, model):
+    twin = _verification(spec, model)
+    assert [twin.run(check).outcome for check in CHECKS] == [PASSED] * len(CHECKS)
+    fires = model == FP32 or spec.endswith("CAST_BACK")  # the guard keeps the bfloat16 norm as it is
+    assert ("in inference" in twin.subject.changes) == fires, twin.subject.changes
