@@ -70,19 +70,16 @@ class Fusions(CustomGraphPass):
         return get_hash_for_files((__file__,))
 
 
-def _sigmoid_gates(graph: torch.fx.Graph) -> list[tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node]]:
-    """Each ``mul(a, sigmoid(b))`` of ``graph``: ``(mul, a, b)``."""
-    found = []
-    for node in graph.find_nodes(op="call_function", target=aten.mul.Tensor):
-        gated, gate = node.args
-        if isinstance(gate, torch.fx.Node) and gate.target is aten.sigmoid.default:
-            found.append((node, gated, gate.args[0]))
-    return found
+def _sigmoid_gates(graph: torch.fx.Graph) -> list[torch.fx.Node]:
+    """Each ``mul(a, sigmoid(b))`` of ``graph`` (its arguments read when it is rewritten: an earlier rewrite may
+    have replaced them)."""
+    return [node for node in graph.find_nodes(op="call_function", target=aten.mul.Tensor)
+            if isinstance(node.args[1], torch.fx.Node) and node.args[1].target is aten.sigmoid.default]
 
 
-def _to_silu(graph: torch.fx.Graph, mul: torch.fx.Node, x: torch.fx.Node) -> None:
+def _to_silu(graph: torch.fx.Graph, mul: torch.fx.Node) -> None:
     with graph.inserting_before(mul):
-        silu = graph.call_function(aten.silu.default, (x,))
+        silu = graph.call_function(aten.silu.default, (mul.args[1].args[0],))
     silu.meta.update(mul.meta)
     mul.replace_all_uses_with(silu)
     graph.erase_node(mul)
@@ -90,16 +87,17 @@ def _to_silu(graph: torch.fx.Graph, mul: torch.fx.Node, x: torch.fx.Node) -> Non
 
 def fuse_silu(graph: torch.fx.Graph) -> None:
     """``x * sigmoid(x)`` -> ``silu(x)``, where both operands are the same node."""
-    for mul, gated, x in _sigmoid_gates(graph):
-        if gated is x:
-            _to_silu(graph, mul, x)
+    for mul in _sigmoid_gates(graph):
+        gated, gate = mul.args
+        if gated is gate.args[0]:
+            _to_silu(graph, mul)
 
 
 def fuse_silu_unpinned(graph: torch.fx.Graph) -> None:
     """BUG (an argument the matcher leaves unpinned): ``a * sigmoid(b)`` -> ``silu(b)`` without checking that ``a``
     is ``b``, so a gated unit ``x * sigmoid(gate(x))`` loses ``x``. Caught by numerics, at the ``silu`` node."""
-    for mul, _, x in _sigmoid_gates(graph):
-        _to_silu(graph, mul, x)
+    for mul in _sigmoid_gates(graph):
+        _to_silu(graph, mul)
 
 
 def _relu_gradients(graph: torch.fx.Graph) -> list[tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node]]:
@@ -114,8 +112,10 @@ def _relu_gradients(graph: torch.fx.Graph) -> list[tuple[torch.fx.Node, torch.fx
     return found
 
 
-def _masked(graph: torch.fx.Graph, comparison: Any) -> None:
+def _masked(graph: torch.fx.Graph, comparison: Any, *, stale: bool = False) -> None:
     for where, out, grad in _relu_gradients(graph):
+        if not stale:  # an earlier rewrite may have replaced the gradient this one reads (a relu of a relu)
+            out, grad = where.args[0].args[0], where.args[2]
         with graph.inserting_before(where):
             mask = graph.call_function(comparison, (out, 0))
             masked = graph.call_function(aten.mul.Tensor, (grad, mask))
@@ -146,3 +146,11 @@ def inductor_joint_patterns(graph: torch.fx.Graph) -> None:
     joint_graph.lazy_init()
     for patterns in (joint_graph.early_patterns, *joint_graph.pass_patterns):
         patterns.apply(graph)
+
+
+def relu_gradient_as_mask_stale(graph: torch.fx.Graph) -> None:
+    """BUG (a stale node reference): :func:`relu_gradient_as_mask` reading each match's gradient as it was when the
+    matches were collected, so where one relu gradient feeds another (``relu(relu(x))``) the second reads the erased
+    first: ``torch.compile`` raises (``Node ... referenced nonexistent value``); every check fails, naming
+    the graph ``Graph.lint()`` refuses."""
+    _masked(graph, aten.gt.Scalar, stale=True)

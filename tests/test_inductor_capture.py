@@ -320,3 +320,32 @@ def test_an_inference_aware_pass_at_a_joint_hook_is_called_as_torch_calls_it_and
         found = _verification(Aware(), _Doubling, (3, 4), capture).run("numerics")
         assert found.outcome == FAILED and "missing 1 required positional argument: 'is_inference'" in found.message
     assert _verification(Aware(), _Doubling, (3, 4), "inductor_train").run("numerics").outcome == PASSED
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", ["tests.inductor_passes:inductor_joint_patterns",
+                                  "torch._inductor.fx_passes.joint_graph:early_patterns"])
+def test_inductors_own_joint_patterns_fire_in_the_joint_graph_and_pass(spec):
+    v = _verification(Transform.load(spec), _Gated, (3, 6), "inductor_train_joint")
+    assert [v.run(check).outcome for check in ("numerics", "lint", "meta", "opset")] == [PASSED] * 4
+    assert fired_in(v.subject.applied().result) == ("joint",)
+
+
+class _ReluOfRelu(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(torch.relu(self.fc(x)))
+
+
+@pytest.mark.slow
+def test_a_joint_pass_leaving_a_malformed_graph_fails_naming_it_and_its_twin_passes():
+    found = _verification(inductor_passes.relu_gradient_as_mask_stale, _ReluOfRelu, (3, 4), "inductor_train_joint")
+    result = found.run("numerics")
+    assert result.outcome == FAILED, result.message
+    assert "left the joint graph malformed" in result.message and "Argument 'where' of Node" in result.message
+    twin = _verification(inductor_passes.relu_gradient_as_mask, _ReluOfRelu, (3, 4), "inductor_train_joint")
+    assert [twin.run(check).outcome for check in ("numerics", "lint")] == [PASSED] * 2
+    assert fired_in(twin.subject.applied().result) == ("joint",)

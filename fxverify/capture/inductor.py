@@ -130,6 +130,7 @@ class Inductor(Capture):
                 if not isinstance(result, fx.GraphModule):
                     raise TransformFailed(f"transform {transform.spec} returned a {type(result).__name__} for the "
                                           f"{part.graph} graph: Inductor's hooks change the graph they are given")
+                _check_well_formed(transform, result, part.graph)
                 setattr(gm, part.attribute, result)
                 if canonical_text(result.graph) != before:
                     changed.append(part.graph)
@@ -447,6 +448,16 @@ def _body(part: fx.GraphModule) -> Iterator[fx.Node]:
 
 def _input_name(layout: _Layout, index: int) -> str:
     return layout.state[index - layout.inputs] if index >= layout.inputs else f"input_{index}"
+
+
+def _check_well_formed(transform: Transform, result: fx.GraphModule, graph: str) -> None:
+    """TransformFailed where the transform left a graph ``Graph.lint()`` refuses (a node reading an erased one):
+    torch.compile raises there too, and the training graphs cannot be inlined."""
+    try:
+        result.graph.lint()
+    except RuntimeError as error:
+        raise TransformFailed(f"transform {transform.spec} left the {graph} graph malformed, as torch.compile "
+                              f"would refuse it: {error}", f"malformed {graph} graph: {error}") from error
 
 
 def _check_placement(transform: Transform, fired: tuple[str, ...]) -> None:
