@@ -349,3 +349,17 @@ def test_a_joint_pass_leaving_a_malformed_graph_fails_naming_it_and_its_twin_pas
     twin = _verification(inductor_passes.relu_gradient_as_mask, _ReluOfRelu, (3, 4), "inductor_train_joint")
     assert [twin.run(check).outcome for check in ("numerics", "lint")] == [PASSED] * 2
     assert fired_in(twin.subject.applied().result) == ("joint",)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["inductor", "inductor_joint"])
+def test_an_inference_capture_made_first_in_a_fresh_process_decomposes_max_pool(name):
+    import subprocess
+    import sys
+
+    code = ("import torch\nfrom fxverify.core.captures import for_model, ModelFacts\n"  # max_pool's decomposition
+            f"capture = for_model({name!r}, ModelFacts())\n"                           # reads torch._inductor.lowering
+            "gm = capture.capture(torch.nn.MaxPool2d(2), training=False, inputs=(torch.randn(1, 2, 4, 4),))\n"
+            "print(isinstance(gm, torch.fx.GraphModule))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr[-2000:]

@@ -91,7 +91,7 @@ class Inductor(Capture):
 
     def capture(self, module: nn.Module, *, training: bool, inputs: tuple[Any, ...] = ()) -> fx.GraphModule:
         """A fresh graph of ``module`` in the given mode, traced on ``inputs``, as Inductor's hook receives it."""
-        from torch._inductor import config
+        from torch._inductor import config, lowering  # noqa: F401  Inductor's decompositions read its lowering
         from torch._inductor.decomposition import select_decomp_table
 
         if not inputs:
