@@ -200,8 +200,8 @@ def training_joint_post_for_model(facts: captures.ModelFacts) -> Inductor:
 
 
 def fired_in(module: nn.Module) -> tuple[str, ...] | None:
-    """The graphs a transform changed, for a result of the ``inductor`` captures (``("forward", "backward")``);
-    None for another module."""
+    """The graphs a transform changed, for a result of the ``inductor`` captures (``("forward", "backward")``,
+    ``("joint",)``); None for another module."""
     return module.meta.get(FIRED) if isinstance(module, fx.GraphModule) else None
 
 
