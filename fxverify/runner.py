@@ -92,7 +92,7 @@ class Runner:
         if check not in checks.names():
             raise FxVerifyError(f"unknown check {check!r}; known checks: {', '.join(checks.names())}")
         capture = self.subject.capture.name
-        not_run = self.transform.skips_capture(capture)
+        not_run = self.subject.not_run
         if not_run:
             return self._result(check, SKIPPED, message=not_run)
         if self.subject.expected_failure:

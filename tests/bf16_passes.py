@@ -16,6 +16,8 @@ import torch
 from torch import fx
 from torch._inductor.pattern_matcher import Match, PatternMatcherPass, fwd_only, register_replacement
 
+import fxverify
+
 EPS = 1e-6  # TinyDecoderBlock's
 
 
@@ -60,3 +62,10 @@ def _rms_norm_pass(replacement: Callable[[torch.Tensor, torch.Tensor], torch.Ten
 RMS_NORM_IN_FLOAT32 = _rms_norm_pass(_in_float32)  # wrong in bfloat16 only
 RMS_NORM_GUARDED = _rms_norm_pass(_in_float32, extra_check=_full_precision_input)  # the same, fired in float32 and float64 only
 RMS_NORM_CAST_BACK = _rms_norm_pass(_in_float32_cast_back)  # right in every dtype
+
+
+@fxverify.contract(dtypes=("float32",))
+def float32_only(gm: fx.GraphModule) -> fx.GraphModule:
+    """A pass declared for float32 models only (as torch's optimize_for_inference, which asserts it)."""
+    assert all(p.dtype == torch.float32 for p in gm.parameters()), "this pass is only for torch.float modules"
+    return gm

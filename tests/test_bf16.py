@@ -43,3 +43,14 @@ def test_the_guarded_and_the_cast_back_twins_pass_in_both_dtypes(spec, model):
     assert [twin.run(check).outcome for check in CHECKS] == [PASSED] * len(CHECKS)
     fires = model == FP32 or spec.endswith("CAST_BACK")  # the guard keeps the bfloat16 norm as it is
     assert ("in inference" in twin.subject.changes) == fires, twin.subject.changes
+
+
+def test_a_pass_declared_for_float32_is_not_run_on_a_bfloat16_model_and_says_why():
+    """A contract's dtypes exclude a model's dtype: every item skips naming it (torch's optimize_for_inference,
+    declared float32-only, asserts on a bfloat16 module: that is no defect of the pass)."""
+    for model, expected in ((BF16, "skipped"), (FP32, "passed")):
+        case = fxverify.load_case(model)
+        result = fxverify.Verification(Transform.load("tests.bf16_passes:float32_only"), case).run("numerics")
+        assert result.outcome.value == expected, result.message
+    assert "the contract declares dtypes=float32: not run on a bfloat16 model" in fxverify.Verification(
+        Transform.load("tests.bf16_passes:float32_only"), fxverify.load_case(BF16)).run("lint").message

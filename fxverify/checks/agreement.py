@@ -81,9 +81,9 @@ def reference_capture(transform: Transform, entry: CorpusEntry, captures: Sequen
 
 def rounding(subject: Subject, *, exact: bool = True) -> Tolerance:
     """The tolerance of rounding alone in ``subject``'s float64 runs: the corpus entry's over float64's defaults,
-    or float32's when new parameters were made in float32 (``exact=False``); never the contract's."""
+    or the model's dtype's when new parameters were made in it (``exact=False``); never the contract's."""
     entry = Tolerance(subject.case.entry.rtol, subject.case.entry.atol)
-    return entry if exact else entry.at_least(torch.float32)
+    return entry if exact else entry.at_least(getattr(torch, subject.dtype))
 
 
 def capture_outputs(subject: Subject) -> CaptureOutputs:

@@ -24,7 +24,7 @@ def check(subject: Subject) -> dict[str, Any]:
         raise Skip("CUDA is not available (torch.cuda.is_available() is False): run on a GPU machine to check CUDA numerics")
     result = subject.applied().result
     config = subject.primary
-    where = f"{config.describe()}, float32, on {torch.cuda.get_device_name()} vs the original on CPU"
+    where = f"{config.describe()}, {subject.dtype}, on {torch.cuda.get_device_name()} vs the original on CPU"
     previous = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     try:

@@ -93,7 +93,7 @@ def check(subject: Subject) -> dict[str, Any]:
             if float32_rounding(subject, config, found) is not None:  # right in float64: no size written into the graph
                 rounding.append(batch)  # the accuracy of float32 kernels is numerics' to judge
                 continue
-            finding = finding_of(found, f"{config.describe()}, float32, {applied.mode} mode")
+            finding = finding_of(found, f"{config.describe()}, {subject.dtype}, {applied.mode} mode")
         finding.what += (f"\nthe capture's batch is dynamic in [{low}, {high}], and the result was made from a "
                          f"capture at batch {subject.primary.specs[0].shape[0]}: a size of the example inputs was written "
                          "into the graph (a view or reshape to a fixed shape, a sym_size node replaced by its "

@@ -71,7 +71,7 @@ def check(subject: Subject) -> dict[str, Any]:
             node=first.format_node() or first.name)
     details: dict[str, Any] = {}
     fake, compared, fakes = _fake_mismatches(subject, result, original, details)
-    where = f"{subject.primary.describe()}, float32, {applied.mode} mode"
+    where = f"{subject.primary.describe()}, {subject.dtype}, {applied.mode} mode"
     real = _real_mismatches(subject, result, original, where)
     wrong = [n for n in result.graph.nodes if n.name in fake or n.name in real]
     if wrong:

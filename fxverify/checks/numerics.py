@@ -57,7 +57,7 @@ def check(subject: Subject) -> dict[str, Any]:
     for config in subject.configs:
         found = compare_config(subject, config)
         if found is not None:
-            finding = finding_of(found, f"{config.describe()}, float32, {subject.contract.primary_mode} mode")
+            finding = finding_of(found, f"{config.describe()}, {subject.dtype}, {subject.contract.primary_mode} mode")
             rounding = float32_rounding(subject, config, found)
             if rounding is not None:
                 finding.what += f"\n{rounding}"
@@ -136,7 +136,7 @@ def _float32_localisation(subject: Subject) -> Localisation:
     """Both modules run as built on the primary inputs, every kept node recorded: where the float64
     run is not to be had (a float32-only result), with float32 tolerances."""
     inputs = subject.primary.make(subject.case.seed)
-    where = f"{subject.primary.describe()}, float32, {subject.contract.primary_mode} mode"
+    where = f"{subject.primary.describe()}, {subject.dtype}, {subject.contract.primary_mode} mode"
     return localise(subject.module("original"), subject.module("result"), inputs, subject.tolerance,
                     guard=functools.partial(ModuleRaised.guard, "result", where))
 
@@ -271,7 +271,7 @@ def _compare_runs(subject: Subject, original: nn.Module, result: nn.Module, how:
     applied to that capture) is run too: where it agrees with the float64 original, the finding says the
     difference is the float32 rounding of the result's kernels."""
     config = subject.primary
-    where = f"{config.describe()}, float32, {how}"
+    where = f"{config.describe()}, {subject.dtype}, {how}"
     if subject.float64_problem is not None:
         float64 = None
     elif float64 is None:
@@ -359,7 +359,7 @@ def _primary_mode_matched(subject: Subject) -> str:
     that mode only (an inference-only pass run under the strict contract)."""
     primary = subject.contract.primary_mode
     other = "+".join(m for m in subject.contract.modes if m != primary)
-    ran = "float32" if subject.float64_skip else "float32 and float64"
+    ran = subject.dtype if subject.float64_skip else f"{subject.dtype} and float64"
     return (f"in {primary} mode, which the contract checks first, the result matched the original at every input "
             f"({ran}): only the {other}-mode promise of the contract (modes={'+'.join(subject.contract.modes)}) is broken. "
             f"If the pass is meant for {primary} mode only (an inference-only pass: a conv/BN fold, dropout removal), "

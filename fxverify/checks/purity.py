@@ -35,7 +35,7 @@ def check(subject: Subject) -> dict[str, Any]:
             where="the transform's input module",
         )
     config = subject.primary
-    where = f"{config.describe()}, float32, {applied.mode} mode"
+    where = f"{config.describe()}, {subject.dtype}, {applied.mode} mode"
     layouts = []
     for module in (applied.original, applied.result):
         inputs = config.make(subject.case.seed)

@@ -427,7 +427,7 @@ def _run(subject: Subject, fn: Callable[..., Any]) -> Any:
 
 
 def _where(subject: Subject) -> str:
-    return f"{subject.primary.describe()}, float32, {subject.applied().mode} mode"
+    return f"{subject.primary.describe()}, {subject.dtype}, {subject.applied().mode} mode"
 
 
 def _import_fresh(folder: Path) -> Any:

@@ -44,7 +44,7 @@ def check(subject: Subject) -> dict[str, Any]:
     moved = {fate.name: fate.now for fate in tensor_fates(original, result) if fate.now is not None}
     updated: set[str] = set()  # the buffers the original has changed so far
     for call in range(1, CALLS + 1):
-        where = f"{subject.primary.describe()}, float32, {mode} mode, call {call} of {CALLS} on fresh modules"
+        where = f"{subject.primary.describe()}, {subject.dtype}, {mode} mode, call {call} of {CALLS} on fresh modules"
         inputs = subject.primary.make(subject.case.seed)
         with torch.no_grad():
             expected = ModuleRaised.guard("original", where, functools.partial(original, *inputs))
@@ -101,7 +101,7 @@ def _updates_buffers(subject: Subject, mode: Mode) -> bool:
     initial = {name: t.clone() for name, t in original.named_buffers()}
     if not initial:
         return False
-    where = f"{subject.primary.describe()}, float32, {mode} mode, a first call to see whether its buffers change"
+    where = f"{subject.primary.describe()}, {subject.dtype}, {mode} mode, a first call to see whether its buffers change"
     with torch.no_grad():
         ModuleRaised.guard("original", where, functools.partial(original, *subject.primary.make(subject.case.seed)))
     return any(not torch.equal(t, initial[name]) for name, t in original.named_buffers())

@@ -104,6 +104,19 @@ class Transform:
                    takes_tracer_class=False, reloadable=False, form=steps[0].form, steps=steps,
                    prefixes=prefixes)
 
+    def skips_dtype(self, dtype: str) -> str | None:
+        """Why the transform is not run on a model whose floating state and inputs are in ``dtype`` (a corpus
+        entry's, e.g. ``"bfloat16"``): its contract's ``dtypes`` exclude it; or None.
+
+        >>> import fxverify
+        >>> float32_only = fxverify.contract(dtypes=("float32",))(lambda gm: gm)
+        >>> Transform.from_callable(float32_only).skips_dtype("bfloat16")
+        'the contract declares dtypes=float32: not run on a bfloat16 model'
+        """
+        if self.contract.supports_dtype(dtype):
+            return None
+        return f"the contract declares dtypes={'+'.join(self.contract.dtypes or ())}: not run on a {dtype} model"
+
     def skips_capture(self, capture: str) -> str | None:
         """Why the transform is not run on graphs of ``capture`` (its contract, or its form), or None.
 

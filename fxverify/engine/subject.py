@@ -156,9 +156,9 @@ class Subject:
     @property
     def float64_tolerance(self) -> Tolerance:
         """Tolerance for float64 runs: tight, unless the transform rewrites parameters and
-        could only be applied in float32, so its new parameters carry float32 rounding (as of the
-        float64 result last made: a released copy is made again, and a transform may fail only once)."""
-        return self.tolerance if self.float64_exact else self.tolerance.at_least(torch.float32)
+        could only be applied in the model's dtype, so its new parameters carry that dtype's rounding (as of
+        the float64 result last made: a released copy is made again, and a transform may fail only once)."""
+        return self.tolerance if self.float64_exact else self.tolerance.at_least(getattr(torch, self.dtype))
 
     @property
     def primary(self) -> InputConfig:
@@ -338,13 +338,24 @@ class Subject:
         return self.capture.set_mode(result, mode == "train")
 
     @property
+    def dtype(self) -> str:
+        """The model's floating dtype (its corpus entry's: ``float32``, ``bfloat16``), as findings name it."""
+        return self.case.entry.dtype
+
+    @property
+    def not_run(self) -> str | None:
+        """Why the transform is not run on this model under this capture (its contract's captures or dtypes, or
+        its form), or None."""
+        return self.transform.skips_capture(self.capture.name) or self.transform.skips_dtype(self.dtype)
+
+    @property
     def changes(self) -> list[str] | None:
         """Which aspects of the model the transform changed (``state``, ``graph``, ``code``, ``modules``,
         ``meta``) in its primary mode and in every other mode a check has applied it in so far (a dead-code
         elimination that drops BatchNorm's ``num_batches_tracked.add_`` changes only the train-mode capture
         of ``torch.export``): empty for a no-op; None if the transform failed in its primary mode, the model
         did not capture, or the transform is not run on this capture (never called then)."""
-        if self.transform.skips_capture(self.capture.name):  # not run here: its contract or form
+        if self.not_run:
             return None
         try:
             primary = self.applied().changes
