@@ -85,7 +85,7 @@ class ModelCase:
             torch.manual_seed(self.seed)
             module = factory_of(self.entry)()
         randomize_state(module, self.seed)
-        if self.entry.dtype != "float32":
+        if self.entry.dtype is not None:
             module = module.to(getattr(torch, self.entry.dtype))
         return module.train(training)
 

@@ -94,7 +94,8 @@ class CorpusEntry:
     ``nn.Module``; for torchvision and timm entries it defaults to the model
     name, built with random init (``weights=None`` / ``pretrained=False``).
     ``dtype`` (one of :data:`DTYPES`) is the model's: its floating parameters and buffers, and
-    every floating input, are cast to it (the float64 reference is the same model in float64).
+    every floating input, are cast to it (the float64 reference is the same model in float64); None
+    (the default): the model as its factory builds it and each input in its own dtype.
 
     >>> entry = CorpusEntry(name="tiny", source="user", factory="torch.nn:Identity",
     ...                     inputs=(InputSpec((2, 3)),))
@@ -118,7 +119,7 @@ class CorpusEntry:
     tolerance_reason: str | None = None
     xfail: str | None = None
     capture_xfail: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    dtype: str = "float32"
+    dtype: str | None = None
 
     def __post_init__(self) -> None:
         where = f"corpus entry {self.name!r}"
@@ -130,7 +131,7 @@ class CorpusEntry:
             )
         if not self.inputs:
             raise CorpusError(f"{where}: needs at least one input spec")
-        if self.dtype not in DTYPES:
+        if self.dtype is not None and self.dtype not in DTYPES:
             raise CorpusError(f"{where}: dtype (the model's floating parameters, buffers and inputs) must be one "
                               f"of {DTYPES}, got dtype={self.dtype!r}")
         if self.source in ("edge", "user") and self.factory is None:

@@ -68,7 +68,7 @@ def input_configs(
     batch_sizes: Sequence[int],
     spatial_sizes: Sequence[Sequence[int]] = (),
     *,
-    dtype: str = "float32",
+    dtype: str | None = None,
 ) -> list[InputConfig]:
     """The configurations a model is checked at: the primary one first, then other
     batch sizes, other spatial sizes of the first input, and a large-magnitude set;
@@ -77,7 +77,7 @@ def input_configs(
     >>> input_configs((InputSpec((2, 4)), InputSpec((2,), "int64", 0, 3)), (2,), dtype="bfloat16")[0].describe()
     'b2-4 (x0: 2x4 bfloat16, x1: 2 int64)'
     """
-    primary = tuple(_in_dtype(s, dtype) for s in specs)
+    primary = tuple(specs) if dtype is None else tuple(_in_dtype(s, dtype) for s in specs)
     configs = [_config(primary)]
     for batch in batch_sizes:
         if batch != primary[0].shape[0]:

@@ -339,8 +339,9 @@ class Subject:
 
     @property
     def dtype(self) -> str:
-        """The model's floating dtype (its corpus entry's: ``float32``, ``bfloat16``), as findings name it."""
-        return self.case.entry.dtype
+        """The model's floating dtype, as findings name it: its corpus entry's (``bfloat16``), else ``float32``,
+        the corpus's."""
+        return self.case.entry.dtype or "float32"
 
     @property
     def not_run(self) -> str | None:
