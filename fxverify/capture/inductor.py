@@ -352,8 +352,16 @@ def _training_package(module: nn.Module, inputs: tuple[Any, ...], hook: str, pos
 
 
 def _part_of(graph: str, attribute: str, gm: fx.GraphModule) -> _Part:
-    """What each placeholder and output of ``gm`` (the ``graph`` graph) is, read from AOTAutograd's descriptors:
-    the backward reads what the forward saved, in order, a primal among them."""
+    """The ``graph`` graph ``gm``, kept as the package's submodule ``attribute``, with its roles (:func:`aot_roles`)."""
+    return _Part(attribute, graph, *aot_roles(gm, graph))
+
+
+def aot_roles(gm: fx.GraphModule, graph: str = "joint"
+              ) -> tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]]:
+    """What each placeholder of an AOTAutograd graph ``gm`` (the ``graph`` graph: ``forward``, ``backward``,
+    ``joint``) reads and what each of its outputs is, from AOTAutograd's descriptors: reads ``("flat", flat
+    input)``, ``("tangent", i)`` or ``("saved", i)`` (the backward reads what the forward saved, in order, a primal
+    among them); outputs ``("output" | "mutation" | "grad", flat index)``, ``("saved", i)`` or ``("other", -1)``."""
     from torch._functorch._aot_autograd.descriptors import (
         GradAOTOutput,
         InputMutationAOTOutput,
@@ -384,7 +392,7 @@ def _part_of(graph: str, attribute: str, gm: fx.GraphModule) -> _Part:
         return "other", -1
 
     reads = tuple(read(node.meta.get("desc")) for node in gm.graph.find_nodes(op="placeholder"))
-    return _Part(attribute, graph, reads, tuple(given(desc) for desc in gm.graph.output_node().meta["desc"]))
+    return reads, tuple(given(desc) for desc in gm.graph.output_node().meta["desc"])
 
 
 def _inlined(package: fx.GraphModule) -> fx.Graph:

@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch import fx
 
+from fxverify.capture.inductor import aot_roles
+
 DIM_NAMES = ("dim", "dim0", "dim1", "start_dim", "end_dim")
 SPELLINGS = frozenset({"swap", "late_input"})  # edit kinds that spell the same computation otherwise
 COMMUTATIVE = ("aten.add.Tensor", "aten.mul.Tensor", "aten.maximum.default", "aten.minimum.default")
@@ -287,15 +289,14 @@ def _joint(trace_fn: Callable[..., Any], forward: Callable[..., Any], inputs: li
            ) -> tuple[fx.GraphModule, list[Any]]:
     """The joint graph of ``forward`` (``trace_fn`` is ``joint_fwd_bwd``) and its inputs: ``inputs`` (AOTAutograd's
     primals, as given), then a tangent for each output needing a gradient, drawn from a fixed seed."""
-    from torch._functorch._aot_autograd.descriptors import TangentAOTInput
-
     graph = trace_fn(forward, inputs)
     placeholders = graph.graph.find_nodes(op="placeholder")
     for node in placeholders:  # joint_fwd_bwd renames them (primals_2 reads argument primals_1): code that runs
         node.target = node.name
     graph.recompile()
     generator = torch.Generator().manual_seed(len(inputs))
-    tangents = [node.meta["val"] for node in placeholders if isinstance(node.meta.get("desc"), TangentAOTInput)]
+    reads, _ = aot_roles(graph)
+    tangents = [node.meta["val"] for node, (kind, _) in zip(placeholders, reads, strict=True) if kind == "tangent"]
     drawn = [torch.randn(tuple(fake.shape), generator=generator).to(fake.dtype) for fake in tangents]
     primals = [value.detach() if isinstance(value, torch.Tensor) else value for value in inputs]
     return graph, [*primals, *drawn]

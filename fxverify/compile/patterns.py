@@ -50,6 +50,7 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from fxverify.analysis.compare import Tolerance, compare_trees
+from fxverify.capture.inductor import aot_roles
 from fxverify.compile.pattern_sources import PatternExample, pattern_examples
 from fxverify.compile.pattern_variants import (
     SPELLINGS,
@@ -236,17 +237,15 @@ def _named(node: fx.Node) -> str:
 def _labelled(program: fx.GraphModule, outputs: Any) -> Any:
     """A joint graph's flat outputs named by what AOTAutograd says each is (``{"output 0": ..., "gradient of input
     1": ...}``), so a finding says whether the forward or the backward went wrong; another program's as they are."""
-    from torch._functorch._aot_autograd.descriptors import GradAOTOutput, PlainAOTInput, PlainAOTOutput
-
     descriptions = program.graph.output_node().meta.get("desc")
     if not descriptions or not isinstance(outputs, (list, tuple)) or len(outputs) != len(descriptions):
         return outputs
+    _, gives = aot_roles(program)
+    words = {"output": "output {}", "grad": "gradient of input {}"}
     named = {}
-    for description, value in zip(descriptions, outputs):
-        if isinstance(description, PlainAOTOutput):
-            named[f"output {description.idx}"] = value
-        elif isinstance(description, GradAOTOutput) and isinstance(description.grad_of, PlainAOTInput):
-            named[f"gradient of input {description.grad_of.idx}"] = value
+    for (kind, index), value in zip(gives, outputs):
+        if kind in words:
+            named[words[kind].format(index)] = value
         elif value is not None:
             named[f"other {len(named)}"] = value
     return named
