@@ -41,6 +41,9 @@ class CaptureTraits:
     ``recaptures``: a result's generated code can be captured again and compared (``retrace``).
     ``pickles``: its modules pickle and write themselves to a folder, as untouched captures.
     ``moves_device``: ``.to(device)`` moves its graphs (ATen graphs bake ``device=`` into node arguments).
+    ``differentiated``: a result's backward is part of what its graphs are for (False for the inference graphs
+    Inductor compiles only where no gradient is needed: a fused kernel registered without an autograd formula is
+    right there, and backward through the result means nothing).
     """
 
     carries_meta_val: bool = False
@@ -50,6 +53,7 @@ class CaptureTraits:
     recaptures: bool = False
     pickles: bool = True
     moves_device: bool = True
+    differentiated: bool = True
 
 
 # what a capture's graphs lack when a trait is false, and what the captures that have it give
@@ -62,6 +66,8 @@ _LACKS = {
     "pickles": ("do not pickle or write themselves to a folder even untouched", "do"),
     "moves_device": ("bake device= into node arguments: moving one means capturing it on the device, which "
                      "fxverify does not do yet", "move"),
+    "differentiated": ("are inference graphs, which torch.compile compiles only where no gradient is needed: "
+                       "backward through a result is nothing the pass promises", "are differentiated"),
 }
 
 # why an instance lacks a trait its registry row has
@@ -107,11 +113,13 @@ REGISTRY: tuple[CaptureSpec, ...] = (
                 CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False)),
     CaptureSpec("inductor", "fxverify.capture.inductor", "for_model",
                 "the inference graph Inductor's post_grad_custom_pre_pass receives, made offline (no codegen)",
-                CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False)),
+                CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False,
+                              differentiated=False)),
     CaptureSpec("inductor_post", "fxverify.capture.inductor", "post_for_model",
                 "the same inference graph where post_grad_custom_post_pass receives it, after Inductor's own "
                 "post-grad passes",
-                CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False)),
+                CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False,
+                              differentiated=False)),
     CaptureSpec("inductor_train", "fxverify.capture.inductor", "training_for_model",
                 "Inductor's training forward and backward graphs at post_grad_custom_pre_pass, run as one module "
                 "returning outputs and gradients",
@@ -121,11 +129,13 @@ REGISTRY: tuple[CaptureSpec, ...] = (
                 CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False)),
     CaptureSpec("inductor_joint", "fxverify.capture.inductor", "joint_for_model",
                 "the inference graph Inductor's joint_custom_pre_pass receives, made offline (no codegen)",
-                CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False)),
+                CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False,
+                              differentiated=False)),
     CaptureSpec("inductor_joint_post", "fxverify.capture.inductor", "joint_post_for_model",
                 "the same inference graph where joint_custom_post_pass receives it, after Inductor's own "
                 "joint-graph passes",
-                CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False)),
+                CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False,
+                              differentiated=False)),
     CaptureSpec("inductor_train_joint", "fxverify.capture.inductor", "training_joint_for_model",
                 "AOTAutograd's training joint graph at joint_custom_pre_pass (before partitioning), run as one "
                 "module returning outputs and gradients",
