@@ -1,5 +1,6 @@
 """The FX graph cache check of a CustomGraphPass (fxverify.compile.graph_cache): each buggy uuid() of
-tests/compile_cache_passes.py caught by the aspect meant for it, its correct twin passing every aspect."""
+tests/compile_cache_passes.py caught by the aspect meant for it, its correct twin passing every aspect; on a model
+the passes do not change, the stale aspect says it proved nothing."""
 
 from __future__ import annotations
 
@@ -13,16 +14,29 @@ from torch._inductor import config as inductor_config
 from fxverify.compile.graph_cache import (
     ASPECTS,
     BYPASS,
+    DEFAULT_MODEL,
     STALE,
     UUID,
+    ReluMulAdd,
     check_graph_cache,
     describe_state,
     differing_state,
     inductor_key,
+    load_model,
+    load_passes,
+    same_key_pairs,
 )
 from fxverify.core.results import FAILED, PASSED, SKIPPED
-from fxverify.errors import TransformLoadError
-from tests.compile_cache_passes import FileHashFloor, KeyedFloor, floor_relu
+from fxverify.errors import CorpusError, TransformLoadError
+from tests.compile_cache_passes import (
+    MLP,
+    FileHashFloor,
+    KeyedFloor,
+    MatmulPrecision,
+    floor_relu,
+    keyed_matmuls,
+    stale_matmuls,
+)
 
 SPEC = "tests.compile_cache_passes:"
 
@@ -51,6 +65,41 @@ def test_passes_that_cannot_be_checked_are_refused_with_the_reason():
         check_graph_cache([FileHashFloor(0.0)])
     with pytest.raises(TransformLoadError, match="not a torch._inductor.custom_graph_pass.CustomGraphPass"):
         check_graph_cache([FileHashFloor(0.0), floor_relu])
+    with pytest.raises(TransformLoadError, match=r"\[0\] is a float, not a torch._inductor"):
+        load_passes(SPEC + "FLOORS")
+    with pytest.raises(TransformLoadError, match="calling it raised TypeError.*give a sequence of two or more"):
+        load_passes(SPEC + "floor_relu")
+
+
+def test_instances_keyed_alike_whose_state_differs_are_found_without_compiling():
+    assert same_key_pairs(stale_matmuls()) == [(0, 1, {"dtype": (torch.bfloat16, torch.float16)})]
+    assert same_key_pairs(keyed_matmuls()) == []
+    assert same_key_pairs([MatmulPrecision(torch.float16)] * 2) == []  # the same state: nothing to serve wrongly
+    three = [FileHashFloor(0.0), KeyedFloor(0.5), FileHashFloor(0.5)]  # keys: file, (file, 0.5), file
+    assert same_key_pairs(three) == [(0, 2, {"floor": (0.0, 0.5)})]
+
+
+def test_a_model_is_named_by_a_corpus_entry_or_a_factory_of_either_form():
+    pair, own = load_model(SPEC + "mlp"), load_model(SPEC + "MLP")  # (module, inputs), and a class with example_inputs
+    assert isinstance(pair.module, MLP) and isinstance(own.module, MLP) and pair.spec == SPEC + "mlp"
+    assert torch.equal(pair.module.up.weight, own.module.up.weight)  # the factory runs with the RNG seeded
+    assert [tuple(x.shape) for x in pair.inputs] == [(4, 16)] and torch.equal(pair.inputs[0], own.inputs[0])
+    entry = load_model("edge_tiny_decoder_block")
+    assert isinstance(entry.module, torch.nn.Module) and entry.inputs and entry.name == "edge_tiny_decoder_block"
+    default = load_model(DEFAULT_MODEL)
+    assert isinstance(default.module, ReluMulAdd) and tuple(default.inputs[0].shape) == (8, 16)
+
+
+@pytest.mark.parametrize(("spec", "error", "says"), [
+    ("edge_tiny_decoder", CorpusError, "no corpus entry named 'edge_tiny_decoder'; did you mean edge_tiny_decoder_block"),
+    ("tests.nowhere:mlp", TransformLoadError, "cannot import module 'tests.nowhere'"),
+    (SPEC + "FLOORS", TransformLoadError, "gives (0.0, 0.5): give 'package.module:factory'"),
+    (SPEC + "floor_relu", TransformLoadError, "building it raised TypeError: floor_relu() missing"),
+])
+def test_a_model_that_does_not_load_says_what_to_give(spec, error, says):
+    with pytest.raises(error) as raised:
+        load_model(spec)
+    assert says in str(raised.value) and ("returns (module, inputs)" in str(raised.value) or "tests.nowhere" in spec)
 
 
 @pytest.mark.slow
@@ -65,6 +114,8 @@ def test_uuid_missing_constructor_state_serves_a_stale_entry():
     assert stale.where.startswith("output")
     assert [c.get("fxgraph_cache_hit") for c in stale.details["compiles"]] == [None, 1, None]
     assert results[UUID].outcome is PASSED and results[BYPASS].outcome is PASSED  # stable and cached: only stale
+    assert ("WARNING: passes[0] and passes[1] get the same cache key from uuid() while their `floor` differs (0.0, 0.5)"
+            in results[UUID].message)  # said before compiling; the stale aspect's compiles prove that it matters
     assert inductor_config.post_grad_custom_post_pass is hook_before  # the config and cache folder left as they were
     assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") == cache_dir
 
@@ -105,9 +156,26 @@ def test_a_uuid_that_changes_with_the_hash_seed_fails_and_stays_fresh():
 
 @pytest.mark.slow
 def test_objects_are_checked_in_another_hook_and_told_how_to_check_stability():
-    results = by_aspect([FileHashFloor(0.0), FileHashFloor(0.5)], hook="joint_custom_pre_pass")
+    # a module with example_inputs() needs no inputs=; the matmul precision missing from uuid() serves a stale graph
+    results = by_aspect(stale_matmuls(), hook="joint_custom_pre_pass", model=MLP())
     assert results[UUID].outcome is SKIPPED and "give 'package.module:NAME'" in results[UUID].message
-    assert results[STALE].outcome is FAILED and "joint_custom_pre_pass" in results[STALE].message
+    assert "WARNING: passes[0] and passes[1] get the same cache key" in results[UUID].message
+    stale = results[STALE]
+    assert stale.outcome is FAILED and "joint_custom_pre_pass" in stale.message and stale.model == "MLP"
+    assert ("MatmulPrecision.uuid() is equal for instances whose `dtype` differs (torch.bfloat16, torch.float16)"
+            in stale.message)
+    assert "torch.bfloat16) kwargs={}  (served, as passes[0] left it)" in stale.node
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("passes", [stale_matmuls, keyed_matmuls])
+def test_on_a_model_the_passes_do_not_change_the_stale_aspect_proves_nothing(passes):
+    stale = by_aspect(passes())[STALE]  # relu(x) * 2 + x: no matmul to run in another precision
+    assert stale.outcome is SKIPPED, stale.message
+    assert ("proved nothing: none of the 2 instances changed the graph of relu_mul_add (it calls aten.add.Tensor, "
+            "aten.mul.Tensor, aten.relu.default)") in stale.message
+    untold = "Whether passes[0] and passes[1], which get the same cache key from uuid() while their `dtype` differs"
+    assert (untold in stale.message) is (passes is stale_matmuls)
 
 
 class RaisingFloor(KeyedFloor):

@@ -8,15 +8,18 @@ then silently returns the first one's results; a ``uuid()`` of None bypasses the
 instances of a pass that differ in their state, :func:`check_graph_cache` reports three aspects:
 
 - ``graph-cache-uuid``: ``uuid()`` is set, pickles, and is the same in two fresh processes with different
-  ``PYTHONHASHSEED`` (this part needs the passes as a spec, which those processes import);
+  ``PYTHONHASHSEED`` (this part needs the passes as a spec, which those processes import); instances whose state
+  differs while their ``uuid()`` keys alike are a warning, found without compiling;
 - ``graph-cache-stale``: the instances compiled one after the other into one fresh cache folder, each one's
-  cached result must equal its result with caches disabled;
+  cached result must equal its result with caches disabled; where no instance changes the model's graph, this
+  proves nothing and says so;
 - ``graph-cache-bypass``: how often Inductor bypassed the cache (``fxgraph_cache_bypass``), and why.
 
-The compiles run in this process, on a tiny model (``relu(x) * 2 + x`` by default) under ``torch.no_grad()``,
-inside ``torch._inductor.utils.fresh_cache`` (a temporary cache folder, in-memory caches cleared before and
-after) and ``torch._inductor.config.patch``: the user's cache folder and config are left as they were, but the
-``torch._dynamo.reset()`` before each compile drops every function this process compiled before.
+The compiles run in this process, on the model given (:func:`load_model`: a corpus entry, or a factory of the
+user's; ``relu(x) * 2 + x`` by default) under ``torch.no_grad()``, inside ``torch._inductor.utils.fresh_cache``
+(a temporary cache folder, in-memory caches cleared before and after) and ``torch._inductor.config.patch``: the
+user's cache folder and config are left as they were, but the ``torch._dynamo.reset()`` before each compile drops
+every function this process compiled before.
 """
 
 from __future__ import annotations
@@ -48,12 +51,12 @@ from torch._inductor.utils import clear_caches, fresh_cache
 from torch.utils import _pytree as pytree
 
 from fxverify.analysis.compare import Mismatch, compare_trees
-from fxverify.analysis.graph_text import canonical_text
+from fxverify.analysis.graph_text import canonical_text, target_name
 from fxverify.cases.case import load_case
 from fxverify.core.results import FAILED, PASSED, SKIPPED, CheckResult, Outcome, exception_summary, short_repr
 from fxverify.core.transform import CallTimedOut, call_with_timeout, load_object
 from fxverify.engine.subject import DEFAULT_TIMEOUT
-from fxverify.errors import FxVerifyError, TransformLoadError
+from fxverify.errors import CorpusError, FxVerifyError, TransformLoadError
 
 UUID, STALE, BYPASS = "graph-cache-uuid", "graph-cache-stale", "graph-cache-bypass"
 ASPECTS = (UUID, STALE, BYPASS)  # the results of check_graph_cache, in this order
@@ -77,13 +80,16 @@ def check_graph_cache(passes: Sequence[CustomGraphPass] | str, *, hook: str = "p
                       timeout: float | None = DEFAULT_TIMEOUT) -> list[CheckResult]:
     """One result per aspect (:data:`ASPECTS`) of the FX graph cache contract of ``passes``: two or more
     instances of a ``CustomGraphPass`` that differ in their state, or a spec ``'package.module:NAME'`` naming
-    such a sequence or a function of no arguments returning one. Each is installed alone as
-    ``torch._inductor.config.<hook>`` (one of :data:`HOOKS`) to compile ``model`` (a module or function, a
-    corpus entry's name, or None: :class:`ReluMulAdd` on an 8x16 input) and run it on ``inputs``; ``timeout``
-    bounds each compile, in seconds.
+    such a sequence or a function of no arguments returning one (:func:`load_passes`). Each is installed alone as
+    ``torch._inductor.config.<hook>`` (one of :data:`HOOKS`) to compile ``model`` and run it on ``inputs``:
+    a model the passes rewrite, else the stale aspect proves nothing and says so. ``model`` is a module or
+    function with ``inputs`` (or a module with ``example_inputs()``), a corpus entry's name or
+    ``'package.module:factory'`` (:func:`load_model`), or None: :class:`ReluMulAdd` on an 8x16 input.
+    ``timeout`` bounds each compile, in seconds.
 
     >>> from fxverify.compile.graph_cache import check_graph_cache
-    >>> for result in check_graph_cache("tests.compile_cache_passes:stale_floors"):  # doctest: +SKIP
+    >>> for result in check_graph_cache("tests.compile_cache_passes:stale_matmuls",
+    ...                                 model="tests.compile_cache_passes:mlp"):  # doctest: +SKIP
     ...     print(result.check, result.outcome)
     graph-cache-uuid passed
     graph-cache-stale failed
@@ -153,6 +159,84 @@ def _same(ours: Any, theirs: Any) -> bool:
 
 
 
+FACTORY = ("give 'package.module:factory' naming a function of no arguments that returns "
+           "(module, inputs), inputs the tuple of forward's arguments, or a module class whose instances have "
+           "example_inputs() returning that tuple")
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """What the passes' compiles run: ``module`` (a module or function) called on ``inputs``, named ``name`` in
+    messages; ``spec`` is the string :func:`load_model` makes it from again (None for objects given as they are)."""
+
+    name: str
+    module: Callable[..., Any]
+    inputs: tuple[Any, ...]
+    spec: str | None = None
+
+
+def load_model(spec: str) -> Model:
+    """The model ``spec`` names: :data:`DEFAULT_MODEL`; a corpus entry's name (built as the corpus builds it, with
+    its example inputs); or ``'package.module:factory'`` (or ``'path/to/file.py:factory'``), a function of no
+    arguments (a module class too) returning ``(module, inputs)`` or a module with an ``example_inputs()`` method
+    (or attribute) giving its inputs as a tuple, or such a pair or module itself. The factory is called with
+    torch's RNG seeded (0), so every call gives the same weights and inputs. Anything else is an
+    :class:`~fxverify.errors.FxVerifyError` saying what to give.
+
+    >>> [tuple(x.shape) for x in load_model("tests.compile_cache_passes:mlp").inputs]
+    [(4, 16)]
+    >>> load_model("edge_tiny_decoder")
+    Traceback (most recent call last):
+    fxverify.errors.CorpusError: no corpus entry named 'edge_tiny_decoder'; did you mean edge_tiny_decoder_block, ...
+    """
+    if spec == DEFAULT_MODEL:
+        return Model(spec, ReluMulAdd(), (torch.randn(8, 16, generator=torch.Generator().manual_seed(0)),), spec)
+    if ":" not in spec:
+        try:
+            case = load_case(spec)
+        except CorpusError as exc:
+            said = str(exc) if str(exc).endswith("?") else f"{exc}."
+            raise CorpusError(f"{said} To compile a model of your own, {FACTORY}") from None
+        return Model(spec, case.build(), case.example_inputs(), spec)
+    loaded = load_object(spec, "graph-cache model")
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            made = loaded() if callable(loaded) and not isinstance(loaded, nn.Module) else loaded
+            found = _with_inputs(made)
+    except Exception as exc:
+        raise TransformLoadError(f"graph-cache model spec {spec!r}: building it raised {exception_summary(exc)}; "
+                                 f"{FACTORY}") from None
+    if found is None:
+        raise TransformLoadError(f"graph-cache model spec {spec!r} gives {short_repr(made, 60)}: {FACTORY}")
+    return Model(spec, *found, spec)
+
+
+def _with_inputs(made: Any) -> tuple[Callable[..., Any], tuple[Any, ...]] | None:
+    """``made`` as (module, inputs): a pair, or a module with its ``example_inputs``; None when it is neither."""
+    if isinstance(made, (tuple, list)) and len(made) == 2 and callable(made[0]):
+        module, inputs = made
+    else:
+        module, inputs = made, getattr(made, "example_inputs", None)
+        inputs = inputs() if callable(inputs) else inputs
+    if isinstance(inputs, torch.Tensor):
+        inputs = (inputs,)
+    if not callable(module) or not isinstance(inputs, (tuple, list)):
+        return None
+    return module, tuple(inputs)
+
+
+def _model(model: Callable[..., Any] | str | None, inputs: Sequence[Any] | None) -> Model:
+    """check_graph_cache's ``model`` and ``inputs`` as one :class:`Model`."""
+    if isinstance(model, str) or model is None:
+        found = load_model(DEFAULT_MODEL if model is None else model)
+        return found if inputs is None else dataclasses.replace(found, inputs=tuple(inputs), spec=None)
+    given = (model, tuple(inputs)) if inputs is not None else _with_inputs(model)
+    if given is None:
+        raise FxVerifyError("model= was given without inputs=: pass the inputs to compile and run it on (a tuple), or "
+                            "give a module with an example_inputs() method")
+    return Model(getattr(model, "__name__", type(model).__name__), *given)
+
 
 @dataclasses.dataclass(frozen=True)
 class _Setup:
@@ -161,11 +245,8 @@ class _Setup:
     passes: tuple[CustomGraphPass, ...]
     spec: str | None
     hook: str
-    model: Callable[..., Any]
-    model_name: str
-    inputs: tuple[Any, ...]
+    model: Model
     timeout: float | None
-    default_model: bool
 
     @property
     def label(self) -> str:
@@ -174,20 +255,21 @@ class _Setup:
         return self.spec or f"{len(self.passes)} instances of {' / '.join(kinds)}"
 
     def input_text(self) -> str:
-        leaves = pytree.tree_leaves(self.inputs)
+        leaves = pytree.tree_leaves(self.model.inputs)
         return ", ".join(f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}" if isinstance(x, torch.Tensor)
                          else short_repr(x, 60) for x in leaves)
 
     def reproduce(self) -> str | None:
-        if self.spec is None or not self.default_model:
+        if self.spec is None or self.model.spec is None:
             return None
+        model = "" if self.model.spec == DEFAULT_MODEL else f", model='{self.model.spec}'"
         return (f"python -c \"from fxverify.compile.graph_cache import check_graph_cache as c; "
-                f"[print(r.message) for r in c('{self.spec}', hook='{self.hook}')]\"")
+                f"[print(r.message) for r in c('{self.spec}', hook='{self.hook}'{model})]\"")
 
     def result(self, aspect: str, outcome: Outcome, finding: str, *, details: dict[str, Any] | None = None,
                where: str | None = None, node: str | None = None) -> CheckResult:
         """The aspect's result, its message laid out as the runner lays out a check's."""
-        lines = [f"fxverify {aspect} check {outcome}", f"  model:      {self.model_name}",
+        lines = [f"fxverify {aspect} check {outcome}", f"  model:      {self.model.name}",
                  f"  passes:     {self.label}", f"  hook:       torch._inductor.config.{self.hook}",
                  f"  input:      {self.input_text()}"]
         if where:
@@ -198,7 +280,7 @@ class _Setup:
         reproduce = self.reproduce()
         if reproduce and outcome is FAILED:
             lines.append(f"  reproduce:  {reproduce}")
-        return CheckResult(aspect, self.model_name, self.label, outcome, message="\n".join(lines),
+        return CheckResult(aspect, self.model.name, self.label, outcome, message="\n".join(lines),
                            details=details or {}, finding=finding if outcome is FAILED else "",
                            input=self.input_text(), where=where, node=node, capture=f"inductor {self.hook}")
 
@@ -207,26 +289,33 @@ def _setup(passes: Sequence[CustomGraphPass] | str, hook: str, model: Callable[.
            inputs: Sequence[Any] | None, timeout: float | None) -> _Setup:
     if hook not in HOOKS:
         raise FxVerifyError(f"hook={hook!r} is not a custom graph pass hook of torch._inductor.config; one of {HOOKS}")
-    spec = passes if isinstance(passes, str) else None
-    found = _passes(load_object(passes, "graph-cache passes") if isinstance(passes, str) else passes, spec)
-    if model is None:
-        given = (torch.randn(8, 16, generator=torch.Generator().manual_seed(0)),) if inputs is None else tuple(inputs)
-        return _Setup(found, spec, hook, ReluMulAdd(), DEFAULT_MODEL, given, timeout, default_model=inputs is None)
-    if isinstance(model, str):
-        case = load_case(model)
-        given = case.example_inputs() if inputs is None else tuple(inputs)
-        return _Setup(found, spec, hook, case.build(), model, given, timeout, default_model=False)
-    if inputs is None:
-        raise FxVerifyError("model= was given without inputs=: pass the inputs to compile and run it on (a tuple)")
-    return _Setup(found, spec, hook, model, getattr(model, "__name__", type(model).__name__), tuple(inputs), timeout,
-                  default_model=False)
+    found = load_passes(passes) if isinstance(passes, str) else _passes(passes, None)
+    return _Setup(found, passes if isinstance(passes, str) else None, hook, _model(model, inputs), timeout)
+
+
+def load_passes(spec: str) -> tuple[CustomGraphPass, ...]:
+    """The two or more ``CustomGraphPass`` instances ``spec`` (``'package.module:NAME'``) names: a sequence of them,
+    or a function of no arguments returning one; :class:`~fxverify.errors.TransformLoadError` saying what to give
+    for anything else.
+
+    >>> [p.dtype for p in load_passes("tests.compile_cache_passes:keyed_matmuls")]
+    [torch.bfloat16, torch.float16]
+    >>> load_passes("tests.compile_cache_passes:FLOORS")
+    Traceback (most recent call last):
+    fxverify.errors.TransformLoadError: graph-cache passes 'tests.compile_cache_passes:FLOORS'[0] is a float, not a ...
+    """
+    return _passes(load_object(spec, "graph-cache passes"), spec)
 
 
 def _passes(given: Any, spec: str | None) -> tuple[CustomGraphPass, ...]:
     """``given`` as two or more ``CustomGraphPass`` instances; ``TransformLoadError`` saying what it is instead."""
     what = f"graph-cache passes {spec!r}" if spec else "passes"
     if callable(given) and not isinstance(given, (CustomGraphPass, Sequence)):
-        given = given()
+        try:
+            given = given()
+        except Exception as exc:
+            raise TransformLoadError(f"{what}: calling it raised {exception_summary(exc)}; give a sequence of two or "
+                                     "more CustomGraphPass instances, or a function of no arguments returning one") from None
     if isinstance(given, CustomGraphPass) or not isinstance(given, Sequence) or isinstance(given, str):
         raise TransformLoadError(f"{what} must be a sequence of two or more CustomGraphPass instances that differ in "
                                  f"their state (or a function returning one), not {short_repr(given, 60)}")
@@ -274,11 +363,43 @@ def _uuid_in_process(setup: _Setup) -> CheckResult | None:
             return setup.result(UUID, FAILED, _unpicklable(setup, values, i, exception_summary(exc)),
                                 details={"uuids": [short_repr(v, 60) for v in values]})
     if setup.spec is None:
+        warning, same = _same_key(setup)
         return setup.result(UUID, SKIPPED, (
             f"uuid() is set and pickles for all {len(values)} instances; whether another process computes the same "
             "value needs the passes as a spec it can import: give 'package.module:NAME' (a sequence of the instances, "
-            "or a function returning one) instead of the objects"), details={"uuids": [short_repr(v, 60) for v in values]})
+            "or a function returning one) instead of the objects" + warning),
+            details={"uuids": [short_repr(v, 60) for v in values], **same})
     return None
+
+
+def same_key_pairs(passes: Sequence[CustomGraphPass]) -> list[tuple[int, int, dict[str, tuple[Any, Any]]]]:
+    """``(i, j, difference)`` for each pair of ``passes`` whose ``uuid()`` Inductor puts into its cache key alike
+    (:func:`inductor_key`) while their instance attributes differ (:func:`differing_state`): one is served the
+    graph the other compiled wherever that state changes what the pass does. Found without compiling.
+
+    >>> from tests.compile_cache_passes import FileHashFloor, KeyedFloor
+    >>> same_key_pairs([FileHashFloor(0.0), FileHashFloor(0.5)]), same_key_pairs([KeyedFloor(0.0), KeyedFloor(0.5)])
+    ([(0, 1, {'floor': (0.0, 0.5)})], [])
+    """
+    keys = [inductor_key(p.uuid()) for p in passes]
+    return [(i, j, difference) for j in range(len(passes)) for i in range(j)
+            if keys[i] == keys[j] and not isinstance(keys[i], str)
+            and (difference := differing_state(passes[i], passes[j]))]
+
+
+def _same_key(setup: _Setup) -> tuple[str, dict[str, Any]]:
+    """The warning of :func:`same_key_pairs` in words (or "") and as details (or none)."""
+    pairs = same_key_pairs(setup.passes)
+    if not pairs:
+        return "", {}
+    i, j, difference = pairs[0]
+    more = f" ({len(pairs)} such pairs)" if len(pairs) > 1 else ""
+    warning = (f"\nWARNING: passes[{i}] and passes[{j}] get the same cache key from uuid() while their "
+               f"{describe_state(difference)}{more}: if that changes what the pass does, Inductor serves one of them "
+               f"the graph the other compiled. {STALE}'s compiles show whether it does on this model")
+    return warning, {"same_key": [{"passes": [a, b], "differ": {name: [short_repr(v, 60) for v in values]
+                                                               for name, values in differ.items()}}
+                                  for a, b, differ in pairs]}
 
 
 def _unpicklable(setup: _Setup, values: list[Any], i: int, error: str) -> str:
@@ -328,7 +449,7 @@ def uuid_digests(spec: str) -> list[dict[str, str]]:
     {'sha256': '5c0e...', 'repr': "(b'...', 0.5)"}
     """
     found = []
-    for graph_pass in _passes(load_object(spec, "graph-cache passes"), spec):
+    for graph_pass in load_passes(spec):
         try:
             value = graph_pass.uuid()
             found.append({"sha256": hashlib.sha256(pickle.dumps(value)).hexdigest(), "repr": short_repr(value, 60)})
@@ -390,8 +511,10 @@ def _stability_result(setup: _Setup, across: Digests | str) -> CheckResult:
                 "process wrote (results stay right, every compile runs cold). The usual causes are hash() of a str or "
                 "bytes, a set's order, id() or an address in the value: hash text with hashlib instead "
                 "(get_hash_for_files((__file__,)) for the code)"), details=details)
+    warning, same = _same_key(setup)
     return setup.result(UUID, PASSED, f"uuid() is set, pickles and is the same under PYTHONHASHSEED="
-                                      f"{' and '.join(HASH_SEEDS)} for all {len(first)} instances", details=details)
+                                      f"{' and '.join(HASH_SEEDS)} for all {len(first)} instances{warning}",
+                        details={**details, **same})
 
 
 # -- compiles ---------------------------------------------------------------------------------------------------
@@ -402,20 +525,30 @@ class _Compiled:
     """One compile of the model with one pass in its hook, and one run of it."""
 
     outputs: Any
-    graphs: tuple[str, ...]  # the graphs the hook left, as canonical text (none when the cache served the compile)
+    received: tuple[str, ...]  # the graphs the pass was given, as canonical text (none when the cache served it)
+    graphs: tuple[str, ...]  # the graphs the pass left
+    ops: tuple[str, ...]  # the ops the graphs it was given call
     counts: dict[str, int]  # what the compile added to counters["inductor"]: fxgraph_cache_hit, _miss, _bypass
     bypass_reasons: tuple[str, ...]  # Inductor's reasons for each bypass
     seconds: float
 
+    @property
+    def changed(self) -> bool:
+        """The pass ran and left some graph other than it was given."""
+        return self.graphs != self.received
+
 
 class _GraphRecorder(CustomGraphPass):
-    """Runs after the pass in its hook and keeps the graph it left: no graph means the pass never ran (a cache hit)."""
+    """Keeps each graph it is called on, as canonical text, and the ops it calls: before the pass in its hook, the
+    graphs the pass is given; after it, those it left. No graph means the pass never ran (a cache hit)."""
 
     def __init__(self) -> None:
         self.graphs: list[str] = []
+        self.ops: set[str] = set()
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         self.graphs.append(canonical_text(graph))
+        self.ops.update(target_name(n).removeprefix("torch.ops.") for n in graph.nodes if n.op == "call_function")
 
     def uuid(self) -> str:
         return "fxverify.compile.graph_cache._GraphRecorder"
@@ -453,22 +586,22 @@ def _bypass_reasons() -> Iterator[list[str]]:
 def _compile(setup: _Setup, graph_pass: CustomGraphPass | None, *, cached: bool) -> _Compiled:
     """Compile the model afresh with ``graph_pass`` alone in the hook (with the cache, or with caches disabled),
     and run it once with the RNG seeded."""
-    recorder = _GraphRecorder()
+    given, left = _GraphRecorder(), _GraphRecorder()
     torch._dynamo.reset()
     clear_caches()
     before = collections.Counter(counters["inductor"])
-    patch = {setup.hook: [p for p in (graph_pass, recorder) if p is not None], "fx_graph_cache": cached,
+    patch = {setup.hook: [p for p in (given, graph_pass, left) if p is not None], "fx_graph_cache": cached,
              "fx_graph_remote_cache": False, "force_disable_caches": not cached}
     start = time.perf_counter()
     with inductor_config.patch(patch), _bypass_reasons() as reasons, torch.no_grad(), \
             torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # dynamo_pgo's "force disabled by force_disable_caches", and the like
         torch.manual_seed(0)
-        outputs = call_with_timeout(lambda: torch.compile(setup.model)(*setup.inputs), (), setup.timeout)
+        outputs = call_with_timeout(lambda: torch.compile(setup.model.module)(*setup.model.inputs), (), setup.timeout)
     added = collections.Counter(counters["inductor"])
     added.subtract(before)
-    return _Compiled(outputs, tuple(recorder.graphs), {k: v for k, v in sorted(added.items()) if v > 0},
-                    tuple(reasons), time.perf_counter() - start)
+    return _Compiled(outputs, tuple(given.graphs), tuple(left.graphs), tuple(sorted(given.ops)),
+                     {k: v for k, v in sorted(added.items()) if v > 0}, tuple(reasons), time.perf_counter() - start)
 
 
 class _CompileRaised(Exception):
@@ -531,18 +664,36 @@ def _stale_result(setup: _Setup, cached: list[_Compiled], fresh: dict[int, _Comp
     if all(c.counts.get("fxgraph_cache_bypass") for c in cached[1:]):
         return setup.result(STALE, SKIPPED, f"Inductor bypassed the FX graph cache (see {BYPASS}): no entry was "
                                             "written or read, so none could go stale", details=details)
-    same = [i for i in fresh if inductor_key(setup.passes[i].uuid()) == inductor_key(setup.passes[i - 1].uuid())
-            and cached[i - 1].graphs == fresh[i].graphs]
+    ran = {0: cached[0], **fresh}  # a compile in which each instance ran: the first's into the empty cache, the others'
+    #                                 with caches disabled
+    if not any(c.changed for c in ran.values()):
+        return setup.result(STALE, SKIPPED, _proved_nothing(setup, ran), details=details)
+    same = [(i, j, difference) for i, j, difference in same_key_pairs(setup.passes) if ran[i].graphs == ran[j].graphs]
     if same:
-        i = same[0]
-        state = describe_state(differing_state(setup.passes[i - 1], setup.passes[i]))
+        i, j, difference = same[0]
         return setup.result(STALE, SKIPPED, (
-            f"passes[{i - 1}] and passes[{i}] ({state}) have the same uuid() and leave the same graph on this model, "
-            "so a stale entry could not show here. If what differs does not change what the pass does, this is "
-            "fine; else give a model whose graph it changes"), details=details)
+            f"proved nothing for passes[{i}] and passes[{j}]: they get the same cache key from uuid() while their "
+            f"{describe_state(difference)}, and leave the same graph on {setup.model.name}, so a stale entry could not "
+            "show here. If what differs does not change what the pass does, this is fine; else give a model whose "
+            "graph it changes (model=, or --fxverify-graph-cache-model in pytest)"), details=details)
     return setup.result(STALE, PASSED, (
         f"each of {len(fresh)} later instance(s), compiled after the others into one fresh FX graph cache, gives the "
         "output it gives with caches disabled"), details=details)
+
+
+def _proved_nothing(setup: _Setup, ran: dict[int, _Compiled]) -> str:
+    """Why the stale aspect proves nothing where no instance changed the model's graph, and what to give instead."""
+    ops = sorted({op for c in ran.values() for op in c.ops})
+    listed = ", ".join(ops[:12]) + (f" and {len(ops) - 12} more" if len(ops) > 12 else "")
+    pairs = same_key_pairs(setup.passes)
+    untold = "" if not pairs else (
+        f" Whether passes[{pairs[0][0]}] and passes[{pairs[0][1]}], which get the same cache key from uuid() while "
+        f"their {describe_state(pairs[0][2])}, share a stale entry is not known (see {UUID})")
+    return (f"proved nothing: none of the {len(ran)} instances changed the graph of {setup.model.name} (it calls "
+            f"{listed or 'no op'}), so each one's compiled graph computes what any other's would, and a stale entry "
+            "could not show. Give a model holding the ops the passes rewrite: model= (a corpus "
+            "entry's name, or 'package.module:factory' returning (module, inputs)), or --fxverify-graph-cache-model "
+            f"in pytest.{untold}")
 
 
 def _stale_failure(setup: _Setup, cached: list[_Compiled], fresh: dict[int, _Compiled], i: int, mismatch: Mismatch,

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from fxverify.plugin.options import FAST_ORDER, RunOptions, add_options, backend_dtype, compile_specs, raw
+from fxverify.plugin.options import FAST_ORDER, RunOptions, add_options, backend_dtype, compile_specs, graph_cache_model, raw
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -124,13 +124,16 @@ def _reference_store(cache: Any) -> Any:
 
 def add_compile_passes(config: pytest.Config, options: RunOptions, specs: dict[str, tuple[str, ...]]) -> None:
     """The items of ``--fxverify-patterns``, ``--fxverify-backend`` and ``--fxverify-graph-cache``: passes that run
-    inside torch.compile (backends over the models ``--fxverify-corpus`` selects)."""
+    inside torch.compile (backends over the models ``--fxverify-corpus`` selects, the graph cache's passes over
+    ``--fxverify-graph-cache-model``)."""
     from fxverify.cases.case import ModelCase
     from fxverify.plugin.compile_items import CompileRun, check_specs
 
-    check_specs(specs)
+    model = graph_cache_model(config)
+    check_specs(specs, model)
     cases = [ModelCase(e) for e in selected_entries(options)] if "backend" in specs else []
-    config.pluginmanager.register(CompileRun(specs, cases, options.timeout, backend_dtype(config)), "fxverify-compile")
+    config.pluginmanager.register(CompileRun(specs, cases, options.timeout, backend_dtype(config), model),
+                                  "fxverify-compile")
 
 
 def add_random_graphs(config: pytest.Config, options: RunOptions) -> Any:

@@ -5,7 +5,8 @@ models) and ``--fxverify-graph-cache`` (the FX graph cache contract of a ``Custo
 Each spec is one collector, ``<kind>:<spec>``, with one item per result of the check it runs, named
 ``compile[<subject>-<check>]`` (the subject a pattern, a model or the pass set). A subject's results are
 computed once, by its first item, and kept for the others. Imported by the plugin only when one of
-these options is given.
+these options is given; :func:`check_specs` makes a spec that names no usable object (and a graph-cache model
+that does not load) a usage error before anything runs.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from fxverify.core.results import CheckResult
 from fxverify.core.transform import load_object
 from fxverify.errors import FxVerifyError
 from fxverify.plugin.items import ResultItem
+from fxverify.plugin.options import usage
 
 
 @dataclasses.dataclass(eq=False)  # pytest plugins must be hashable
@@ -32,6 +34,7 @@ class CompileRun:
     cases: list[ModelCase]
     timeout: float
     dtype: str = "float32"
+    graph_cache_model: str | None = None  # what --fxverify-graph-cache compiles (None: its default model)
 
     def __post_init__(self) -> None:
         self.results: dict[tuple[str, str, str], dict[str, CheckResult]] = {}
@@ -53,7 +56,7 @@ class CompileRun:
 
             case = next(c for c in self.cases if c.name == subject)
             return backend.check_backend(spec, case, dtype=getattr(torch, self.dtype), timeout=self.timeout)
-        return graph_cache.check_graph_cache(spec, timeout=self.timeout)
+        return graph_cache.check_graph_cache(spec, model=self.graph_cache_model, timeout=self.timeout)
 
     def subjects(self, kind: str, spec: str) -> list[tuple[str, tuple[str, ...]]]:
         """``(subject, checks)`` of ``spec``: each pattern it registers, each selected model, or the pass set."""
@@ -79,14 +82,27 @@ class CompileRun:
         return report
 
 
-def check_specs(specs: dict[str, tuple[str, ...]]) -> None:
-    """Load every spec once, so that a wrong one is a usage error naming it before anything runs."""
+LOADERS: dict[str, Callable[[str], Any]] = {  # what a spec of each kind must load as
+    "patterns": lambda spec: load_object(spec, "patterns"),  # what it registers is read at collection
+    "backend": backend.resolve_backend,  # a callable
+    "graph-cache": graph_cache.load_passes,  # two or more CustomGraphPass instances
+}
+
+
+def check_specs(specs: dict[str, tuple[str, ...]], graph_cache_model: str | None = None) -> None:
+    """Load every spec once, and the graph-cache model when graph-cache specs are given, so that a wrong one is a
+    usage error, one line naming it and saying what to give, before anything runs."""
     for kind, given in specs.items():
         for spec in given:
             try:
-                load_object(spec, kind)
+                LOADERS[kind](spec)
             except FxVerifyError as exc:
                 raise pytest.UsageError(f"fxverify: {exc}") from None
+    if graph_cache_model is not None and "graph-cache" in specs:
+        try:
+            graph_cache.load_model(graph_cache_model)
+        except FxVerifyError as exc:
+            raise usage("fxverify_graph_cache_model", f"does not load: {exc}") from None
 
 
 class SpecCollector(pytest.Collector):

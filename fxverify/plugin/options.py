@@ -112,7 +112,13 @@ OPTIONS: tuple[Option, ...] = (
            "bfloat16"),
     Option("fxverify_graph_cache", "MOD:NAME", "", "CustomGraphPass instances whose FX graph cache contract to "
            "check (fxverify.check_graph_cache): a sequence of two or more instances that differ in state, or a "
-           "function returning one; compiles tiny models with Inductor; repeatable (ini: one per line)", LINES),
+           "function returning one; compiles --fxverify-graph-cache-model with Inductor; repeatable (ini: one per line)",
+           LINES),
+    Option("fxverify_graph_cache_model", "MODEL", "", "the model --fxverify-graph-cache compiles, one whose graph the "
+           "passes rewrite (else graph-cache-stale proves nothing, and says so): a corpus entry's name, or "
+           "'package.module:factory' (or 'path/to/file.py:factory') naming a function of no arguments that returns "
+           "(module, inputs), inputs the tuple of forward's arguments, or a module class with an example_inputs() "
+           "method returning that tuple", shown_default="relu(x) * 2 + x"),
     Option("fxverify_json", "FILE", "", "write machine-readable results (one record per item, with numbers and "
            "timing) to FILE", REPORT),
     Option("fxverify_html", "FILE", "", "write a self-contained HTML report (matrix, graph pictures and code diff "
@@ -140,7 +146,8 @@ def add_options(parser: pytest.Parser) -> None:
                           help=option.help)
 
 
-def _usage(option: str, problem: str) -> pytest.UsageError:
+def usage(option: str, problem: str) -> pytest.UsageError:
+    """The usage error of a bad value of ``option`` (its ini name), naming its flag and ini key."""
     named = next(o for o in OPTIONS if o.name == option)
     where = f" (ini {named.name})" if named.ini else ""
     return pytest.UsageError(f"fxverify: {named.flag}{where} {problem}")
@@ -183,18 +190,18 @@ class RunOptions:
         chosen = tuple(c.strip() for c in (raw(config, "fxverify_checks") or "").split(",") if c.strip()) or names()
         unknown = [c for c in chosen if c not in names()]
         if unknown:
-            raise _usage("fxverify_checks", f"names unknown checks {unknown}; known: {', '.join(names())}")
+            raise usage("fxverify_checks", f"names unknown checks {unknown}; known: {', '.join(names())}")
         captures = tuple(dict.fromkeys(c.strip() for c in (raw(config, "fxverify_capture") or "").split(",")
                                        if c.strip())) or (DEFAULT_CAPTURE,)
         unknown = [c for c in captures if c not in capture_names()]
         if unknown:
-            raise _usage("fxverify_capture", f"names unknown captures {unknown}; known: {', '.join(capture_names())}")
+            raise usage("fxverify_capture", f"names unknown captures {unknown}; known: {', '.join(capture_names())}")
         check_options = {option.name.removeprefix(PREFIX): _value(config, option) for option in OPTIONS
                          if option.name.removeprefix(PREFIX) in option_keys()}
         for option in OPTIONS:  # a flag given for a check the run leaves out
             key = option.name.removeprefix(PREFIX)
             if option.kind == FLAG and check_options.get(key) and owner_of(key) not in chosen:
-                raise _usage(option.name, f"is for the {owner_of(key)} check, but --fxverify-checks leaves out the "
+                raise usage(option.name, f"is for the {owner_of(key)} check, but --fxverify-checks leaves out the "
                                           f"{owner_of(key)} check: add {owner_of(key)} to it")
         return cls(
             transforms=transforms,
@@ -231,6 +238,12 @@ def backend_dtype(config: pytest.Config) -> str:
     return _choice("fxverify_backend_dtype", raw(config, "fxverify_backend_dtype") or "float32", BACKEND_DTYPES)
 
 
+def graph_cache_model(config: pytest.Config) -> str | None:
+    """``--fxverify-graph-cache-model`` as given, or None for the default model (the plugin loads it, and makes a bad
+    one a :func:`usage` error)."""
+    return (raw(config, "fxverify_graph_cache_model") or "").strip() or None
+
+
 def _named(name: str) -> Option:
     return next(o for o in OPTIONS if o.name == name)
 
@@ -252,13 +265,13 @@ def _number(name: str, value: Any, kind: Callable[[Any], Any], expected: str, va
     except (TypeError, ValueError):
         number = None
     if number is None or not valid(number):
-        raise _usage(name, f"must be {expected}, got {value!r}")
+        raise usage(name, f"must be {expected}, got {value!r}")
     return number
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
     if value not in allowed:
-        raise _usage(name, f"must be one of {', '.join(allowed)}, got {value!r}")
+        raise usage(name, f"must be one of {', '.join(allowed)}, got {value!r}")
     return value
 
 
@@ -272,7 +285,7 @@ def _graph_options(text: str) -> dict[str, Any]:
     try:
         return parse_graph_options(text)
     except ValueError as exc:
-        raise _usage("fxverify_random_graph_options", str(exc)) from None
+        raise usage("fxverify_random_graph_options", str(exc)) from None
 
 
 def _path(config: pytest.Config, name: str) -> Path | None:
