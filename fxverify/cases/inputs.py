@@ -103,6 +103,28 @@ def with_batch(config: InputConfig, batch: int) -> InputConfig:
     return _config(tuple(_with_batch(s, batch) for s in config.specs))
 
 
+def with_size(config: InputConfig, size: int, new: int, *, only: tuple[int, int] | None = None) -> InputConfig:
+    """``config`` with each dimension past the batch (dimension 0) that is ``size`` long, in every input, made
+    ``new`` long (dimensions of one size usually stand for one quantity: a sequence length an input shares with
+    its mask); with ``only=(input, dimension)``, that dimension alone. Named as its batch configuration would be,
+    after the first input's shape, then each other input whose shape changed.
+
+    >>> config = InputConfig("b2-6x16", (InputSpec((2, 6, 16)), InputSpec((2, 6), "bool")))
+    >>> with_size(config, 6, 9).describe()
+    'b2-9x16+x1-2x9 (x0: 2x9x16 float32, x1: 2x9 bool)'
+    >>> with_size(config, 6, 9, only=(0, 1)).name
+    'b2-9x16'
+    """
+    specs = []
+    for i, spec in enumerate(config.specs):
+        shape = tuple(new if d > 0 and n == size and only in (None, (i, d)) else n for d, n in enumerate(spec.shape))
+        specs.append(dataclasses.replace(spec, shape=shape))
+    changed = [f"+x{i}-{'x'.join(map(str, s.shape))}" for i, (s, was) in enumerate(zip(specs, config.specs))
+               if i > 0 and s.shape != was.shape]
+    first = _config(tuple(specs))
+    return InputConfig(first.name + "".join(changed), first.specs, config.scale)
+
+
 def _in_dtype(spec: InputSpec, dtype: str) -> InputSpec:
     """``spec`` in the model's ``dtype`` when it is a floating input."""
     floating = getattr(torch, spec.dtype).is_floating_point
