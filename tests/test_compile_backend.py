@@ -1,6 +1,8 @@
-"""fxverify.compile.backend: each buggy backend of tests/compile_backends.py is caught by the aspect meant for it,
-naming the backend, the model and the first bad node or input, while its correct twin, and the plain correct
-backends, pass every aspect. Tests that compile are slow (0.1-0.8 s a dynamo capture; 1-5 s a backend on a model)."""
+"""fxverify.compile.backend: each buggy backend of tests/compile_backends.py is caught by the aspect meant for it
+(the first to fail, in ASPECTS order), naming the backend, the model and the first bad node or input, while its
+correct twin, and the plain correct backends (the identity, aot_eager), pass every aspect, models that update
+buffers in forward among them. Tests that compile are slow (0.1-0.8 s a dynamo capture; 2-10 s a backend on a
+model)."""
 
 from __future__ import annotations
 
@@ -9,10 +11,16 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from fxverify.compile.backend import ASPECTS, Recorder, check_backend, resolve_backend
+import fxverify
+from fxverify.cases.case import load_case
+from fxverify.compile.backend import ASPECTS, GRADIENT_ASPECTS, Recorder, Trial, check_backend, resolve_backend
 from fxverify.core.results import FAILED, PASSED, SKIPPED
 from fxverify.errors import TransformLoadError
 from tests import compile_backends as backends
+
+AOT_EAGER = "torch._dynamo.backends.debugging:aot_eager"  # torch.compile(backend="aot_eager"), as a spec names it
+STATEFUL = ["edge_running_statistics", "edge_counter_buffer", "edge_buffer_written_through_view",
+            "edge_kv_cache_attention"]  # the edge entries whose forward updates buffers (tag "stateful")
 
 
 class ConvRelu(nn.Module):
@@ -26,6 +34,10 @@ class ConvRelu(nn.Module):
 
 def outcomes(results):
     return {r.check: r.outcome for r in results}
+
+
+def failed_aspects(results):
+    return [r.check for r in results if r.outcome is FAILED]
 
 
 def test_the_recorder_names_the_node_a_backend_rewrote_in_the_graph_it_was_handed():
@@ -78,7 +90,10 @@ def test_a_backend_rewriting_the_graph_it_is_handed_fails_input_unchanged_and_it
 @pytest.mark.slow
 def test_a_backend_reusing_what_it_compiled_at_the_first_batch_size_fails_recompile_and_its_twin_passes():
     results = check_backend(backends.ReshapeAtFirstBatch(), "edge_conv_bn_head")
-    assert {check for check, outcome in outcomes(results).items() if outcome is FAILED} == {"backend-recompile"}
+    # under dynamic=True too, its cache by code serves the batch-2 artifact to dynamo's recompile at batch 3
+    assert failed_aspects(results) == ["backend-recompile", "backend-dynamic-shapes"]
+    dynamic = next(r for r in results if r.check == "backend-dynamic-shapes")
+    assert "Dynamo compiled the graph again for b3-3x16x16" in dynamic.finding
     found = next(r for r in results if r.check == "backend-recompile")
     assert found.transform == "tests.compile_backends:ReshapeAtFirstBatch" and found.model == "edge_conv_bn_head"
     assert found.input.startswith("b1-3x16x16 (x0: 1x3x16x16 float32), float32, eval mode, static shapes")
@@ -97,7 +112,7 @@ def test_correct_plain_and_aot_autograd_backends_pass_every_aspect(model, dtype)
     plain = check_backend(backends.returns_forward, model, dtype=dtype)
     assert_passes_every_aspect(plain)
     skipped = next(r for r in plain if r.check == "backend-backward-graph")
-    assert skipped.outcome is SKIPPED and "not made by aot_autograd" in skipped.message
+    assert skipped.outcome is SKIPPED and "not an aot_autograd(...) object" in skipped.message
     aot = check_backend(backends.boxed_aot, model, dtype=dtype)
     assert_passes_every_aspect(aot)
     backward = next(r for r in aot if r.check == "backend-backward-graph")
@@ -129,3 +144,102 @@ def test_a_backend_that_raises_or_detaches_fails_naming_itself():
     gradients = check_backend(detaches, "edge_conv_bn_head", aspects=["backend-outputs", "backend-gradients"])
     assert [r.outcome for r in gradients] == [PASSED, FAILED]
     assert "outputs do not require grad, where eager's do" in gradients[1].finding
+
+
+def test_the_sizes_varied_are_those_eager_runs_at_one_dimension_at_a_time():
+    def varied(model):
+        return [what for _, what in Trial(backends.identity, "identity", load_case(model), torch.float32, None).variations]
+
+    # the sequence length (the entry's spatial size 6 -> 9), not the width the norm weights fix at 16
+    assert varied("edge_tiny_decoder_block") == ["dimension 1 of x0: 6 -> 9", "the batch: 2 -> 3",
+                                                 "the batch (the entry's other batch size): 2 -> 1"]
+    # height and width together (one size, one symbol), not the channels a convolution fixes at 3
+    assert varied("edge_conv_bn_head")[0] == "dimensions 2, 3 of x0: 16 -> 24"
+    # the int64 token input's length, its float input's width (8, read by a Linear) left as it is
+    assert varied("edge_integer_inputs")[0] == "dimension 1 of x0: 5 -> 7"
+    # features a Linear reads: only the batch varies
+    assert varied("layer_linear_layernorm") == ["the batch: 2 -> 3", "the batch (the entry's other batch size): 2 -> 1"]
+
+
+def test_a_contract_on_an_aot_autograd_backend_keeps_it_observed_and_named():
+    declared = fxverify.contract(modes=("eval",))(backends.boxed_aot)
+    assert Recorder(declared, "declared").made_by_aot_autograd
+    assert resolve_backend(declared)[1].startswith("aot_autograd(fw_compiler=tests.compile_backends:_boxed_forward")
+
+
+def test_a_backend_declared_for_other_dtypes_is_not_run_on_a_model_in_this_one():
+    results = check_backend(backends.float32_linear, "edge_tiny_decoder_block", dtype=torch.bfloat16)
+    assert [r.outcome for r in results] == [SKIPPED] * len(ASPECTS)
+    assert all("declares dtypes=float32 (@fxverify.contract): not run on a bfloat16 model" in r.message
+               for r in results)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", [backends.identity, AOT_EAGER])
+def test_correct_backends_pass_every_aspect_on_models_that_update_buffers(backend):
+    for model in STATEFUL:
+        results = check_backend(backend, model)
+        assert_passes_every_aspect(results)
+        dynamic = next(r for r in results if r.check == "backend-dynamic-shapes")
+        assert dynamic.outcome is PASSED and dynamic.details["configs"] == ["b2-8", "b3-8", "b1-8"]
+
+
+@pytest.mark.slow
+def test_a_backend_losing_the_buffer_updates_fails_outputs_naming_the_buffer():
+    results = check_backend(backends.runs_on_copies, "edge_running_statistics", aspects=["backend-outputs"])
+    found = results[0]  # the output does not read the buffers: only their state after the call shows it
+    assert found.outcome is FAILED and found.where == "buffer['running_mean']"
+    assert "buffers of the model compiled with backend tests.compile_backends:runs_on_copies differ" in found.finding
+    assert "must make those updates" in found.finding
+    results = check_backend(backends.runs_on_copies, "edge_counter_buffer", aspects=["backend-recompile"])
+    assert results[0].where == "buffer['count']" and "expected 1, got 0" in results[0].finding
+
+
+@pytest.mark.slow
+def test_a_backend_specialising_a_dynamic_graph_in_place_fails_input_unchanged_then_dynamic_shapes():
+    results = check_backend(backends.specialize_sizes_in_place, "edge_tiny_decoder_block")
+    assert failed_aspects(results) == ["backend-input-unchanged", "backend-dynamic-shapes"]
+    changed, dynamic = (r for r in results if r.outcome is FAILED)
+    assert "changed the GraphModule dynamo handed it under dynamic=True" in changed.finding
+    assert "keep its sizes symbolic" in changed.finding
+    assert changed.node == "call_method view target=view args=(%linear, %s77, %s27, 4, 4) kwargs={}"
+    assert dynamic.input.startswith("b2-9x16 (x0: 2x9x16 float32), float32, eval mode, dynamic=True "
+                                    "(dimension 1 of x0: 6 -> 9), after b2-6x16 in float32")
+    assert "shape '[2, 6, 4, 4]' is invalid for input of size 288" in dynamic.finding
+    assert "dynamo reused the graph it compiled under dynamic=True" in dynamic.finding
+    assert "backend-input-unchanged: it changed graph 1" in dynamic.finding
+    assert_passes_every_aspect(check_backend(backends.specialize_sizes_with_fallback, "edge_tiny_decoder_block"))
+
+
+@pytest.mark.slow
+def test_a_backend_caching_lowerings_without_dtypes_fails_the_dtype_sequence_and_its_twin_passes():
+    results = check_backend(backends.CachedLowering(dtypes=False), "layer_linear_layernorm")
+    assert failed_aspects(results) == ["backend-dtypes"]
+    found = next(r for r in results if r.outcome is FAILED)
+    assert found.input == "b3-8 (x0: 3x8 float32), float32, eval mode, static shapes, after b3-8 in bfloat16"
+    assert "dtype differs: expected torch.float32, got torch.bfloat16" in found.finding
+    assert "key the cache by the inputs' dtypes too" in found.finding
+    assert_passes_every_aspect(check_backend(backends.CachedLowering(dtypes=True), "layer_linear_layernorm"))
+
+
+@pytest.mark.slow
+def test_an_inference_backend_skips_the_gradient_aspects_when_declared_and_fails_gradients_when_not():
+    declared = check_backend(backends.inference_linear, "edge_tiny_decoder_block")
+    assert_passes_every_aspect(declared)
+    for result in declared:
+        if result.check in GRADIENT_ASPECTS:
+            assert result.outcome is SKIPPED and "declares modes=eval (@fxverify.contract): an inference backend" \
+                in result.message
+    undeclared = check_backend(backends.lower_linear, "edge_tiny_decoder_block")
+    assert failed_aspects(undeclared) == ["backend-gradients"]
+    found = next(r for r in undeclared if r.outcome is FAILED)
+    assert "no autograd formula was registered" in found.finding
+    assert "@fxverify.contract(modes=(\"eval\",))" in found.finding
+
+
+@pytest.mark.slow
+def test_a_float32_backend_skips_the_bfloat16_part_of_the_dtype_sequence_saying_so():
+    results = check_backend(backends.float32_linear, "edge_tiny_decoder_block",
+                            aspects=["backend-outputs", "backend-dtypes"])
+    assert [r.outcome for r in results] == [PASSED, SKIPPED]
+    assert "declares dtypes=float32 (@fxverify.contract): the bfloat16 part of the dtype sequence" in results[1].message

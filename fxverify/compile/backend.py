@@ -2,28 +2,47 @@
 and the callable it returns, checked on a corpus model one aspect at a time (:func:`check_backend`).
 
 Every compile wraps the backend in a :class:`Recorder`, which notes each call dynamo makes of it (the graph's
-size, its example inputs, what the backend changed in the GraphModule it was handed) and nothing else. Outputs
-and gradients are judged against eager by fxverify's float64 rule
+size, its example inputs, what the backend changed in the GraphModule it was handed) and nothing else. A compiled
+model is called in a sequence of :class:`Call` s (a :class:`Run`), and each call is judged against a fresh eager
+model given the same sequence of calls, in the same mode (a :class:`Replay`): a model that updates buffers in
+forward (a running mean, a call counter, a KV cache) starts each call from the state its earlier calls left, in
+both. Each call's outputs, then the model's buffers after it, are judged by fxverify's float64 rule
 (:func:`fxverify.analysis.compare.compare_trees`): where not allclose, the compiled model's error against the
 eager model run in float64 may be a small multiple of eager's own. The aspects, in :data:`ASPECTS` order:
 
-- ``backend-outputs``: the model compiled with static shapes, eval mode, on its primary input;
+- ``backend-outputs``: the model compiled with static shapes, eval mode, under ``torch.no_grad()``, on its
+  primary input;
 - ``backend-recompile``: the same compiled model at another batch size of the entry (``batch_sizes``): dynamo
   specialises the graph again and hands it to the backend again (a backend caching its artifact by a key the
   two graphs share is wrong there);
-- ``backend-input-unchanged``: every GraphModule handed to the backend is unchanged when the backend returns (its
-  graph, code and tensors; pytorch#138980: ``compile_fx`` rewrote the output node's args to ``(None,)``);
+- ``backend-dtypes``: one backend (its own state kept) compiles the model in bfloat16, then in float32, at sizes
+  the earlier aspects did not compile: each call must give eager's outputs in its own dtype (a cache of
+  compiled graphs keyed by the graph's code and shapes, not dtypes, serves the bfloat16 artifact to float32);
+- ``backend-input-unchanged``: every GraphModule handed to the backend, with static shapes and under
+  ``dynamic=True``, is unchanged when the backend returns (its graph, code and tensors; pytorch#138980:
+  ``compile_fx`` rewrote the output node's args to ``(None,)``; a backend specialising a dynamic graph to its
+  example's sizes in place changes what dynamo reuses at other sizes);
 - ``backend-graph-breaks``: on a model dynamo splits into several graphs, every graph went through the backend and
   the outputs agree;
-- ``backend-dynamic-shapes``: ``torch.compile(dynamic=True)`` at two batch sizes;
+- ``backend-dynamic-shapes``: ``torch.compile(dynamic=True)`` called at every size the model's inputs allow, one
+  dimension at a time (:meth:`Trial.variations`: each size of the primary input eager also runs at, such as a
+  sequence length, then the batch at a size dynamo keeps symbolic, then the entry's other batch size);
 - ``backend-gradients``: gradients of ``sum(outputs * fixed random weights)`` with respect to the inputs and
   parameters, in eval mode (no dropout mask or batch statistics to match);
 - ``backend-backward-graph``: for a backend made by ``aot_autograd``, its ``bw_compiler`` got the backward graph.
   Dynamo hands any backend forward graphs only (pytorch#114189): a plain callable never sees a backward graph,
   autograd differentiates what it returns, and the aspect skips saying so.
 
+A backend declares what it promises with :func:`fxverify.contract` (:class:`~fxverify.core.contracts.Contract`):
+``modes=("eval",)``, an inference backend, promises eager's results under ``torch.no_grad()`` (the two gradient
+aspects skip, saying so); ``dtypes`` the dtypes it runs (the other parts of the dtype sequence, or every aspect of
+a model in another dtype, skip); ``rtol`` / ``atol`` / ``range_tol`` loosen the tolerances.
+
 A backend that raises, hangs or returns what is not callable fails the aspects that needed it, naming it, the model
-and the graph it was handed. Costs measured on 2 cores: 0.1-0.8 s a dynamo capture of an edge entry or resnet18.
+and the graph it was handed; where ``torch.compile(backend="eager")`` (dynamo alone) fails on the same calls too,
+the aspect skips, naming dynamo. Costs measured on 2 cores: 0.1-0.8 s a dynamo capture of an edge entry or
+resnet18; the dtype sequence adds two static compiles a model, the sizes ``backend-dynamic-shapes`` varies one call
+(and an eager probe) each.
 """
 
 from __future__ import annotations
@@ -43,8 +62,9 @@ from fxverify.analysis.compare import Mismatch, Tolerance, compare_trees, compar
 from fxverify.analysis.graph_text import node_line
 from fxverify.analysis.module_state import Snapshot
 from fxverify.cases.case import ModelCase, load_case
-from fxverify.cases.inputs import InputConfig, with_batch
+from fxverify.cases.inputs import InputConfig, with_batch, with_size
 from fxverify.checks.gradients import loss_gradients
+from fxverify.core.contracts import STRICT, Contract, contract_of
 from fxverify.core.results import ERROR, FAILED, PASSED, SKIPPED, CheckResult, Finding, Outcome, Skip, exception_summary
 from fxverify.core.transform import CallTimedOut, call_with_timeout, load_object
 from fxverify.engine.subject import DEFAULT_TIMEOUT
@@ -55,12 +75,15 @@ Backend = Callable[[fx.GraphModule, list[torch.Tensor]], Callable[..., Any]]
 ASPECTS: tuple[str, ...] = (
     "backend-outputs",
     "backend-recompile",
+    "backend-dtypes",
     "backend-input-unchanged",
     "backend-graph-breaks",
     "backend-dynamic-shapes",
     "backend-gradients",
     "backend-backward-graph",
 )
+GRADIENT_ASPECTS = ("backend-gradients", "backend-backward-graph")  # the calls that record autograd
+DTYPE_SEQUENCE = (torch.bfloat16, torch.float32)  # backend-dtypes: compiled in this order, one backend
 LOSS = "loss = sum(outputs * fixed random weights)"
 
 
@@ -103,7 +126,7 @@ class Recorder:
 
     @property
     def made_by_aot_autograd(self) -> bool:
-        return isinstance(self.backend, AotAutograd)
+        return isinstance(undecorated(self.backend), AotAutograd)
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> Callable[..., Any]:
         before, lines = Snapshot.take(gm), node_lines(gm)
@@ -125,9 +148,10 @@ class Recorder:
         return compiled
 
     def _observed(self) -> Backend:
-        if not isinstance(self.backend, AotAutograd):
+        made = undecorated(self.backend)
+        if not isinstance(made, AotAutograd):
             return self.backend
-        kwargs: dict[str, Any] = dict(self.backend.kwargs)  # AotAutograd writes its kwargs when called
+        kwargs: dict[str, Any] = dict(made.kwargs)  # AotAutograd writes its kwargs when called
         forward = kwargs["fw_compiler"]
         backward = kwargs.get("bw_compiler") or forward
         inference = kwargs.get("inference_compiler") or forward
@@ -147,6 +171,21 @@ class Recorder:
     def failed(self) -> BackendCall | None:
         """The call in which the backend raised or returned no callable, if any."""
         return next((call for call in self.calls if call.raised), None)
+
+
+def undecorated(backend: Any) -> Any:
+    """The object ``@fxverify.contract`` wrapped, where ``backend`` is its wrapper (the wrapper only calls it): an
+    ``aot_autograd`` backend is recognised, and its compilers observed, under a contract.
+
+    >>> import fxverify
+    >>> from torch._dynamo.backends.common import aot_autograd
+    >>> boxed = aot_autograd(fw_compiler=lambda gm, example_inputs: gm)
+    >>> undecorated(fxverify.contract(modes=("eval",))(boxed)) is boxed
+    True
+    """
+    while contract_of(backend) is not STRICT and hasattr(backend, "__wrapped__"):
+        backend = backend.__wrapped__
+    return backend
 
 
 def node_lines(gm: fx.GraphModule) -> list[str]:
@@ -198,53 +237,100 @@ def resolve_backend(backend: Backend | str) -> tuple[Backend, str]:
 
 def check_backend(backend: Backend | str, case: ModelCase | str, *, aspects: Sequence[str] | None = None,
                   dtype: torch.dtype = torch.float32, timeout: float | None = DEFAULT_TIMEOUT) -> list[CheckResult]:
-    """One :class:`~fxverify.core.results.CheckResult` per aspect (:data:`ASPECTS`, or those named) of
-    ``backend`` compiling corpus model ``case`` in ``dtype``; each compile may take ``timeout`` seconds.
+    """One :class:`~fxverify.core.results.CheckResult` per aspect (:data:`ASPECTS`, or those named, in that order)
+    of ``backend`` compiling corpus model ``case`` in ``dtype``; each run of compiled calls may take ``timeout``
+    seconds. The backend's contract (:func:`fxverify.contract`) says which aspects apply.
 
     >>> from functorch.compile import make_boxed_func
     >>> from torch._dynamo.backends.common import aot_autograd
     >>> boxed = aot_autograd(fw_compiler=lambda gm, example_inputs: make_boxed_func(gm.forward))
     >>> [r.outcome.value for r in check_backend(boxed, "edge_conv_bn_head")]  # doctest: +SKIP
-    ['passed', 'passed', 'passed', 'skipped', 'passed', 'passed', 'passed']
+    ['passed', 'passed', 'passed', 'passed', 'skipped', 'passed', 'passed', 'passed']
     """
     unknown = [name for name in aspects or () if name not in ASPECTS]
     if unknown:
         raise TransformLoadError(f"unknown backend aspect(s) {unknown}; the aspects are {', '.join(ASPECTS)}")
     fn, name = resolve_backend(backend)
     trial = Trial(fn, name, load_case(case) if isinstance(case, str) else case, dtype, timeout)
-    return [trial.result(aspect) for aspect in (aspects or ASPECTS)]
+    return [trial.result(aspect) for aspect in ASPECTS if aspects is None or aspect in aspects]
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One call of a compiled model: the inputs of ``config`` given to the model in ``dtype`` (each dtype of a run is
+    a model of its own, with its own state); ``varies`` says which dimension the call varies, for messages."""
+
+    config: InputConfig
+    dtype: torch.dtype
+    varies: str = ""
+
+    def describe(self) -> str:
+        """e.g. ``b2-9x16 in float32``."""
+        return f"{self.config.name} in {dtype_name(self.dtype)}"
 
 
 @dataclasses.dataclass
 class Run:
-    """One compile of the model (a fresh instance) with the recorded backend and what came of it: the outputs
-    (or gradients) at each input configuration run, or the ``error`` that stopped it and the configuration it
-    stopped at; ``graphs`` is how many graphs dynamo compiled."""
+    """The ``calls`` of one compile of the model (a fresh instance a dtype) with the recorded backend, and what came
+    of them: for each call made, its outputs (or, ``backward``, its gradients), the model's buffers after it, and
+    the graphs dynamo and calls of the backend made so far; ``error`` is what stopped the run, at
+    ``calls[len(outputs)]``."""
 
     recorder: Recorder
-    values: dict[str, Any] = dataclasses.field(default_factory=dict)
+    calls: tuple[Call, ...]
+    dynamic: bool = False
+    backward: bool = False
+    outputs: list[Any] = dataclasses.field(default_factory=list)
+    state: list[dict[str, torch.Tensor]] = dataclasses.field(default_factory=list)
+    graphs: list[int] = dataclasses.field(default_factory=list)  # graphs dynamo had compiled when each call returned
+    backend_calls: list[int] = dataclasses.field(default_factory=list)  # calls of the backend by then
     error: str | None = None
-    stopped_at: InputConfig | None = None
-    graphs: dict[str, int] = dataclasses.field(default_factory=dict)  # graphs dynamo compiled until a config ran
     breaks: list[str] = dataclasses.field(default_factory=list)  # dynamo's reasons for graph breaks
+
+    @property
+    def made(self) -> int:
+        """How many calls returned."""
+        return len(self.outputs)
+
+    def compiled_for(self, i: int) -> list[BackendCall]:
+        """The calls dynamo made of the backend for call ``i`` (none where it reused a graph)."""
+        before = self.backend_calls[i - 1] if i else 0
+        through = self.backend_calls[i] if i < len(self.backend_calls) else len(self.recorder.calls)
+        return self.recorder.calls[before:through]
+
+
+@dataclasses.dataclass
+class Replay:
+    """Eager's side of a run: a fresh model a dtype given the same calls, in the same mode; the outputs of each call
+    and the buffers after it, until ``error``, what eager raised at the call after the last."""
+
+    outputs: list[Any] = dataclasses.field(default_factory=list)
+    state: list[dict[str, torch.Tensor]] = dataclasses.field(default_factory=list)
+    error: str | None = None
 
 
 class Trial:
-    """``backend`` (named ``name``) on ``case`` in ``dtype``: the compiles the aspects share, each made once and
-    on demand, and the eager references they are judged against."""
+    """``backend`` (named ``name``) on ``case`` in ``dtype``: the runs the aspects share, each made once and on
+    demand, and the eager replays they are judged against."""
 
     def __init__(self, backend: Backend, name: str, case: ModelCase, dtype: torch.dtype, timeout: float | None) -> None:
         self.backend, self.name, self.case, self.dtype, self.timeout = backend, name, case, dtype, timeout
+        self.contract: Contract = contract_of(backend)
         self.primary = case.configs[0]
-        batch = self.primary.specs[0].shape[0]
-        self.other = next((with_batch(self.primary, b) for b in case.entry.batch_sizes if b != batch), None)
-        self.tolerance = Tolerance(case.entry.rtol, case.entry.atol)
-        self._outputs_of: dict[tuple[str, torch.dtype], Any] = {}  # eager outputs by configuration and dtype
+        self.batch = self.primary.specs[0].shape[0]
+        self.other = next((with_batch(self.primary, b) for b in case.entry.batch_sizes if b != self.batch), None)
+        declared = Tolerance(self.contract.rtol, self.contract.atol, self.contract.range_tol)
+        self.tolerance = declared.loosest(Tolerance(case.entry.rtol, case.entry.atol))
+        self._replays: dict[tuple[Any, ...], Replay] = {}
+        self._dynamo_runs: dict[tuple[Any, ...], Run] = {}
         self._gradients_of: dict[torch.dtype, dict[str, Any]] = {}
 
     def result(self, aspect: str) -> CheckResult:
         check = getattr(self, "_" + aspect.removeprefix("backend-").replace("-", "_"))
         try:
+            outside = self._outside_contract(aspect)
+            if outside:
+                raise Skip(outside)
             details = check() or {}
         except Skip as skip:
             return self._result(aspect, SKIPPED, message=str(skip))
@@ -256,40 +342,73 @@ class Trial:
             return self._result(aspect, ERROR, message=message, finding=message)
         return self._result(aspect, PASSED, details=details)
 
+    def _outside_contract(self, aspect: str) -> str | None:
+        """Why ``aspect`` is outside what the backend's contract promises, or None."""
+        declared = f"backend {self.name} declares"
+        dtypes, modes = self.contract.dtypes, self.contract.modes
+        if not self.contract.supports_dtype(dtype_name(self.dtype)):
+            return (f"{declared} dtypes={'+'.join(dtypes or ())} (@fxverify.contract): not run on a "
+                    f"{dtype_name(self.dtype)} model")
+        if aspect in GRADIENT_ASPECTS and "train" not in modes:
+            return (f"{declared} modes=eval (@fxverify.contract): an inference backend, whose promise is eager's "
+                    "results under torch.no_grad(); gradients through what it returns are outside it")
+        if aspect not in GRADIENT_ASPECTS and aspect != "backend-input-unchanged" and "eval" not in modes:
+            return (f"{declared} modes=train (@fxverify.contract): its promise is the gradients of the calls that "
+                    "record autograd (backend-gradients); this aspect's calls run under torch.no_grad()")
+        return None
+
     # the aspects
 
     def _outputs(self) -> dict[str, Any]:
         run = self._static
-        self._judge(run, self.primary)
-        return {"graphs": run.graphs[self.primary.name], "backend_calls": len(run.recorder.calls)}
+        self._judge(run, 0)
+        return {"graphs": run.graphs[0], "backend_calls": len(run.recorder.calls)}
 
     def _recompile(self) -> dict[str, Any]:
         if self.other is None:
             raise Skip(f"corpus entry {self.case.name} lists one batch size ({self.case.entry.batch_sizes}): "
                        "no recompile at another size to check")
         run = self._static
-        self._judge(run, self.primary)
-        self._judge(run, self.other, after=self.primary)
-        return {"configs": [self.primary.name, self.other.name], "backend_calls": len(run.recorder.calls)}
+        self._judge(run, 0)
+        self._judge(run, 1)
+        return {"configs": [call.config.name for call in run.calls], "backend_calls": len(run.recorder.calls)}
+
+    def _dtypes(self) -> dict[str, Any]:
+        kept = [dtype for dtype in DTYPE_SEQUENCE if self.contract.supports_dtype(dtype_name(dtype))]
+        if len(kept) < len(DTYPE_SEQUENCE):
+            left = ", ".join(dtype_name(d) for d in DTYPE_SEQUENCE if d not in kept)
+            raise Skip(f"backend {self.name} declares dtypes={'+'.join(self.contract.dtypes or ())} "
+                       f"(@fxverify.contract): the {left} part of the dtype sequence ("
+                       f"{' then '.join(dtype_name(d) for d in DTYPE_SEQUENCE)}, one backend) is not run, and "
+                       "one dtype makes no sequence")
+        run = self._dtype_run
+        for i in range(len(run.calls)):
+            self._judge(run, i)
+        return {"sequence": [call.describe() for call in run.calls], "backend_calls": len(run.recorder.calls)}
 
     def _input_unchanged(self) -> dict[str, Any]:
-        run = self._static
-        for call in run.recorder.calls:
-            if call.changed:
-                raise Finding(
-                    f"backend {self.name} changed the GraphModule dynamo handed it ({call.describe()}): "
-                    f"{call.changed}. Dynamo and the code around a backend still read that graph after the call "
-                    "(pytorch#138980: compile_fx rewrote the output node's args to (None,)); work on a copy "
-                    "(copy.deepcopy(gm)) and return a callable of the copy",
-                    where=f"{call.describe()} handed to the backend", node=call.node)
-        if not any(not call.raised for call in run.recorder.calls):
-            self._raise_if_stopped(run)
-        return {"graphs_checked": len(run.recorder.calls)}
+        runs = [self._static, self._dynamic] if "eval" in self.contract.modes else [self._training]
+        for run in runs:
+            for call in run.recorder.calls:
+                if call.changed:
+                    dynamic = " under dynamic=True" if run.dynamic else ""
+                    advice = (", and keep its sizes symbolic: dynamo reuses the graph at every size its guards "
+                              "accept" if run.dynamic else "")
+                    raise Finding(
+                        f"backend {self.name} changed the GraphModule dynamo handed it{dynamic} ({call.describe()}): "
+                        f"{call.changed}. Dynamo and the code around a backend still read that graph after the call "
+                        "(pytorch#138980: compile_fx rewrote the output node's args to (None,)); work on a copy "
+                        f"(copy.deepcopy(gm)) and return a callable of the copy{advice}",
+                        where=f"{call.describe()} handed to the backend{dynamic}", node=call.node)
+        if not any(not call.raised for run in runs for call in run.recorder.calls):
+            self._raise_if_stopped(runs[0])
+        return {"graphs_checked": sum(len(run.recorder.calls) for run in runs),
+                "under_dynamic_true": sum(len(run.recorder.calls) for run in runs if run.dynamic)}
 
     def _graph_breaks(self) -> dict[str, Any]:
         run = self._static
-        self._raise_if_stopped(run, self.primary)
-        graphs = run.graphs[self.primary.name]
+        self._raise_if_stopped(run, 0)
+        graphs = run.graphs[0]
         if graphs <= 1:
             raise Skip(f"dynamo captured {self.case.name} whole, in one graph: no graph break to check (models with "
                        "data-dependent control flow, such as edge_data_dependent_flow, have one)")
@@ -297,43 +416,46 @@ class Trial:
         if called != graphs:
             raise Finding(f"dynamo compiled {graphs} graphs but the backend {self.name} was called {called} times: "
                           "a graph went round it", where="the graphs of the graph break", details={"breaks": run.breaks})
-        self._judge(run, self.primary)
+        self._judge(run, 0)
         return {"graphs": graphs, "breaks": run.breaks}
 
     def _dynamic_shapes(self) -> dict[str, Any]:
-        if self.other is None:
-            raise Skip(f"corpus entry {self.case.name} lists one batch size ({self.case.entry.batch_sizes}): "
-                       "dynamic=True is checked at two")
         run = self._dynamic
-        self._judge(run, self.primary, how="dynamic=True")
-        self._judge(run, self.other, after=self.primary, how="dynamic=True")
-        return {"configs": [self.primary.name, self.other.name], "backend_calls": len(run.recorder.calls)}
+        if len(run.calls) == 1:
+            raise Skip(f"eager runs {self.case.name} at no other size of any dimension of its inputs (each tried at "
+                       "another size raised, and the entry lists one batch size): nothing to vary under dynamic=True")
+        for i in range(len(run.calls)):
+            self._judge(run, i)
+        return {"configs": [call.config.name for call in run.calls], "varied": [call.varies for call in run.calls[1:]],
+                "backend_calls": len(run.recorder.calls)}
 
     def _gradients(self) -> dict[str, Any]:
         expected = self._eager_gradients(self.dtype)
         run = self._training
-        self._raise_if_stopped(run, how=f"backward, {LOSS}")
-        actual = run.values[self.primary.name]
+        self._raise_if_stopped(run)
+        actual = run.outputs[0]
         if actual is None:
             raise Finding("the compiled model's outputs do not require grad, where eager's do: gradients do not flow "
-                          f"through what backend {self.name} returned", input=self._where(self.primary, LOSS))
+                          f"through what backend {self.name} returned", input=self._where(run, 0))
         for label in expected:
             found = compare_values(actual.get(label), expected[label], path=f"grad of {label}", tolerance=self.tolerance,
                                    fp64=functools.partial(self._eager_gradient, label))
             if found is not None:
-                raise Finding(f"gradients differ: {found.describe()}", input=self._where(self.primary, LOSS),
+                raise Finding(f"gradients differ: {found.describe()}", input=self._where(run, 0),
                               where=found.path, max_abs=found.max_abs, max_rel=found.max_rel)
         return {"compared": len(expected)}
 
     def _backward_graph(self) -> dict[str, Any]:
-        if not isinstance(self.backend, AotAutograd):
-            raise Skip(f"backend {self.name} is a plain callable, not made by aot_autograd: dynamo hands a backend "
-                       "forward graphs only and autograd differentiates what it returns (pytorch#114189); "
-                       "backend-gradients compares its gradients. To compile backward graphs, build it with "
-                       "torch._dynamo.backends.common.aot_autograd(fw_compiler=..., bw_compiler=...)")
+        if not isinstance(undecorated(self.backend), AotAutograd):
+            raise Skip(f"backend {self.name} is not an aot_autograd(...) object whose compilers fxverify can observe: "
+                       "dynamo hands a backend forward graphs only, and autograd differentiates what it returns "
+                       "(pytorch#114189), or, where it calls aot_autograd itself (aot_eager does), compiles the "
+                       "backward out of sight; backend-gradients compares its gradients. To have fxverify see the "
+                       "backward graphs, give it torch._dynamo.backends.common.aot_autograd(fw_compiler=..., "
+                       "bw_compiler=...)")
         run = self._training
-        self._raise_if_stopped(run, how=f"backward, {LOSS}")
-        if run.values[self.primary.name] is None:
+        self._raise_if_stopped(run)
+        if run.outputs[0] is None:
             raise Skip("the compiled model's outputs do not require grad: no backward ran (backend-gradients says why)")
         recorder = run.recorder
         if recorder.backward_graphs == 0:
@@ -341,44 +463,103 @@ class Trial:
                 f"backward ran through the model compiled with backend {self.name}, made by aot_autograd, but its "
                 f"bw_compiler never got a backward graph ({recorder.forward_graphs} forward graphs compiled): the "
                 "gradients came from elsewhere than the compiled backward. Make fw_compiler's callable keep autograd's "
-                "graph (return a callable of the graph it is handed)", input=self._where(self.primary, LOSS))
+                "graph (return a callable of the graph it is handed)", input=self._where(run, 0))
         return {"forward_graphs": recorder.forward_graphs, "backward_graphs": recorder.backward_graphs}
 
-    # the compiles
+    # the runs
 
     @functools.cached_property
     def _static(self) -> Run:
-        return self._compiled(dynamic=False, configs=[self.primary] + ([self.other] if self.other else []))
+        configs = [self.primary] + ([self.other] if self.other else [])
+        return self._compiled(tuple(Call(config, self.dtype) for config in configs))
 
     @functools.cached_property
     def _dynamic(self) -> Run:
-        assert self.other is not None
-        return self._compiled(dynamic=True, configs=[self.primary, self.other])
+        varied = tuple(Call(config, self.dtype, varies) for config, varies in self.variations)
+        return self._compiled((Call(self.primary, self.dtype),) + varied, dynamic=True)
+
+    @functools.cached_property
+    def _dtype_run(self) -> Run:
+        """The dtype sequence at sizes no earlier run compiled with static shapes (the first size varied, else the
+        primary input's), so that the backend compiles them first in bfloat16."""
+        config = next((config for config, _ in self.variations if config != self.other), self.primary)
+        return self._compiled(tuple(Call(config, dtype) for dtype in DTYPE_SEQUENCE))
 
     @functools.cached_property
     def _training(self) -> Run:
-        return self._compiled(dynamic=False, configs=[self.primary], backward=True)
+        return self._compiled((Call(self.primary, self.dtype),), backward=True)
 
-    def _compiled(self, *, dynamic: bool, configs: list[InputConfig], backward: bool = False) -> Run:
-        run = Run(Recorder(self.backend, self.name))
-        model = self._model(self.dtype)
+    @functools.cached_property
+    def variations(self) -> list[tuple[InputConfig, str]]:
+        """The primary input with one dimension at another size, each where eager runs, with what it varies: each
+        size past the batch (every dimension of that size in every input, else each alone; to the size the entry's
+        spatial sizes give, else half as large again), then the batch at a size dynamo keeps symbolic (not 1), then
+        the entry's other batch size."""
+        primary, found = self.primary, []
+        dims = [(i, d, n) for i, spec in enumerate(primary.specs) for d, n in enumerate(spec.shape) if d > 0 and n > 1]
+        taken = {n for spec in primary.specs for n in spec.shape}
+        declared = {}
+        for config in self.case.configs[1:]:
+            first, was = config.specs[0].shape, primary.specs[0].shape
+            if len(first) == len(was) and first[0] == was[0]:
+                declared.update({n: m for n, m in zip(was[1:], first[1:]) if n != m and n not in declared})
+        for size in dict.fromkeys(n for _, _, n in dims):
+            new = declared.get(size) or _another_size(size, taken)
+            where = [(i, d) for i, d, n in dims if n == size]
+            tries = [(with_size(primary, size, new), _dimensions(where))]
+            if len(where) > 1:
+                tries += [(with_size(primary, size, new, only=at), _dimensions([at])) for at in where]
+            accepted = next(((config, f"{what}: {size} -> {new}") for config, what in tries if self._accepts(config)),
+                            None)
+            if accepted:
+                found.append(accepted)
+        batches = [(with_batch(primary, _another_size(self.batch, {0, 1, self.batch})), "the batch")]
+        if self.other is not None:
+            batches.append((self.other, "the batch (the entry's other batch size)"))
+        for config, what in batches:
+            if config.name not in (c.name for c, _ in found) and (config == self.other or self._accepts(config)):
+                found.append((config, f"{what}: {self.batch} -> {config.specs[0].shape[0]}"))
+        return found
+
+    def _accepts(self, config: InputConfig) -> bool:
+        """Whether the eager model runs at ``config``."""
+        try:
+            with torch.no_grad():
+                self._probe(*config.make(self.case.seed, dtype=self.dtype))
+        except Exception:
+            return False
+        return True
+
+    @functools.cached_property
+    def _probe(self) -> nn.Module:
+        return self._model(self.dtype)
+
+    def _compiled(self, calls: tuple[Call, ...], *, dynamic: bool = False, backward: bool = False,
+                  backend: tuple[Backend, str] | None = None) -> Run:
+        run = Run(Recorder(*(backend or (self.backend, self.name))), calls, dynamic, backward)
         graphs, breaks = counters["stats"]["unique_graphs"], dict(counters["graph_break"])
 
         def compile_and_run() -> None:
             torch._dynamo.reset()
-            compiled = torch.compile(model, backend=run.recorder, dynamic=dynamic)
-            assert isinstance(compiled, nn.Module)  # torch.compile of a module is an OptimizedModule
-            for config in configs:
-                run.stopped_at = config
-                inputs = config.make(self.case.seed, dtype=self.dtype)
+            compiled: dict[torch.dtype, tuple[nn.Module, nn.Module]] = {}
+            for call in calls:
+                if call.dtype not in compiled:
+                    model = self._model(call.dtype)
+                    optimized = torch.compile(model, backend=run.recorder, dynamic=dynamic)
+                    assert isinstance(optimized, nn.Module)  # torch.compile of a module is an OptimizedModule
+                    compiled[call.dtype] = model, optimized
+                model, optimized = compiled[call.dtype]
+                inputs = call.config.make(self.case.seed, dtype=call.dtype)
                 if backward:
                     params = {name: f"_orig_mod.{name}" for name, _ in model.named_parameters()}
-                    run.values[config.name] = loss_gradients(compiled, inputs, self.case.seed, params, lambda m: m.eval())
+                    outputs = loss_gradients(optimized, inputs, self.case.seed, params, lambda m: m.eval())
                 else:
                     with torch.no_grad():
-                        run.values[config.name] = compiled(*inputs)
-                run.graphs[config.name] = counters["stats"]["unique_graphs"] - graphs
-            run.stopped_at = None
+                        outputs = optimized(*inputs)
+                run.outputs.append(outputs)
+                run.state.append(_buffers(model))
+                run.graphs.append(counters["stats"]["unique_graphs"] - graphs)
+                run.backend_calls.append(len(run.recorder.calls))
 
         try:
             call_with_timeout(compile_and_run, (), self.timeout)
@@ -390,17 +571,43 @@ class Trial:
         run.breaks = sorted(reason for reason, count in counters["graph_break"].items() if count > breaks.get(reason, 0))
         return run
 
+    def _dynamo_alone(self, run: Run) -> Run:
+        """``run``'s calls compiled with ``backend="eager"``: what dynamo alone does with them."""
+        key = (run.calls, run.dynamic, run.backward)
+        if key not in self._dynamo_runs:
+            eager = torch._dynamo.lookup_backend("eager")
+            self._dynamo_runs[key] = self._compiled(run.calls, dynamic=run.dynamic, backward=run.backward,
+                                                    backend=(eager, "eager"))
+        return self._dynamo_runs[key]
+
     # the eager references
 
     def _model(self, dtype: torch.dtype) -> nn.Module:
         return self.case.build().to(dtype)
 
-    def _eager(self, config: InputConfig, dtype: torch.dtype) -> Any:
-        key = (config.name, dtype)
-        if key not in self._outputs_of:
+    def _replay(self, calls: tuple[Call, ...], *, float64: bool = False) -> Replay:
+        """A fresh eager model a dtype (in float64 with ``float64``) given ``calls`` under ``torch.no_grad()``."""
+        key = (tuple((call.config, call.dtype) for call in calls), float64)
+        if key not in self._replays:
+            replay, models = Replay(), dict[torch.dtype, nn.Module]()
             with torch.no_grad():
-                self._outputs_of[key] = self._model(dtype)(*config.make(self.case.seed, dtype=dtype))
-        return self._outputs_of[key]
+                for call in calls:
+                    dtype = torch.float64 if float64 else call.dtype
+                    model = models.get(call.dtype) or models.setdefault(call.dtype, self._model(dtype))
+                    try:
+                        replay.outputs.append(model(*call.config.make(self.case.seed, dtype=dtype)))
+                    except Exception as exc:
+                        replay.error = exception_summary(exc)
+                        break
+                    replay.state.append(_buffers(model))
+            self._replays[key] = replay
+        return self._replays[key]
+
+    def _replayed64(self, calls: tuple[Call, ...], i: int, part: str) -> Any:
+        """``part`` (``outputs`` or ``state``) of call ``i`` in the float64 replay of ``calls``; None where eager
+        raised before it in float64."""
+        replay = self._replay(calls, float64=True)
+        return getattr(replay, part)[i] if i < len(replay.outputs) else None
 
     def _eager_gradients(self, dtype: torch.dtype) -> dict[str, Any]:
         if dtype not in self._gradients_of:
@@ -412,7 +619,7 @@ class Trial:
         params = {name: name for name, _ in model.named_parameters()}
         try:
             grads = loss_gradients(model, self.primary.make(self.case.seed, dtype=dtype), self.case.seed, params,
-                               lambda m: m.eval())
+                                   lambda m: m.eval())
         except Exception as exc:
             raise Skip(f"backward through the eager model raised {exception_summary(exc)}: no gradients to compare "
                        "with") from None
@@ -425,51 +632,65 @@ class Trial:
 
     # judging
 
-    def _judge(self, run: Run, config: InputConfig, *, after: InputConfig | None = None, how: str = "static shapes") -> None:
-        """Raise the finding of the compiled outputs at ``config`` against eager's (or of the run stopping
-        before they were had); ``after``: the configuration the same compiled model ran right at before."""
-        self._raise_if_stopped(run, config, how=how, after=after)
-        found: Mismatch | None = compare_trees(
-            run.values[config.name], self._eager(config, self.dtype), tolerance=self.tolerance,
-            fp64_expected=functools.partial(self._eager, config, torch.float64))
-        if found is not None:
-            raise Finding(f"outputs of the model compiled with backend {self.name} differ from eager: "
-                          f"{found.describe()}{_second(run, after, config)}\n{self._calls(run)}",
-                          input=self._where(config, how), where=found.path, max_abs=found.max_abs,
-                          max_rel=found.max_rel)
+    def _judge(self, run: Run, i: int) -> None:
+        """Raise the finding of call ``i`` of ``run`` against eager's replay of the same calls (its outputs, then the
+        model's buffers after it), or of the run stopping before it returned."""
+        self._raise_if_stopped(run, i)
+        replay = self._replay(run.calls)
+        if i >= len(replay.outputs):
+            raise Skip(f"the eager model raises at {run.calls[i].describe()}{_after_calls(run, i)} ({replay.error}), "
+                       "where the compiled one runs: nothing to compare with")
+        parts = (("outputs", "output", "outputs of the model compiled with backend {} differ from eager's: {}"),
+                 ("state", "buffer", "the buffers of the model compiled with backend {} differ from eager's after "
+                                     "the call: {}. The graphs dynamo hands a backend update the model's buffers in "
+                                     "place, through their inputs: what the backend returns must make those updates, "
+                                     "on the tensors it is called with"))
+        for part, root, what in parts:
+            found: Mismatch | None = compare_trees(
+                getattr(run, part)[i], getattr(replay, part)[i], tolerance=self.tolerance, root=root,
+                fp64_expected=functools.partial(self._replayed64, run.calls, i, part))
+            if found is not None:
+                raise Finding(f"{what.format(self.name, found.describe())}{_after(run, i)}\n{self._calls(run)}",
+                              input=self._where(run, i), where=found.path, max_abs=found.max_abs,
+                              max_rel=found.max_rel)
 
-    def _raise_if_stopped(self, run: Run, config: InputConfig | None = None, *, how: str = "static shapes",
-                          after: InputConfig | None = None) -> None:
-        """The finding of a run that stopped (at ``config`` or before it; any configuration when None)."""
-        if run.error is None or (config is not None and config.name in run.values):
+    def _raise_if_stopped(self, run: Run, i: int | None = None) -> None:
+        """The finding of a run that stopped (at call ``i`` or before it; at any call when None)."""
+        if run.error is None or (i is not None and i < run.made):
             return
-        at = run.stopped_at or self.primary
+        at, call = run.made, run.calls[run.made]
         failed = run.recorder.failed
         if failed is not None:
             raise Finding(f"backend {self.name} failed on {failed.describe()}: {failed.raised}. A backend must return "
                           "a callable computing the graph it is handed (gm.forward, at least)",
-                          input=self._where(at, how), where=failed.describe())
-        if self._eager_raises(at):
-            raise Skip(f"the eager model raises at {at.name}: nothing to compile")
-        if _dynamo_itself_fails(self._model(self.dtype), at.make(self.case.seed, dtype=self.dtype)):
-            raise Skip(f"torch.compile with backend='eager' fails on {self.case.name} too ({run.error}): dynamo, not "
-                       f"backend {self.name}, cannot compile it")
-        raise Finding(f"the model compiled with backend {self.name} raised at {at.name}, where eager runs: {run.error}"
-                      f"{_second(run, after if at == config else None, at)}\n{self._calls(run)}", input=self._where(at, how))
-
-    def _eager_raises(self, config: InputConfig) -> bool:
-        try:
-            self._eager(config, self.dtype)
-        except Exception:
-            return True
-        return False
+                          input=self._where(run, at), where=failed.describe())
+        replay = self._replay(run.calls)
+        if at >= len(replay.outputs):
+            raise Skip(f"the eager model raises at {call.describe()}{_after_calls(run, at)} ({replay.error}): nothing "
+                       "to compile")
+        alone = self._dynamo_alone(run)
+        if alone.error is not None and alone.made <= at:
+            how = " under dynamic=True" if run.dynamic else ""
+            raise Skip(f"torch.compile with backend='eager' (dynamo alone) fails on {self.case.name}{how} too, at "
+                       f"{alone.calls[alone.made].describe()} ({alone.error}): dynamo, not backend {self.name}, "
+                       "cannot compile it")
+        advice = (". A backend meant for inference alone (its results under torch.no_grad()) declares it: "
+                  "@fxverify.contract(modes=(\"eval\",))" if run.backward else "")
+        raise Finding(f"the model compiled with backend {self.name} raised at {call.describe()}, where eager runs: "
+                      f"{run.error}{_after(run, at)}{advice}\n{self._calls(run)}", input=self._where(run, at))
 
     def _calls(self, run: Run) -> str:
         calls = "; ".join(call.describe() for call in run.recorder.calls) or "none"
         return f"backend calls: {calls}"
 
-    def _where(self, config: InputConfig, how: str) -> str:
-        return f"{config.describe()}, {str(self.dtype).removeprefix('torch.')}, eval mode, {how}"
+    def _where(self, run: Run, i: int) -> str:
+        """Call ``i`` of ``run`` as findings name their input: its configuration, dtype, mode, how it was compiled
+        and the calls before it."""
+        call = run.calls[i]
+        how = "backward, " + LOSS if run.backward else "dynamic=True" if run.dynamic else "static shapes"
+        varied = f" ({call.varies})" if call.varies else ""
+        return (f"{call.config.describe()}, {dtype_name(call.dtype)}, eval mode, {how}{varied}"
+                f"{_after_calls(run, i)}")
 
     # results
 
@@ -493,29 +714,78 @@ class Trial:
                             max_rel=finding.max_rel)
 
 
-def _dynamo_itself_fails(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> bool:
-    """Whether ``torch.compile(model, backend="eager")`` raises on ``inputs``: the failure is dynamo's then."""
-    torch._dynamo.reset()
-    try:
-        with torch.no_grad():
-            torch.compile(model, backend="eager")(*inputs)
-    except Exception:
-        return True
-    finally:
-        torch._dynamo.reset()
-    return False
+def _buffers(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of ``model``'s buffers, by name."""
+    return {name: buffer.detach().clone() for name, buffer in model.named_buffers()}
 
 
-def _second(run: Run, first: InputConfig | None, then: InputConfig) -> str:
-    """What a failure at ``then``, after the same compiled model ran right at ``first``, points to."""
-    if first is None:
+def _another_size(size: int, taken: set[int]) -> int:
+    """A size for a dimension of ``size`` to vary to: half as large again (at least one more), and none of ``taken``
+    (two dimensions of one size share a symbol under dynamic=True: a size made equal to another's would not vary
+    one alone).
+
+    >>> _another_size(6, {2, 6, 16}), _another_size(2, {0, 1, 2, 3})
+    (9, 4)
+    """
+    new = size + max(1, size // 2)
+    while new in taken:
+        new += 1
+    return new
+
+
+def _dimensions(where: list[tuple[int, int]]) -> str:
+    """``(input, dimension)`` pairs as messages name them.
+
+    >>> _dimensions([(0, 2), (0, 3)]), _dimensions([(0, 1), (1, 1)])
+    ('dimensions 2, 3 of x0', 'dimension 1 of x0 and dimension 1 of x1')
+    """
+    by_input: dict[int, list[str]] = {}
+    for i, d in where:
+        by_input.setdefault(i, []).append(str(d))
+    return " and ".join(f"dimension{'s' if len(dims) > 1 else ''} {', '.join(dims)} of x{i}"
+                        for i, dims in by_input.items())
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` as contracts and messages name it, ``bfloat16``."""
+    return str(dtype).removeprefix("torch.")
+
+
+def _after_calls(run: Run, i: int) -> str:
+    """The calls of ``run`` before call ``i``, for messages: e.g. ``, after b2-8 in float32``."""
+    return f", after {', '.join(call.describe() for call in run.calls[:i])}" if i else ""
+
+
+def _after(run: Run, i: int) -> str:
+    """What a failure at call ``i`` of ``run``, after the same compiled model ran right at the calls before it, points
+    to: dynamo compiled the graph again for it (the backend's artifact is wrong for these inputs: specialised to
+    others, or served from a cache whose key misses what differs) or reused a graph (under dynamic=True, one the
+    backend specialised to its example's sizes)."""
+    if i == 0:
         return ""
-    if len(run.recorder.calls) <= run.graphs.get(first.name, 0):
-        return f"; right at {first.name}, run first, and dynamo reused what it compiled for it"
-    return (f"; right at {first.name}, run first. Dynamo compiled the graph again for {then.name} and handed it to "
-            "the backend: what the backend returned for it is wrong for these inputs. A backend specialising on its "
-            "example inputs (shapes baked into what it compiles) must not reuse that for a graph with other example "
-            "inputs, as a cache keyed by the graph's code alone does")
+    before, call = run.calls[i - 1], run.calls[i]
+    again = run.compiled_for(i)
+    changed = next((c for c in run.recorder.calls if c.changed), None)
+    in_place = (f" (backend-input-unchanged: it changed {changed.describe()}, the GraphModule it was handed)"
+                if changed else "")
+    if before.dtype != call.dtype:
+        if not again:
+            return f"; right after {before.describe()}, and dynamo reused what it compiled for it"
+        return (f"; right after {before.describe()}, at the same sizes. Dynamo handed the backend the "
+                f"{dtype_name(call.dtype)} graph ({again[0].describe()}), and what it returned is wrong for "
+                f"{dtype_name(call.dtype)} inputs: computed as the {dtype_name(before.dtype)} compile was. A backend "
+                "caching what it compiles must key the cache by the inputs' dtypes too (the graph's code and the "
+                "shapes are the same for both)")
+    if not again:
+        if run.dynamic:
+            return (f"; right at {before.config.name}, and dynamo reused the graph it compiled under dynamic=True "
+                    f"(its guards accept {call.config.name}): what the backend returned for a dynamic graph must "
+                    f"compute it at every size its symbols take, not only at its example inputs'{in_place}")
+        return f"; right at {before.config.name}, run first, and dynamo reused what it compiled for it"
+    return (f"; right at {before.config.name}, run first. Dynamo compiled the graph again for {call.config.name} and "
+            "handed it to the backend: what the backend returned for it is wrong for these inputs. A backend "
+            "specialising on its example inputs (shapes baked into what it compiles) must not reuse that for a graph "
+            f"with other example inputs, as a cache keyed by the graph's code alone does{in_place}")
 
 
 def _timed_out(exc: BaseException | None) -> bool:
@@ -535,6 +805,7 @@ def _shapes(example_inputs: Sequence[Any]) -> str:
 
 def _name_of(backend: Any) -> str:
     """How messages name a backend given as an object: its qualified name, or its class's."""
+    backend = undecorated(backend)
     if isinstance(backend, AotAutograd):
         compilers = ", ".join(f"{key}={_name_of(fn)}" for key, fn in backend.kwargs.items()
                               if key in ("fw_compiler", "bw_compiler") and fn is not None)
@@ -543,4 +814,5 @@ def _name_of(backend: Any) -> str:
     return f"{named.__module__}:{named.__qualname__}"
 
 
-__all__ = ["ASPECTS", "BackendCall", "Recorder", "check_backend", "first_changed_node", "node_lines", "resolve_backend"]
+__all__ = ["ASPECTS", "DTYPE_SEQUENCE", "BackendCall", "Call", "Recorder", "Replay", "Run", "check_backend", "dtype_name",
+           "first_changed_node", "node_lines", "resolve_backend", "undecorated"]
