@@ -1,0 +1,561 @@
+"""The proofs of docs/bugs-found.md: each defect fxverify found in code nobody on this project wrote (torch,
+torch.ao, Inductor, torchao), shown in a few lines of plain torch, one test per row of the page.
+
+Each proof asserts that the defect is present, and uses nothing of fxverify. They were measured on the pinned
+versions (``.ci/constraints.txt``): on another torch each skips, naming its row to check again, so that a torch
+that fixes one shows up (move the pin and run them: a fixed defect fails its proof). The ``test_page_*`` tests
+hold the page and the proofs in step, on any version.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib
+import pickle
+import re
+from importlib import metadata
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+from torch.ao.quantization import quantize_fx
+from torch.fx import _symbolic_trace
+from torch.fx.experimental import optimization as opt
+
+from tests.pinned import off_pins
+from tests.test_docs import page, table
+
+PAGE = "docs/bugs-found.md"
+TORCHAO_MEASURED = "0.18.0"  # torchao is no dependency: its rows were measured with this version installed
+
+
+
+@pytest.fixture(autouse=True)
+def measured_torch(request):
+    """Skip a proof on a torch other than the pinned one, naming the row of the page to check again."""
+    differ = off_pins("torch")
+    if differ and not request.node.name.startswith("test_page_"):
+        row = {proof_of(cells): cells[0] for cells in rows()}.get(request.node.name, "?")
+        pytest.skip(f"re-check row {row} of {PAGE} on {', '.join(differ)}: its proof asserts the defect as measured on the pinned torch")
+
+
+def torchao() -> None:
+    """Skip unless torchao is installed at the version its rows were measured with."""
+    pytest.importorskip("torchao", reason="the torchao rows need torchao installed (it is no dependency)")
+    if metadata.version("torchao") != TORCHAO_MEASURED:
+        pytest.skip(f"re-check this row on torchao {metadata.version('torchao')} (measured on {TORCHAO_MEASURED})")
+
+
+@pytest.fixture
+def wrap_registry():
+    """torch.fx's global registry of wrapped names, as it was before the test (a poisoned one breaks every trace)."""
+    saved = dict(_symbolic_trace._wrapped_fns_to_patch)
+    yield
+    _symbolic_trace._wrapped_fns_to_patch.clear()
+    _symbolic_trace._wrapped_fns_to_patch.update(saved)
+
+
+def _scaled_by_width(x: torch.Tensor) -> torch.Tensor:
+    return x * float(x.shape[-1])  # float() of a size: traced into, it fails on a Proxy
+
+
+fx.wrap("_scaled_by_width")
+
+
+class _ConvBN(nn.Module):
+    """conv -> BN -> relu, with an optional mask a trace can fix to None (``concrete_args``), as timm's hiera has."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 3, 3), nn.BatchNorm2d(3)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        y = self.bn(self.conv(x))
+        return (y if mask is None else y * mask).relu()
+
+
+# -- torch.fx.experimental.optimization and torch.ao.quantization: conv/linear-BN folding ------------------
+
+def test_linear_bn_fold_raises_on_an_affine_free_batchnorm():
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4, affine=False)).eval()
+    for fold in (lambda m: opt.fuse(fx.symbolic_trace(m)), quantize_fx.fuse_fx):
+        with pytest.raises(TypeError, match=r"unsupported operand type\(s\) for \*: 'NoneType' and 'Tensor'"):
+            fold(model)  # torch.nn.utils.fusion.fuse_linear_bn_weights multiplies by bn.weight, None here
+
+
+class _SharedConv(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn1, self.bn2 = nn.Conv2d(3, 3, 3, padding=1), nn.BatchNorm2d(3), nn.BatchNorm2d(3)
+        for bn in (self.bn1, self.bn2):  # statistics a fold cannot ignore
+            bn.running_mean, bn.running_var = torch.rand(3) * 2 - 1, torch.rand(3) + 0.5
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn2(self.conv(self.bn1(self.conv(x))))
+
+
+def test_a_conv_called_twice_is_folded_with_both_batchnorms():
+    torch.manual_seed(0)
+    model, x = _SharedConv().eval(), torch.randn(2, 3, 8, 8)
+    for fold in (lambda m: opt.fuse(fx.symbolic_trace(m)), quantize_fx.fuse_fx):
+        assert (fold(copy.deepcopy(model))(x) - model(x)).abs().max() > 0.1  # both BNs folded into the one conv
+
+
+def test_fuse_fx_raises_on_a_batchnorm_without_running_statistics():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4, track_running_stats=False)).eval()
+    with pytest.raises(AssertionError, match="bn.running_mean and bn.running_var must not be None"):
+        quantize_fx.fuse_fx(model)
+    assert opt.fuse(fx.symbolic_trace(model))(torch.randn(2, 3, 8, 8)).shape == (2, 4, 6, 6)  # torch's fuse leaves it
+
+
+class _Gate(nn.Module):
+    """Control flow on a tensor: traceable only as a leaf module (as timm's tracer keeps its layers)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x if x.sum() > 0 else -x
+
+
+class _LeafTracer(fx.Tracer):
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return isinstance(m, _Gate) or super().is_leaf_module(m, qualname)
+
+
+def _gated_trace() -> fx.GraphModule:
+    model = nn.Sequential(nn.Conv2d(3, 3, 3), nn.BatchNorm2d(3), _Gate()).eval()
+    return fx.GraphModule(model, _LeafTracer().trace(model))
+
+
+def test_fuse_fx_traces_a_graph_module_again_with_the_plain_tracer():
+    gm = _gated_trace()
+    assert gm(torch.randn(1, 3, 8, 8)).shape == (1, 3, 6, 6)
+    with pytest.raises(fx.proxy.TraceError, match="cannot be used as inputs to control flow"):
+        quantize_fx.fuse_fx(gm)  # symbolic_trace(model), whatever tracer made the GraphModule
+
+
+# -- torch.fx.experimental.optimization.optimize_for_inference -------------------------------------------
+
+def test_optimize_for_inference_ignores_its_tracer():
+    with pytest.raises(fx.proxy.TraceError, match="cannot be used as inputs to control flow"):
+        opt.optimize_for_inference(_gated_trace(), tracer=_LeafTracer)  # its fuse and remove_dropout steps do
+
+
+class _ScaledInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x * 0.5)
+
+
+def test_optimize_for_inference_raises_on_a_literal_argument_before_a_conv():
+    with pytest.raises(AttributeError, match="'float' object has no attribute 'target'"):
+        opt.optimize_for_inference(fx.symbolic_trace(_ScaledInput().eval()))
+
+
+def test_optimize_for_inference_raises_on_padding_same():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding="same")).eval()
+    with pytest.raises(TypeError, match="'padding' .* must be tuple of ints, not str"):
+        opt.optimize_for_inference(fx.symbolic_trace(model))  # mkldnn_reorder_conv2d_weight takes no "same"
+
+
+class _SqueezeExcite(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(3, 4, 3), nn.Conv2d(4, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        return y * torch.sigmoid(self.fc(y.mean((2, 3), keepdim=True)))
+
+
+def test_optimize_for_inference_result_raises_on_a_broadcast_gate():
+    model, x = _SqueezeExcite().eval(), torch.randn(1, 3, 8, 8)
+    result = opt.optimize_for_inference(fx.symbolic_trace(model))
+    with pytest.raises(RuntimeError, match="mkldnn not support broadcasting"):
+        result(x)
+    assert model(x).shape == (1, 4, 6, 6)
+
+
+def test_optimize_for_inference_result_raises_on_an_adaptive_pool_of_another_size():
+    model, x = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(6)).eval(), torch.randn(1, 3, 7, 7)
+    result = opt.optimize_for_inference(fx.symbolic_trace(model))
+    with pytest.raises(RuntimeError, match="input size is not divisible by the output size"):
+        result(x)
+    assert model(x).shape == (1, 4, 6, 6)
+
+
+class _CountScaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.register_buffer("count", torch.ones((), dtype=torch.int64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        return h + h * self.count
+
+
+def test_optimize_for_inference_result_converts_an_integer_buffer_to_mkldnn():
+    model, x = _CountScaled().eval(), torch.randn(2, 8)
+    result = opt.optimize_for_inference(fx.symbolic_trace(model))
+    with pytest.raises(RuntimeError, match="dense_to_mkldnn expects float"):
+        result(x)  # count.to_mkldnn()
+    assert model(x).shape == (2, 8)
+
+
+# -- torch.fx -------------------------------------------------------------------------------------------
+
+class _WrappedThenDropout(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(_scaled_by_width(x))
+
+
+def test_transformer_drops_the_wrap_mark_so_results_do_not_retrace_or_unpickle():
+    gm = fx.symbolic_trace(_WrappedThenDropout().eval())
+    assert pickle.loads(pickle.dumps(gm))(torch.ones(2, 4)).shape == (2, 4)
+    for result in (fx.Transformer(gm).transform(), opt.remove_dropout(gm)):
+        assert not any(node.meta.get("is_wrapped") for node in result.graph.nodes)
+        with pytest.raises(TypeError, match="not 'Proxy'"):
+            pickle.loads(pickle.dumps(result))
+        with pytest.raises(TypeError, match="not 'Proxy'"):
+            fx.symbolic_trace(result)
+
+
+def test_normalize_operators_drops_the_rounding_mode_of_div():
+    from torch.fx.experimental.normalize import NormalizeOperators
+
+    gm = fx.symbolic_trace(lambda x: torch.div(x, 2, rounding_mode="floor"))
+    x = torch.tensor([3.0, -3.0])
+    assert gm(x).tolist() == [1.0, -2.0]
+    assert NormalizeOperators(gm).transform()(x).tolist() == [1.5, -1.5]  # x / 2
+
+
+def test_a_trace_with_a_none_concrete_arg_breaks_later_traces_once_traced_again(wrap_registry):
+    from torch.fx.passes.split_module import split_module
+
+    gm = fx.symbolic_trace(_ConvBN().eval(), concrete_args={"mask": None})
+    assert pickle.loads(pickle.dumps(gm)) is not None
+    body = [node for node in gm.graph.nodes if node.op not in ("placeholder", "output")]
+    split = split_module(gm, gm, lambda node: 2 * body.index(node) // len(body))
+    with pytest.raises(KeyError, match="torch.fx._symbolic_trace._assert_is_none"):
+        pickle.loads(pickle.dumps(split))
+    with pytest.raises(KeyError, match="torch.fx._symbolic_trace._assert_is_none"):
+        fx.symbolic_trace(nn.ReLU())  # every trace after it in the process
+
+
+def test_split_module_keeping_the_order_raises_on_an_attribute_returned_unchanged():
+    from torch.fx.passes.split_module import split_module
+
+    class ReturnsBuffer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.b = nn.Buffer(torch.ones(2))
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, nn.Buffer]:
+            return x + 1, self.b
+
+    gm = fx.symbolic_trace(ReturnsBuffer())
+    assert split_module(gm, gm, lambda node: 0) is not None
+    with pytest.raises(KeyError, match="'b'"):
+        split_module(gm, gm, lambda node: 0, keep_original_order=True)
+
+
+def test_a_copy_of_a_folded_graph_module_raises_when_called():
+    from torch.fx.experimental.const_fold import split_const_subgraphs
+
+    class ConstantBranch(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(4, 4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x @ (self.w * 2).t()
+
+    folded, x = split_const_subgraphs(ConstantBranch()), torch.randn(2, 4)
+    assert folded(x).shape == (2, 4)
+    with pytest.raises(AttributeError, match="has_folding_been_run"):
+        copy.deepcopy(folded)(x)
+
+
+def test_to_folder_writes_a_wrap_registration_where_it_raises(tmp_path, monkeypatch):
+    gm = fx.symbolic_trace(_WrappedThenDropout().eval())
+    gm.to_folder(tmp_path / "bugs_found_exported", "Exported")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(NotImplementedError, match="wrap must be called at the top level of a module"):
+        importlib.import_module("bugs_found_exported")  # torch.fx.wrap(...) written into the class body
+
+
+def _fill_window(window: list[int], size: int) -> torch.Tensor:
+    window[0] = size  # as torchvision's swin3d _get_window_and_shift_size adapts its list argument
+    return torch.tensor(window)
+
+
+def test_the_interpreter_hands_a_callee_an_immutable_list_the_code_does_not():
+    graph = fx.Graph()
+    graph.output(graph.call_function(_fill_window, ([8, 8], graph.placeholder("size"))))
+    gm = fx.GraphModule(nn.Module(), graph)
+    assert gm(3).tolist() == [3, 8]
+    with pytest.raises(TypeError, match="'immutable_list' object does not support mutation"):
+        fx.Interpreter(gm).run(3)
+
+
+# -- torch.export ---------------------------------------------------------------------------------------
+
+def test_a_deep_copy_of_a_program_renames_its_input_placeholder():
+    from torch._export.verifier import SpecViolationError
+
+    program = torch.export.export(nn.Sequential(nn.Linear(3, 3)), (torch.randn(2, 3),), strict=False)  # forward(input)
+    program.validate()
+    with pytest.raises(SpecViolationError, match="Input spec name input does not match node name input_1"):
+        copy.deepcopy(program).validate()
+
+
+class _Tied(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.head = nn.Embedding(10, 4), nn.Linear(4, 10, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(tokens))
+
+
+def test_move_to_device_pass_unties_tied_weights():
+    from torch.export.passes import move_to_device_pass
+
+    program = torch.export.export(_Tied(), (torch.tensor([[1, 2]]),))
+    original = program.module()
+    assert original.embed.weight is original.head.weight
+    moved = move_to_device_pass(program, "cpu").module()
+    assert moved.embed.weight is not moved.head.weight
+    moved(torch.tensor([[1, 2]])).sum().backward()
+    assert moved.embed.weight.grad is None and moved.head.weight.grad is not None  # one of them gets no gradient
+
+
+def test_cse_pass_drops_the_output_structure_of_the_module_it_copies():
+    from torch.fx.passes.dialect.common.cse_pass import CSEPass
+
+    class TwoOutputs(nn.Module):
+        def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+            return {"a": x.relu() + x.relu(), "b": x}
+
+    x = torch.randn(2, 3)
+    gm = torch.export.export(TwoOutputs(), (x,)).module()
+    assert isinstance(gm(x), dict)
+    assert isinstance(CSEPass()(gm).graph_module(x), tuple)  # a new fx.Graph without the module's pytree codegen
+
+
+class _Upsample(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(x, scale_factor=2.0, mode="bilinear", align_corners=False)
+
+
+def _batch_guards_of(model: nn.Module, example: torch.Tensor, propagate) -> tuple[list[str], torch.export.ExportedProgram]:
+    """The guards ``propagate(module, fake_mode, fake_inputs)`` adds to a dynamic-batch program's ShapeEnv."""
+    from torch._guards import detect_fake_mode
+
+    program = torch.export.export(model, (example,), dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=16)},))
+    module = program.module()
+    values = [p.meta["val"] for p in module.graph.find_nodes(op="placeholder")]
+    mode = detect_fake_mode(values)
+    assert mode is not None and mode.shape_env is not None
+    before = len(mode.shape_env.guards)
+    propagate(module, mode, values)
+    return [str(guard.expr) for guard in mode.shape_env.guards[before:]], program
+
+
+def test_fake_tensor_prop_specialises_the_batch_at_upsample_without_the_python_dispatcher():
+    from torch._dispatch.python import enable_python_dispatcher
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    def plain(module, mode, values):
+        FakeTensorProp(module, mode).propagate_dont_convert_inputs(*values)
+
+    def dispatched(module, mode, values):
+        with enable_python_dispatcher():
+            plain(module, mode, values)
+
+    guards, program = _batch_guards_of(_Upsample(), torch.randn(2, 3, 4, 4), plain)
+    assert len(guards) == 1 and re.fullmatch(r"Eq\(s\d+, 2\)", guards[0]), guards
+    with pytest.raises(AssertionError, match=r"Guard failed: x.size\(\)\[0\] == 2"):
+        program.run_decompositions().module()(torch.randn(5, 3, 4, 4))  # the caller's own program
+    assert _batch_guards_of(_Upsample(), torch.randn(2, 3, 4, 4), dispatched)[0] == []
+
+
+# -- torchao's PT2E quantization ------------------------------------------------------------------------
+
+def _x86_quantizer():
+    import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as x86
+
+    return x86.X86InductorQuantizer().set_global(x86.get_default_x86_inductor_quantization_config())
+
+
+def test_prepare_pt2e_adds_its_observers_to_the_module_it_was_given():
+    torchao()
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
+
+    gm = torch.export.export(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval(), (torch.randn(1, 3, 8, 8),)).module()
+    before = {name for name, _ in gm.named_modules()}
+    prepared = prepare_pt2e(gm, _x86_quantizer())
+    assert prepared is not gm
+    assert {name for name, _ in gm.named_modules()} - before == {"activation_post_process_0", "activation_post_process_1"}
+
+
+def test_prepare_pt2e_with_the_x86_quantizer_narrows_the_batch_of_the_program():
+    torchao()
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
+
+    class ScaledLinear(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+            self.register_buffer("scale", torch.linspace(0.5, 1.5, 8))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x) * self.scale
+
+    guards, program = _batch_guards_of(ScaledLinear().eval(), torch.randn(2, 8),
+                                       lambda module, mode, values: prepare_pt2e(module, _x86_quantizer()))
+    # its _same_shape compares the shapes of the mul's operands with ==: a batch against a width of 8
+    assert len(guards) == 1 and re.fullmatch(r"Ne\(s\d+, 8\)", guards[0]), guards
+    with pytest.raises(AssertionError, match=r"Guard failed: x.size\(\)\[0\] != 8"):
+        program.run_decompositions().module()(torch.randn(8, 8))
+    assert program.module()(torch.randn(8, 8)).shape == (8, 8)
+
+
+# -- Inductor -------------------------------------------------------------------------------------------
+
+def test_a_multi_output_replacement_is_inserted_before_an_input_it_reads():
+    from torch._inductor.pattern_matcher import PatternMatcherPass, fwd_only, register_replacement
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    def search(x, y, z):
+        product = x * y
+        return product.relu(), product * z
+
+    def replacement(x, y, z):
+        product = torch.mul(x, y)
+        return torch.relu(product), torch.mul(product, z)
+
+    def program(x, y, w):
+        product = x * y
+        first = product.relu()
+        z = w + 1  # an input of the pattern computed after the match's first node
+        return first, product * z
+
+    inputs = [torch.randn(4, 8) for _ in range(3)]
+    patterns = PatternMatcherPass()
+    register_replacement(search, replacement, inputs, fwd_only, patterns)
+    gm = fwd_only(program, inputs)
+    FakeTensorProp(gm, FakeTensorMode(allow_non_fake_inputs=True)).propagate(*inputs)  # meta as Inductor has it
+    assert patterns.apply(gm.graph) == 1
+    with pytest.raises(RuntimeError, match="used before it has been defined"):
+        gm.graph.lint()
+
+
+def test_the_graph_cache_keys_an_unpicklable_uuid_by_its_name_alone():
+    from torch._inductor.codecache import FxGraphCachePickler
+
+    pickler = FxGraphCachePickler(fx.GraphModule(nn.Module(), fx.Graph()))
+    with pytest.raises(TypeError, match="cannot pickle"):
+        pickle.dumps(hashlib.sha256(b"0.0"))  # a uuid() that forgot .hexdigest()
+    assert pickler.dumps(hashlib.sha256(b"0.0")) == pickler.dumps(hashlib.sha256(b"0.5"))  # one key: 'sha256'
+    assert pickler.dumps(b"0.0") != pickler.dumps(b"0.5")
+
+
+def _untransposed_key(q: torch.Tensor, kt: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return torch.matmul(q, kt.permute(0, 1, 2, 3)).div(8.0).softmax(dim=-1).matmul(v)  # kt: (.., head_dim, seq)
+
+
+def _amax_other_dim(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    s = torch.matmul(q, k.transpose(-2, -1)).div(8.0)
+    e = (s - s.amax(0, keepdim=True)).exp()  # the max over dim 0: not a softmax
+    return torch.matmul(e / e.sum(-1, keepdim=True), v)
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Inductor's counters, for compiles that run its passes (no cached graph)."""
+    from torch._dynamo.utils import counters
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config as inductor_config
+
+    torch._dynamo.reset()
+    counters.clear()
+    with inductor_config.patch(fx_graph_cache=False), functorch_config.patch(enable_autograd_cache=False):
+        yield counters
+    torch._dynamo.reset()
+
+
+def _compiled_error(program) -> float:
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 8, 8) for _ in range(3))  # head_dim == seq_len == 8
+    return float((torch.compile(program)(q, k, v) - program(q, k, v)).abs().max())
+
+
+@pytest.mark.slow
+def test_inductor_fuses_a_permuted_key_as_a_transposed_one(fresh_dynamo):
+    assert _compiled_error(_untransposed_key) > 0.3
+    assert fresh_dynamo["inductor"]["fuse_attention"] == 1
+
+
+@pytest.mark.slow
+def test_inductor_fuses_a_max_over_another_dim_as_softmax(fresh_dynamo):
+    assert _compiled_error(_amax_other_dim) > 0.3
+    assert fresh_dynamo["inductor"]["fuse_attention"] == 1
+
+
+@pytest.mark.slow
+def test_inductor_fails_to_compile_a_permuted_key_of_another_size(fresh_dynamo):
+    q, kt, v = torch.randn(2, 4, 8, 16), torch.randn(2, 4, 16, 8), torch.randn(2, 4, 8, 16)
+    assert _untransposed_key(q, kt, v).shape == (2, 4, 8, 16)
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="Expected size for first two dimensions"):
+        torch.compile(_untransposed_key)(q, kt, v)
+
+
+# -- the page and the proofs in step --------------------------------------------------------------------
+
+COLUMNS = ["#", "defect", "pass (library)", "check that caught it", "smallest model", "proof", "upstream"]
+
+
+def rows() -> list[list[str]]:
+    return table(page(PAGE), "# Defects fxverify found")
+
+
+def proof_of(cells: list[str]) -> str:
+    """The test a row names in its proof column (its backquotes dropped)."""
+    return cells[COLUMNS.index("proof")].strip("`")
+
+
+def proofs() -> set[str]:
+    """The proofs: every test of this module but the two that hold the page (``test_page_*``)."""
+    return {name for name in globals() if name.startswith("test_") and not name.startswith("test_page_")}
+
+
+def test_page_has_one_numbered_row_per_proof_and_each_names_its_test():
+    lines = page(PAGE).splitlines()
+    header = next(line for line in lines if line.startswith("| #"))
+    assert [cell.strip() for cell in header.strip("|").split("|")] == COLUMNS
+    found = rows()
+    assert [row[0] for row in found] == [str(i) for i in range(1, len(found) + 1)]
+    assert all(re.fullmatch(r"`test_\w+`", row[5]) for row in found), [row[5] for row in found]
+    assert sorted(proof_of(row) for row in found) == sorted(proofs())
+
+
+def test_page_rows_name_a_check_fxverify_has_and_an_upstream_number_or_none_known():
+    from fxverify.checks import NAMES
+    from fxverify.compile.graph_cache import ASPECTS
+    from fxverify.compile.patterns import COMPLETE, SOUND
+
+    known = {*NAMES, *ASPECTS, SOUND, COMPLETE}
+    for row in rows():
+        assert set(re.findall(r"`([\w-]+)`", row[3])) <= known and re.search(r"`[\w-]+`", row[3]), row
+        assert row[6] == "none known" or re.fullmatch(r"(?:(?:PR )?#\d+[^,]*)(?:, (?:PR )?#\d+[^,]*)*", row[6]), row
