@@ -38,7 +38,8 @@ def measured_torch(request):
     differ = off_pins("torch")
     if differ and not request.node.name.startswith("test_page_"):
         row = {proof_of(cells): cells[0] for cells in rows()}.get(request.node.name, "?")
-        pytest.skip(f"re-check row {row} of {PAGE} on {', '.join(differ)}: its proof asserts the defect as measured on the pinned torch")
+        pytest.skip(f"re-check row {row} of {PAGE} on {', '.join(differ)}: its proof asserts the defect as "
+                    "measured on the pinned torch")
 
 
 def torchao() -> None:
