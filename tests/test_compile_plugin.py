@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+import fxverify.plugin.compile_items  # noqa: F401  imported once: each in-process run keeps it and does not import it again
+
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ("-p", "no:cacheprovider", "-rf")
 
@@ -66,11 +68,67 @@ def test_backend_items_fail_the_aspect_meant_for_the_bug(run, buggy, twin, aspec
 
 
 @pytest.mark.slow
-def test_a_stale_graph_cache_entry_fails_its_item_naming_uuid_and_the_state(run):
-    result = run("--fxverify-graph-cache", "tests.compile_cache_passes:stale_floors",
-                 "--fxverify-graph-cache", "tests.compile_cache_passes:keyed_floors")
-    assert failed(result) == ["graph-cache:tests.compile_cache_passes:stale_floors::compile[passes-graph-cache-stale]"]
-    result.stdout.fnmatch_lines(["*uuid()*floor*"])
+def test_a_stale_graph_cache_entry_fails_its_item_on_the_model_the_passes_act_on(run):
+    spec = "tests.compile_cache_passes:"
+    result = run("--fxverify-graph-cache", spec + "stale_matmuls", "--fxverify-graph-cache", spec + "keyed_matmuls",
+                 "--fxverify-graph-cache-model", spec + "mlp")
+    assert failed(result) == [f"graph-cache:{spec}stale_matmuls::compile[passes-graph-cache-stale]"]
+    result.assert_outcomes(failed=1, passed=5)  # the correct twin passes all three
+    result.stdout.fnmatch_lines([
+        "*model:      tests.compile_cache_passes:mlp",
+        "*first node: *convert_element_type*torch.bfloat16) kwargs={}  (served, as passes[[]0] left it)",
+        "*MatmulPrecision.uuid() is equal for instances whose `dtype` differs (torch.bfloat16, torch.float16)*"
+        "put `dtype` into uuid()*",
+        f"*reproduce:*model='{spec}mlp'*",
+    ])
+
+
+BAD_INPUTS = {  # arguments -> the one line that must say what is wrong
+    "passes that are no CustomGraphPass": (
+        ["--fxverify-graph-cache", "tests.compile_cache_passes:FLOORS"],
+        "ERROR: fxverify: graph-cache passes 'tests.compile_cache_passes:FLOORS'[[]0] is a float, not a "
+        "torch._inductor.custom_graph_pass.CustomGraphPass*Subclass CustomGraphPass*"),
+    "passes from a function that needs arguments": (
+        ["--fxverify-graph-cache", "tests.compile_cache_passes:floor_relu"],
+        "ERROR: fxverify: graph-cache passes 'tests.compile_cache_passes:floor_relu': calling it raised TypeError*"
+        "give a sequence of two or more CustomGraphPass instances*"),
+    "a backend that is not callable": (
+        ["--fxverify-backend", "tests.compile_cache_passes:FLOORS"],
+        "ERROR: fxverify: backend spec 'tests.compile_cache_passes:FLOORS' names a tuple, not a callable*"),
+    "an unknown corpus entry as the model": (
+        ["--fxverify-graph-cache", "tests.compile_cache_passes:keyed_matmuls", "--fxverify-graph-cache-model",
+         "edge_tiny_decoder"],
+        "ERROR: fxverify: --fxverify-graph-cache-model (ini fxverify_graph_cache_model) does not load: no corpus entry "
+        "named 'edge_tiny_decoder'; did you mean edge_tiny_decoder_block*returns (module, inputs)*"),
+    "a factory that does not import": (
+        ["--fxverify-graph-cache", "tests.compile_cache_passes:keyed_matmuls", "--fxverify-graph-cache-model",
+         "tests.nowhere:mlp"],
+        "ERROR: fxverify: --fxverify-graph-cache-model (ini fxverify_graph_cache_model) does not load: graph-cache "
+        "model spec 'tests.nowhere:mlp': cannot import module 'tests.nowhere'*"),
+    "a factory giving no module and inputs": (
+        ["--fxverify-graph-cache", "tests.compile_cache_passes:keyed_matmuls", "--fxverify-graph-cache-model",
+         "tests.compile_cache_passes:FLOORS"],
+        "ERROR: fxverify: --fxverify-graph-cache-model*gives (0.0, 0.5): give 'package.module:factory' naming a function "
+        "of no arguments that returns (module, inputs)*"),
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD_INPUTS))
+def test_bad_input_to_a_compile_option_is_one_line_before_anything_runs(pytester, bad):
+    args, line = BAD_INPUTS[bad]
+    result = pytester.runpytest("-p", "no:cacheprovider", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert len([text for text in result.outlines + result.errlines if text.strip()]) == 1, result.errlines
+    result.stderr.fnmatch_lines([line])
+
+
+def test_the_graph_cache_model_is_read_from_the_ini_file(pytester):
+    pytester.makeini("[pytest]\nfxverify_graph_cache = tests.compile_cache_passes:keyed_matmuls\n"
+                     "fxverify_graph_cache_model = edge_tiny_decoder\n")
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--fxverify-graph-cache-model (ini fxverify_graph_cache_model) does not load: no "
+                                 "corpus entry named 'edge_tiny_decoder'*"])
 
 
 def test_a_spec_that_does_not_load_stops_the_run_naming_it(pytester):
