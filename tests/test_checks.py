@@ -27,6 +27,7 @@ MODEL_FOR = {
     mutations.plain_transformer_drops_wraps: "edge_wrapped_function",  # needs a torch.fx.wrap-ed function
     mutations.torch_normalize_operators: "edge_integer_inputs",  # needs torch.div(..., rounding_mode="floor")
     mutations.bn_fold_drops_affine_free_bn: "layer_conv_bn_no_affine",  # needs BatchNorm(affine=False)
+    mutations.fused_softmax_without_max: "layer_root_attention",  # needs a softmax of logits beyond 88.7
 }
 
 

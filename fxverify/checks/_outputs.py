@@ -1,7 +1,7 @@
 """The float32 output comparison that ``numerics``, ``dynamic`` and ``stateful`` share: the result's outputs on
 one input configuration against the original's, judged against a float64 reference when not allclose (see
-:mod:`fxverify.checks.numerics`), whether a difference is the float32 rounding of the result's kernels, and
-the finding of outputs that differ."""
+:mod:`fxverify.checks.numerics`), whether a difference is the float32 rounding of the result's kernels (or NaN
+and inf that appear in float32 only, which is never rounding), and the finding of outputs that differ."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from fxverify.analysis.compare import Mismatch, compare_trees, leaves_with_paths, rmse_per_leaf
+from fxverify.analysis.compare import Mismatch, Rerounded, compare_trees, leaves_with_paths, rmse_per_leaf
 from fxverify.analysis.module_state import tensors_equal
 from fxverify.cases.inputs import InputConfig
 from fxverify.core.results import Finding, ModuleRaised
@@ -30,13 +30,31 @@ def compare_config(subject: Subject, config: InputConfig) -> Mismatch | None:
         fp64_allowance=rounding_allowance(subject, config),
         other_expected=functools.partial(subject.outputs, "original", config, threads=other_threads()),
         other_actual=functools.partial(subject.outputs, "result", config, threads=other_threads()),
+        rerounded_expected=functools.partial(rerounded_outputs, subject, config),
     )
+
+
+def rerounded_outputs(subject: Subject, config: InputConfig, draw: int) -> Any:
+    """The original's float32 outputs on ``config`` in run ``draw`` rounded otherwise
+    (:class:`~fxverify.analysis.compare.Rerounded`); None where they cannot be had alike: in train mode (its
+    runs draw random numbers and step its buffers; numerics' train stage makes its own), where running it has
+    changed its buffers (a counter, a cache: the run would start elsewhere), or where it raises so."""
+    applied = subject.applied()
+    if applied.mode == "train" or applied.state_advanced:
+        return None
+    try:
+        with torch.no_grad(), Rerounded(draw):
+            outputs = subject.module("original")(*config.make(subject.case.seed))
+    except Exception:  # e.g. a kernel for plain tensors only: no such run, the rule as without it
+        return None
+    return None if applied.state_advanced else outputs
 
 
 def float32_rounding(subject: Subject, config: InputConfig, found: Mismatch) -> str | None:
     """Why the result's float32 outputs on ``config`` differ (``found``) where its float64 outputs agree with the
     original's there (at the float64 tolerance): the float32 rounding of the kernels the result runs, and the
-    tolerance that would declare it; None where they do not agree, or there is no float64 run."""
+    tolerance that would declare it, or, for NaN or inf where the original's are finite, an overflow or a dtype
+    precondition in float32 (:func:`non_finite_note`); None where they do not agree, or there is no float64 run."""
     if subject.float64_skip is not None:
         return None
     try:
@@ -44,7 +62,9 @@ def float32_rounding(subject: Subject, config: InputConfig, found: Mismatch) -> 
                                     subject.outputs("original", config, torch.float64), subject.outputs("original", config))
     except ModuleRaised:
         return None
-    return rounding_note(found.max_abs) if agrees else None
+    if not agrees:
+        return None
+    return non_finite_note(found, subject.dtype) if found.non_finite else rounding_note(found.max_abs)
 
 
 def agrees_in_float64(subject: Subject, result64: Any, original64: Any, original32: Any) -> bool:
@@ -81,6 +101,20 @@ def rounding_note(max_abs: float | None) -> str:
             "layout or accumulation order than the original's; a channels-last convolution, say), worse than the "
             "original's own against float64. If the "
             f"pass trades that accuracy by design, declare the error it may add: @fxverify.contract(atol=...){here}")
+
+
+def non_finite_note(found: Mismatch, dtype: str) -> str:
+    """What NaN or inf in the result's outputs (``found``, where the original's are finite) means where the
+    result's float64 outputs agree with the original's, and what to do: never rounding, but a computation that
+    overflows, or leaves its domain, in the low-precision dtype alone."""
+    return (f"in float64 the result agrees with the original at this input: the {found.non_finite} non-finite "
+            f"value{'s' if found.non_finite > 1 else ''} ({found.path}, first at index {found.index}) appear in "
+            f"{dtype} only. That is no rounding error, and no tolerance accepts it: the result computes something "
+            f"that overflows {dtype}'s range, or breaks a precondition of a kernel on its dtype, where the original "
+            "does not (exp without subtracting the row max, a sum of squares or a product accumulated in the input's "
+            "dtype, a kernel's fast path taken for this dtype only). Compute it as the original does (subtract the "
+            "max before exp; accumulate low-precision inputs in float32), or leave inputs it cannot take to the "
+            "original's op")
 
 
 def finding_of(found: Mismatch, where: str) -> Finding:

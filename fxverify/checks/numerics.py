@@ -35,15 +35,17 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from fxverify.analysis.compare import compare_trees, compare_values
+from fxverify.analysis.compare import Mismatch, Rerounded, compare_trees, compare_values
 from fxverify.analysis.localise import Localisation, localise
 from fxverify.analysis.module_state import tensor_state
+from fxverify.cases.inputs import InputConfig
 from fxverify.checks import option
 from fxverify.checks._outputs import (
     agrees_in_float64,
     compare_config,
     finding_of,
     float32_rounding,
+    non_finite_note,
     rounding_note,
 )
 from fxverify.core.contracts import Mode
@@ -58,16 +60,17 @@ def check(subject: Subject) -> dict[str, Any]:
         found = compare_config(subject, config)
         if found is not None:
             finding = finding_of(found, f"{config.describe()}, {subject.dtype}, {subject.contract.primary_mode} mode")
-            rounding = float32_rounding(subject, config, found)
-            if rounding is not None:
-                finding.what += f"\n{rounding}"
-                finding.node = "not localised: in float64 no node computes something else"
-                raise finding
-            try:
-                diverged = _float64_localisation(subject) if subject.float64_skip is None else \
-                    _float32_localisation(subject)
-                _localise_into(finding, diverged,
-                               " [float64]" if subject.float64_skip is None else " [float32: no float64 run]")
+            float32_only = float32_rounding(subject, config, found)
+            if float32_only is not None:
+                finding.what += f"\n{float32_only}"
+                if not found.non_finite:
+                    finding.node = "not localised: in float64 no node computes something else"
+                    raise finding
+            try:  # NaN or inf in float32 only: where the result's float32 run first has them
+                diverged = _float64_localisation(subject) if subject.float64_skip is None and float32_only is None \
+                    else _float32_localisation(subject, config)
+                _localise_into(finding, diverged, " [float64]" if subject.float64_skip is None and float32_only is None
+                               else f" [{subject.dtype}]" if float32_only else " [float32: no float64 run]")
             except Finding as unrunnable:
                 finding.node = f"not localised: {unrunnable.what}"
             except Exception as exc:  # the float32 finding stands; say why it has no node
@@ -132,11 +135,13 @@ def _float64_localisation(subject: Subject) -> Localisation:
                     guard=functools.partial(ModuleRaised.guard, "result", _float64_input(subject)))
 
 
-def _float32_localisation(subject: Subject) -> Localisation:
-    """Both modules run as built on the primary inputs, every kept node recorded: where the float64
-    run is not to be had (a float32-only result), with float32 tolerances."""
-    inputs = subject.primary.make(subject.case.seed)
-    where = f"{subject.primary.describe()}, {subject.dtype}, {subject.contract.primary_mode} mode"
+def _float32_localisation(subject: Subject, config: InputConfig | None = None) -> Localisation:
+    """Both modules run as built on ``config``'s inputs (the primary ones by default), every kept node recorded:
+    where the float64 run is not to be had (a float32-only result), or shows nothing (NaN appearing in float32
+    only), with float32 tolerances."""
+    config = config or subject.primary
+    inputs = config.make(subject.case.seed)
+    where = f"{config.describe()}, {subject.dtype}, {subject.contract.primary_mode} mode"
     return localise(subject.module("original"), subject.module("result"), inputs, subject.tolerance,
                     guard=functools.partial(ModuleRaised.guard, "result", where))
 
@@ -269,9 +274,12 @@ def _compare_runs(subject: Subject, original: nn.Module, result: nn.Module, how:
     makes from a fresh capture, only when a float32 value is not allclose (a train-mode export made
     again in float64 costs as much as the first). On a failure, what ``float64_result`` makes (the transform
     applied to that capture) is run too: where it agrees with the float64 original, the finding says the
-    difference is the float32 rounding of the result's kernels."""
+    difference is the float32 rounding of the result's kernels (or, for NaN and inf, an overflow in float32).
+    The original's error against float64 is the largest of its run and its runs rounded otherwise, each from
+    the buffers it had before its run (:func:`_rerounded_runs`)."""
     config = subject.primary
     where = f"{config.describe()}, {subject.dtype}, {how}"
+    rerounded = _rerounded_runs(subject, original, where)
     if subject.float64_problem is not None:
         float64 = None
     elif float64 is None:
@@ -322,11 +330,12 @@ def _compare_runs(subject: Subject, original: nn.Module, result: nn.Module, how:
         return agrees_in_float64(subject, [result_state[n] for n in names], [reference_state[n] for n in names],
                                   [stepped[n] for n in names])
 
-    found = compare_trees(actual, expected, tolerance=subject.tolerance, fp64_expected=fp64 if float64 is not None else None)
+    found = compare_trees(actual, expected, tolerance=subject.tolerance, fp64_expected=fp64 if float64 is not None else None,
+                          rerounded_expected=lambda draw: rerounded(draw)[0])
     if found is not None:
         finding = finding_of(found, where)
         if rounding_only():
-            finding.what += f"\n{rounding_note(found.max_abs)}"
+            finding.what += f"\n{_float32_only(subject, found)}"
             raise finding
         if switched_from:
             finding.what += (f"\nthe result does not follow the switch as the original trace does: the transform "
@@ -343,14 +352,48 @@ def _compare_runs(subject: Subject, original: nn.Module, result: nn.Module, how:
         module = reference()
         return None if module is None else tensor_state(module).get(name)
 
+    def rerounded_buffer(name: str, draw: int) -> Any:
+        return rerounded(draw)[1].get(name)
+
     for name in sorted((before.keys() & after.keys()) - parameters):
         found_buffer = compare_values(after[name], before[name], path=f"buffer {name!r} after the forward pass",
                                       tolerance=subject.tolerance,
-                                      fp64=functools.partial(fp64_buffer, name) if float64 is not None else None)
+                                      fp64=functools.partial(fp64_buffer, name) if float64 is not None else None,
+                                      rerounded=functools.partial(rerounded_buffer, name))
         if found_buffer is not None:
-            why = rounding_note(found_buffer.max_abs) if rounding_only() else _primary_mode_matched(subject)
+            why = _float32_only(subject, found_buffer) if rounding_only() else _primary_mode_matched(subject)
             raise Finding(f"buffers updated differently: {found_buffer.describe()}\n{why}", input=where,
                           where=found_buffer.path)
+
+
+def _rerounded_runs(subject: Subject, original: nn.Module, where: str) -> Callable[[int], tuple[Any, dict[str, Any]]]:
+    """Run ``draw`` of ``original`` rounded otherwise (:class:`~fxverify.analysis.compare.Rerounded`), on the
+    primary inputs with the RNG reseeded as its own run: its outputs and its tensors other than parameters after
+    the run, each run on a copy given the buffers ``original`` has now, before its own run; ``(None, {})`` where
+    no copy runs."""
+    before = {name: buffer.detach().clone() for name, buffer in original.named_buffers()}
+
+    @functools.cache
+    def run(draw: int) -> tuple[Any, dict[str, Any]]:
+        try:
+            module = subject.capture.convert(original)
+            with torch.no_grad():
+                for name, buffer in module.named_buffers():
+                    buffer.copy_(before[name])
+            with Rerounded(draw):
+                outputs = _run_reseeded(subject, module, subject.primary.make(subject.case.seed), where, original=True)
+        except Exception:  # no copy to run: the rule as without it
+            return None, {}
+        parameters = {name for name, _ in module.named_parameters()}
+        return outputs, {name: t for name, t in tensor_state(module).items() if name not in parameters}
+
+    return run
+
+
+def _float32_only(subject: Subject, found: Mismatch) -> str:
+    """What a difference ``found`` in float32 alone is (the float64 result agrees): NaN or inf that appear in
+    float32 only, or the rounding of the result's kernels."""
+    return non_finite_note(found, subject.dtype) if found.non_finite else rounding_note(found.max_abs)
 
 
 def _primary_mode_matched(subject: Subject) -> str:
