@@ -10,7 +10,7 @@ Adding a capture is one :class:`CaptureSpec` row below plus its module in ``fxve
 >>> capture_names()[:8]
 ('symbolic_trace', 'export', 'export_core', 'make_fx', 'inductor', 'inductor_post', 'inductor_train', 'inductor_train_post')
 >>> capture_names()[8:]
-('inductor_joint', 'inductor_joint_post', 'inductor_train_joint', 'inductor_train_joint_post')
+('inductor_joint', 'inductor_joint_post', 'inductor_train_joint', 'inductor_train_joint_post', 'inductor_pre_grad')
 >>> spec("make_fx").traits.carries_meta_val, spec("make_fx").traits.has_program
 (True, False)
 >>> lacking(spec("symbolic_trace").traits, ("has_program",), "symbolic_trace")
@@ -143,6 +143,10 @@ REGISTRY: tuple[CaptureSpec, ...] = (
     CaptureSpec("inductor_train_joint_post", "fxverify.capture.inductor", "training_joint_post_for_model",
                 "the same training joint graph where joint_custom_post_pass receives it",
                 CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False)),
+    CaptureSpec("inductor_pre_grad", "fxverify.capture.pre_grad", "for_model",
+                "Dynamo's torch-level graph where Inductor's pre_grad_custom_pass receives it, before AOTAutograd, "
+                "parameters read as attributes (no codegen)",
+                CaptureTraits(pickles=False, moves_device=False)),
 )
 
 

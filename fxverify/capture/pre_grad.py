@@ -1,0 +1,413 @@
+"""The ``inductor_pre_grad`` capture: the graph Inductor's ``pre_grad_custom_pass`` receives, where libraries
+install torch-level passes (torchao's RoPE and attention fusions are ``CustomGraphPass`` objects there).
+
+``torch.compile`` hands Inductor Dynamo's torch-level graph, before AOTAutograd: ``compile_fx`` runs
+``run_pre_grad_passes`` (``_recursive_pre_grad_passes``, then ``fx_passes/pre_grad.py:pre_grad_passes``: Inductor's
+own pre-grad passes, then the custom pass, then ``stable_topological_sort``, ``quant_lift_up`` and ``lint``) and
+AOTAutograd differentiates what they made. The capture runs that very path, offline: ``torch.compile(model,
+backend=...)`` with a backend that calls Inductor's ``compile_fx`` as the ``inductor`` backend does, with a
+``pre_grad_custom_pass`` that stops it where the hook is called (``pre_grad_pass_timing="early"``: before
+AOTAutograd's cache lookup; the graph is the same at either timing), so no AOTAutograd tracing and no code
+generation run. Whatever Inductor's config says (``use_pre_grad_passes``, ``pattern_matcher``,
+``pre_grad_fusion_options``, ``freezing``) applies as it would; a config that never calls the hook is an error.
+
+Dynamo (2.14.1, nn modules always inlined) makes every parameter and buffer the graph reads a graph input, in the
+order it first read it, beside the model's inputs; the graph returns a flat tuple of tensors. The ``GraphModule``
+the checks receive takes the model's inputs and returns its outputs: each parameter and buffer placeholder becomes a
+``get_attr`` of the module's own tensor under its own name (the node keeps Dynamo's name and meta, so the graph
+is the hook's graph but for those lines), the model's inputs are placeholders in the model's order, and the output
+node is Dynamo's tuple, which the generated code turns into what the model returns (``_ModelReturn``). Buffers the
+model updates in forward are updated in place, as Dynamo's graph updates them.
+
+The mode is traced in (``batch_norm``'s and ``dropout``'s ``training`` arguments); a model in eval mode is captured
+under ``torch.no_grad()``, as inference is compiled, a model in train mode with gradients on. A model Dynamo splits
+into several graphs (a graph break) has no one graph that computes it: capturing it raises, naming the breaks.
+Nodes carry Dynamo's ``meta['example_value']``, not ``meta['val']``, and shapes are static (``dynamic=False``).
+
+:meth:`PreGrad.apply` runs a pass as the hook runs it (a ``CustomGraphPass`` on ``gm.graph``), then what
+``pre_grad_passes`` does after the hook: ``stable_topological_sort`` (a pass may leave nodes out of order: torch
+sorts them), ``quant_lift_up``, and ``graph.lint()``, whose refusal fails the transform as it fails
+``torch.compile``; so does an output that is no longer a tuple, which AOTAutograd refuses. The module runs its
+generated code, or its graph with ``torch.fx.Interpreter`` where a pass made code Python cannot compile, as
+AOTAutograd runs Dynamo's graph (:class:`PreGradModule`).
+
+>>> capture = PreGrad()
+>>> capture.name, capture.traits.opset, capture.traits.carries_meta_val, capture.traits.differentiated
+('inductor_pre_grad', None, False, True)
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import inspect
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.utils import _pytree as pytree
+
+from fxverify.capture.base import Capture
+from fxverify.capture.lifted_buffers import attach
+from fxverify.core import captures
+from fxverify.core.transform import Transform
+from fxverify.errors import TransformFailed
+
+HOOK = "pre_grad_custom_pass"
+_RETURNED = "_fx_returned"  # the generated code's name for the graph's output tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class PreGrad(Capture):
+    """The graph Inductor's ``pre_grad_custom_pass`` receives: Dynamo's graph after Inductor's own pre-grad passes,
+    parameters and buffers read as attributes of the module."""
+
+    name = "inductor_pre_grad"
+    bakes_dtypes = True  # Dynamo bakes what the code read of a tensor (x.dtype, x.device, sizes) into the graph
+    switches_mode = False  # the mode is traced in (batch_norm's and dropout's training argument)
+    keeps_captures = True  # Dynamo costs tens of symbolic traces
+
+    def capture(self, module: nn.Module, *, training: bool, inputs: tuple[Any, ...] = ()) -> fx.GraphModule:
+        """A fresh graph of ``module`` in the given mode as ``pre_grad_custom_pass`` receives it, compiled on
+        ``inputs``, taking the model's inputs and returning its outputs."""
+        if not inputs:
+            raise ValueError(f"the {self.name} capture needs example inputs")
+        module.train(training)
+        with torch.set_grad_enabled(training):
+            handed = at_hook(module, inputs)
+        return as_model(handed, module, inputs)
+
+    def apply(self, transform: Transform, gm: fx.GraphModule, *, timeout: float | None) -> tuple[nn.Module, bool]:
+        """``transform`` run on ``gm`` as the hook runs it, then what Inductor does after the hook; TransformFailed
+        where the graph is left malformed beyond what it repairs."""
+        result, in_place = transform.apply(gm, timeout=timeout)
+        if isinstance(result, fx.GraphModule):
+            after_hook(transform, result)
+        return result, in_place
+
+    def describe(self) -> str:
+        return f"{self.name} (Dynamo's graph where {HOOK} receives it; static shapes)"
+
+
+def for_model(facts: captures.ModelFacts) -> PreGrad:
+    """The ``inductor_pre_grad`` capture of a model (the registry's factory): static shapes."""
+    return PreGrad()
+
+
+@dataclasses.dataclass
+class Handed:
+    """What the hook received: the ``GraphModule`` whose graph it was given, the example inputs Dynamo gave the
+    backend (the model's inputs, parameters and buffers, one per placeholder), the tensors the graph returned on
+    them, and what the model returned."""
+
+    gm: fx.GraphModule
+    example_inputs: tuple[Any, ...]
+    returned: tuple[Any, ...] = ()
+    model_output: Any = None
+
+
+def at_hook(module: nn.Module, inputs: tuple[Any, ...]) -> Handed:
+    """``module`` compiled by ``torch.compile`` with Inductor's ``compile_fx`` stopped where it calls
+    ``pre_grad_custom_pass``, run once on ``inputs`` (Dynamo's graph run as it is, its buffer updates undone):
+    what the hook received. Dynamo's caches are reset before and after. Raises where Dynamo splits the model into
+    several graphs, or hands Inductor none."""
+    from torch._dynamo.utils import counters
+
+    handed: list[Handed] = []
+
+    def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+        found = Handed(_stopped_at_hook(gm, example_inputs), tuple(example_inputs))
+        handed.append(found)
+        found.gm.recompile()
+
+        def run(*args: Any) -> Any:
+            found.returned = tuple(found.gm(*args))
+            return found.returned
+        return run
+
+    breaks_before = dict(counters["graph_break"])
+    with _dynamo_reset(), _state_kept(module):
+        output = torch.compile(module, backend=backend, dynamic=False)(*inputs)
+    if len(handed) != 1:
+        breaks = {reason: count - breaks_before.get(reason, 0) for reason, count in counters["graph_break"].items()
+                  if count > breaks_before.get(reason, 0)}
+        if not handed:
+            raise RuntimeError("Dynamo handed Inductor no graph for this model (nothing to compile, or it skipped the "
+                               "frame): pre_grad_custom_pass is never called")
+        raise NotImplementedError(
+            f"Dynamo splits this model into {len(handed)} graphs (graph breaks: "
+            f"{'; '.join(breaks) or 'reasons not recorded'}): pre_grad_custom_pass runs on each, and no one graph "
+            "computes the model, which the checks need. Check a model torch.compile(fullgraph=True) takes")
+    handed[0].model_output = output
+    return handed[0]
+
+
+def _stopped_at_hook(gm: fx.GraphModule, example_inputs: list[Any]) -> fx.GraphModule:
+    """The ``GraphModule`` whose graph Inductor's ``pre_grad_custom_pass`` receives when ``compile_fx(gm,
+    example_inputs)`` runs (as the ``inductor`` backend calls it), the hook stopping it there."""
+    from torch._inductor import config
+    from torch._inductor.compile_fx import compile_fx
+
+    reached: list[fx.Graph] = []
+
+    def stop(graph: fx.Graph) -> None:
+        reached.append(graph)
+        raise _Reached
+
+    try:
+        with config.patch({HOOK: stop, "pre_grad_pass_timing": "early"}):
+            compile_fx(gm, example_inputs)
+    except _Reached:
+        pass
+    if not reached:
+        raise RuntimeError(f"Inductor never called {HOOK} (config.use_pre_grad_passes is "
+                           f"{config.use_pre_grad_passes}): there is no graph at that hook to capture")
+    graph = reached[0]
+    owner = graph.owning_module
+    if any(isinstance(sub, fx.GraphModule) and sub.graph is graph for sub in gm.modules() if sub is not gm):
+        raise NotImplementedError(f"Dynamo's graph holds subgraphs (higher-order operators), on which Inductor calls "
+                                  f"{HOOK} first: capturing them is not built")
+    assert isinstance(owner, fx.GraphModule), "the hook's graph belongs to a GraphModule"
+    return owner
+
+
+class _Reached(Exception):
+    """Raised by the hook to stop Inductor where the custom pass runs."""
+
+
+@contextlib.contextmanager
+def _dynamo_reset() -> Iterator[None]:
+    """Dynamo's caches reset before (a compiled model recompiles, with automatic dynamic shapes, and gives up after
+    the recompile limit) and after (they would hold the model)."""
+    torch._dynamo.reset()
+    try:
+        yield
+    finally:
+        torch._dynamo.reset()
+
+
+@contextlib.contextmanager
+def _state_kept(module: nn.Module) -> Iterator[None]:
+    """The module's buffers, and the global random state, as they were before the block ran the model once."""
+    saved = {name: buffer.detach().clone() for name, buffer in module.named_buffers()}
+    try:
+        with torch.random.fork_rng(devices=[]):
+            yield
+    finally:
+        with torch.no_grad():
+            for name, buffer in module.named_buffers():
+                if name in saved and not torch.equal(buffer, saved[name]):
+                    buffer.copy_(saved[name])
+
+
+def as_model(handed: Handed, module: nn.Module, inputs: tuple[Any, ...]) -> fx.GraphModule:
+    """The hook's graph as a ``GraphModule`` taking ``module``'s ``inputs`` and returning its outputs: each
+    placeholder of a parameter or buffer a ``get_attr`` of it under its own name (the node keeping its name and
+    meta), another tensor Dynamo lifted (a plain tensor attribute, a global) a plain attribute, the model's inputs
+    placeholders in its order where Dynamo read the first, the output node as Dynamo made it."""
+    parameters = dict(module.named_parameters())
+    state = {id(tensor): name for name, tensor in [*parameters.items(), *module.named_buffers()]}
+    positions = {id(value): index for index, value in reversed(list(enumerate(inputs)))}
+    handed_placeholders = list(handed.gm.graph.find_nodes(op="placeholder"))
+    values = dict(zip(handed_placeholders, handed.example_inputs, strict=True))
+    read_inputs = {positions[id(value)]: node for node, value in values.items() if id(value) in positions}
+    root = PreGradModule(nn.Module(), fx.Graph(), class_name=type(module).__name__)
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    placed: list[fx.Node] = []  # the model's inputs, in order
+    for node in handed.gm.graph.nodes:
+        if node.op != "placeholder":
+            env[node] = graph.node_copy(node, env.__getitem__)
+        elif id(values[node]) in positions:
+            if not placed:  # every input of the model, in its order, where Dynamo read the first
+                placed.extend(_placeholders(graph, module, len(inputs), read_inputs))
+            env[node] = placed[positions[id(values[node])]]
+        else:
+            env[node] = _attribute(graph, root, node, values[node], state)
+    if not placed:
+        with graph.inserting_before(None):  # at the start: the graph reads no input (it returns constants)
+            placed.extend(_placeholders(graph, module, len(inputs), read_inputs))
+    for name, tensor in [*parameters.items(), *module.named_buffers()]:  # those the graph does not read too
+        attach(root, module, name, tensor, parameter=name in parameters)
+    codegen = _ModelReturn.of(handed, graph.output_node(), placed, positions)
+    if codegen is not None:
+        graph.set_codegen(codegen)
+    root.graph = graph
+    root.meta.update(handed.gm.meta)
+    return root.train(module.training)
+
+
+def _placeholders(graph: fx.Graph, module: nn.Module, count: int, read: dict[int, fx.Node]) -> list[fx.Node]:
+    """A placeholder for each of the model's ``count`` inputs, in order: Dynamo's where it ``read`` the input (name,
+    target and meta kept), the others named after the forward's parameters."""
+    names = _input_names(module, count)
+    return [graph.node_copy(read[index]) if index in read else graph.placeholder(names[index])
+            for index in range(count)]
+
+
+def _input_names(module: nn.Module, count: int) -> list[str]:
+    """Names for ``count`` positional inputs of ``module``'s forward (``input_<i>`` past its named parameters)."""
+    try:
+        named = [p.name for p in inspect.signature(module.forward).parameters.values()
+                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        named = []
+    return [named[i] if i < len(named) else f"input_{i}" for i in range(count)]
+
+
+def _attribute(graph: fx.Graph, root: fx.GraphModule, node: fx.Node, value: Any, state: dict[int, str]) -> fx.Node:
+    """The ``get_attr`` standing for Dynamo's placeholder ``node`` of ``value``: a parameter or buffer of the
+    model under its own name, another tensor a plain attribute of ``root`` (as torch.fx keeps a
+    tensor constant); named as ``node``, with its meta (but Dynamo's ``grapharg``: it is no graph input now)."""
+    if not isinstance(value, torch.Tensor):
+        raise NotImplementedError(f"Dynamo's graph input {node.target} is a {type(value).__name__}, neither an input "
+                                  "of the model nor a tensor: not built")
+    if id(value) in state:
+        target = state[id(value)]  # registered on root with the module's other tensors
+    else:
+        target = f"_tensor_constant{len([n for n in graph.nodes if str(n.target).startswith('_tensor_constant')])}"
+        setattr(root, target, value)
+    read = graph.create_node("get_attr", target, name=node.name)
+    read.meta.update({key: meta for key, meta in node.meta.items() if key != "grapharg"})
+    return read
+
+
+class PreGradModule(fx.GraphModule):
+    """A capture's ``GraphModule``, which runs its graph with ``torch.fx.Interpreter`` where Python cannot compile
+    its generated code, as AOTAutograd runs Dynamo's graph (``create_functional_call``: it never runs the code). A
+    pass may put in a node an argument whose ``repr`` is no Python, as Inductor's own ``efficient_conv_bn_eval``
+    passes the builtin ``torch.conv2d``: ``torch.compile`` compiles it, so it is no defect here either. The code
+    is kept as text (``gm.code``) all the same; ``meta[UNCOMPILED]`` says why it is not run."""
+
+    def recompile(self) -> Any:
+        meta = self.__dict__.setdefault("meta", {})  # GraphModule.__init__ recompiles before it sets meta
+        meta.pop(UNCOMPILED, None)
+        try:
+            return super().recompile()
+        except SyntaxError as error:
+            meta[UNCOMPILED] = f"its generated code is no Python ({error.msg}, line {error.lineno})"
+            type(self).forward = _interpreted
+            return None
+
+
+UNCOMPILED = "fxverify_uncompiled"  # gm.meta key: why a PreGradModule runs its graph with torch.fx.Interpreter
+
+
+def _interpreted(self: fx.GraphModule, *args: Any) -> Any:
+    return fx.Interpreter(self).run(*args)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Output:
+    """A leaf of the model's output that is the graph's output ``index``."""
+
+    index: int
+
+
+class _ModelReturn(fx.graph.CodeGen):
+    """Generated code returning what the model returns (a tensor, or tuples, named tuples, lists, dicts and
+    OrderedDicts of tensors and constants) from the graph's output tuple, which stays as Dynamo made it."""
+
+    def __init__(self, spec: pytree.TreeSpec, leaves: tuple[Any, ...]) -> None:
+        super().__init__()
+        self.spec = spec
+        self.leaves = leaves  # each an _Output or a constant
+
+    @classmethod
+    def of(cls, handed: Handed, output: fx.Node, placed: list[fx.Node], positions: dict[int, int]
+           ) -> _ModelReturn | None:
+        """The code generator that returns the model's output from ``output``'s tuple (an input of the model it
+        returns as it is appended to it), or None where the model returns that tuple itself."""
+        returned = list(output.args[0])  # type: ignore[arg-type]
+        given = {id(value): index for index, value in reversed(list(enumerate(handed.returned)))}
+        leaves, spec = pytree.tree_flatten(handed.model_output)
+        mapped: list[Any] = []
+        for leaf in leaves:
+            if not isinstance(leaf, torch.Tensor):
+                mapped.append(leaf)
+            elif id(leaf) in given:
+                mapped.append(_Output(given[id(leaf)]))
+            elif id(leaf) in positions:
+                returned.append(placed[positions[id(leaf)]])
+                mapped.append(_Output(len(returned) - 1))
+            else:
+                raise NotImplementedError("the model returns a tensor that is neither an output of Dynamo's graph "
+                                          "nor one of its inputs: not built")
+        output.args = (tuple(returned),)
+        if spec.type is tuple and mapped == [_Output(i) for i in range(len(returned))]:
+            return None
+        _source(spec, iter(mapped))  # raises for what the generated code cannot build
+        return cls(spec, tuple(mapped))
+
+    def additional_globals(self) -> list[tuple[str, Any]]:
+        return [(_class_name(cls), cls) for cls in dict.fromkeys(_classes(self.spec))]
+
+    def process_outputs(self, outputs: Any) -> Any:
+        return pytree.tree_unflatten([outputs[leaf.index] if isinstance(leaf, _Output) else leaf
+                                      for leaf in self.leaves], self.spec)
+
+    def generate_output(self, output_args: Any, *, descs: Any = None, repr_fn: Any = None) -> str:
+        return (f"{_RETURNED} = {(repr_fn or repr)(output_args)}\n"
+                f"return {_source(self.spec, iter(self.leaves))}")
+
+
+def _source(spec: pytree.TreeSpec, leaves: Iterator[Any]) -> str:
+    """Python source building the value of ``spec`` from the graph's output tuple and constant ``leaves``."""
+    if spec.is_leaf():
+        leaf = next(leaves)
+        if isinstance(leaf, _Output):
+            return f"{_RETURNED}[{leaf.index}]"
+        if leaf is None or isinstance(leaf, (bool, int, float, str)):
+            return repr(leaf)
+        raise NotImplementedError(f"the model returns a {type(leaf).__name__} constant: not built")
+    parts = [_source(child, leaves) for child in spec.children()]
+    if spec.type is tuple:
+        return f"({', '.join(parts)}{',' if len(parts) == 1 else ''})"
+    if spec.type is list:
+        return f"[{', '.join(parts)}]"
+    if spec.type is dict:
+        return "{" + ", ".join(f"{key!r}: {part}" for key, part in zip(spec.context, parts, strict=True)) + "}"
+    if spec.type is collections.OrderedDict:
+        items = ", ".join(f"({key!r}, {part})" for key, part in zip(spec.context, parts, strict=True))
+        return f"{_class_name(collections.OrderedDict)}([{items}])"
+    if spec.type is collections.namedtuple:
+        return f"{_class_name(spec.context)}({', '.join(parts)})"
+    raise NotImplementedError(f"the model returns a {getattr(spec.type, '__name__', spec.type)}: only tensors, "
+                              "tuples, named tuples, lists, dicts and OrderedDicts of them are built")
+
+
+def _classes(spec: pytree.TreeSpec) -> list[type]:
+    """The classes the generated code calls to build the value of ``spec`` (named tuples, OrderedDict)."""
+    found = ([spec.context] if spec.type is collections.namedtuple
+             else [collections.OrderedDict] if spec.type is collections.OrderedDict else [])
+    return found + [cls for child in ([] if spec.is_leaf() else spec.children()) for cls in _classes(child)]
+
+
+def _class_name(cls: type) -> str:
+    """The generated code's global name for a class it calls to build what the model returns."""
+    return f"{_RETURNED}_{cls.__name__}"
+
+
+def after_hook(transform: Transform, gm: fx.GraphModule) -> None:
+    """What ``pre_grad_passes`` does to the graph after the hook: ``stable_topological_sort``, ``quant_lift_up``,
+    ``graph.lint()`` and ``recompile()``; TransformFailed where torch refuses the graph (a cycle, a node reading
+    an erased one), as ``torch.compile`` fails there."""
+    from torch._inductor.fx_passes.quantization import quant_lift_up
+    from torch._inductor.pattern_matcher import stable_topological_sort
+
+    try:
+        stable_topological_sort(gm.graph)
+        quant_lift_up(gm)
+        gm.graph.lint()
+    except (AssertionError, RuntimeError) as error:
+        raise TransformFailed(f"transform {transform.spec} left the graph malformed, as torch.compile would refuse "
+                              f"it after {HOOK}: {error}", f"malformed graph: {error}") from error
+    returned = gm.graph.output_node().args[0]
+    if not isinstance(returned, (tuple, list)):
+        raise TransformFailed(f"transform {transform.spec} made the graph return a {type(returned).__name__}, not the "
+                              "tuple Dynamo's graph returns: AOTAutograd refuses it (RuntimeError: Graph output must "
+                              "be a (), in create_functional_call), so torch.compile fails",
+                              "graph output no tuple")
+    gm.recompile()
