@@ -73,6 +73,14 @@ class BuiltinHashFloor(FileHashFloor):
         return hash(inspect.getsource(type(self)) + repr(self.floor))
 
 
+class LabelledFloor(KeyedFloor):
+    """Correct: a label for its logs, which changes nothing the pass does, is left out of ``uuid()``."""
+
+    def __init__(self, floor: float, label: str) -> None:
+        super().__init__(floor)
+        self.label = label
+
+
 def stale_floors() -> list[FileHashFloor]:
     return [FileHashFloor(f) for f in FLOORS]
 

@@ -32,6 +32,7 @@ from tests.compile_cache_passes import (
     MLP,
     FileHashFloor,
     KeyedFloor,
+    LabelledFloor,
     MatmulPrecision,
     floor_relu,
     keyed_matmuls,
@@ -176,6 +177,17 @@ def test_on_a_model_the_passes_do_not_change_the_stale_aspect_proves_nothing(pas
             "aten.mul.Tensor, aten.relu.default)") in stale.message
     untold = "Whether passes[0] and passes[1], which get the same cache key from uuid() while their `dtype` differs"
     assert (untold in stale.message) is (passes is stale_matmuls)
+
+
+@pytest.mark.slow
+def test_state_left_out_of_uuid_that_changes_nothing_is_no_failure():
+    results = by_aspect([LabelledFloor(0.5, "first"), LabelledFloor(0.5, "second")])
+    assert FAILED not in {r.outcome for r in results.values()}
+    assert "WARNING: passes[0] and passes[1] get the same cache key" in results[UUID].message
+    stale = results[STALE]
+    assert stale.outcome is SKIPPED and ("proved nothing for passes[0] and passes[1]: they get the same cache key from "
+                                         "uuid() while their `label` differs ('first', 'second'), and leave the same "
+                                         "graph on relu_mul_add") in stale.message
 
 
 class RaisingFloor(KeyedFloor):
