@@ -196,8 +196,9 @@ def test_a_model_dynamo_splits_is_refused_naming_the_graph_break():
             torch._dynamo.graph_break()
             return y + 1
 
-    with pytest.raises(NotImplementedError, match=r"Dynamo splits this model into 2 graphs \(graph breaks: .+\)"):
+    with pytest.raises(NotImplementedError, match=r"Dynamo splits this model into 2 graphs \(graph breaks: .+\)") as raised:
         PreGrad().capture(Broken(), training=False, inputs=(torch.randn(3),))
+    assert f"{__file__}:" in str(raised.value)  # where it breaks
 
 
 # -- passes at the hook ----------------------------------------------------------------------------

@@ -113,8 +113,6 @@ def at_hook(module: nn.Module, inputs: tuple[Any, ...]) -> Handed:
     ``pre_grad_custom_pass``, run once on ``inputs`` (Dynamo's graph run as it is, its buffer updates undone):
     what the hook received. Dynamo's caches are reset before and after. Raises where Dynamo splits the model into
     several graphs, or hands Inductor none."""
-    from torch._dynamo.utils import counters
-
     handed: list[Handed] = []
 
     def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
@@ -127,21 +125,29 @@ def at_hook(module: nn.Module, inputs: tuple[Any, ...]) -> Handed:
             return found.returned
         return run
 
-    breaks_before = dict(counters["graph_break"])
     with _dynamo_reset(), _state_kept(module):
         output = torch.compile(module, backend=backend, dynamic=False)(*inputs)
-    if len(handed) != 1:
-        breaks = {reason: count - breaks_before.get(reason, 0) for reason, count in counters["graph_break"].items()
-                  if count > breaks_before.get(reason, 0)}
-        if not handed:
-            raise RuntimeError("Dynamo handed Inductor no graph for this model (nothing to compile, or it skipped the "
-                               "frame): pre_grad_custom_pass is never called")
+    if not handed:
+        raise RuntimeError("Dynamo handed Inductor no graph for this model (nothing to compile, or it skipped the "
+                           f"frame): {HOOK} is never called")
+    if len(handed) > 1:
         raise NotImplementedError(
-            f"Dynamo splits this model into {len(handed)} graphs (graph breaks: "
-            f"{'; '.join(breaks) or 'reasons not recorded'}): pre_grad_custom_pass runs on each, and no one graph "
-            "computes the model, which the checks need. Check a model torch.compile(fullgraph=True) takes")
+            f"Dynamo splits this model into {len(handed)} graphs (graph breaks: {_breaks(module, inputs)}): {HOOK} "
+            "runs on each, and no one graph computes the model, which the checks need. Check a model "
+            "torch.compile(fullgraph=True) takes")
     handed[0].model_output = output
     return handed[0]
+
+
+def _breaks(module: nn.Module, inputs: tuple[Any, ...]) -> str:
+    """Where and why Dynamo breaks ``module``'s graph on ``inputs`` (``torch._dynamo.explain``, which runs it)."""
+    with _dynamo_reset(), _state_kept(module):
+        explained = torch._dynamo.explain(module)(*inputs)
+    found = []
+    for broken in explained.break_reasons:
+        frame = broken.user_stack[-1] if broken.user_stack else None
+        found.append(f"{broken.reason}" + (f" at {frame.filename}:{frame.lineno}" if frame is not None else ""))
+    return "; ".join(dict.fromkeys(found)) or "Dynamo gives no reason"
 
 
 def _stopped_at_hook(gm: fx.GraphModule, example_inputs: list[Any]) -> fx.GraphModule:
