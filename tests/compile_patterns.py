@@ -108,13 +108,13 @@ def _silu(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.silu(x)
 
 
-@fxverify.contract(rewrites_every_occurrence=True)
+@fxverify.contract(rewrites_spellings=("operand_orders",))
 def silu_one_order(pass_dict: PatternMatcherPass) -> None:
-    """Promises every occurrence, registers ``x * sigmoid(x)`` only: ``sigmoid(x) * x`` is left alone."""
+    """Promises both operand orders, registers ``x * sigmoid(x)`` only: ``sigmoid(x) * x`` is left alone."""
     register_replacement(lambda x: x * torch.sigmoid(x), _silu, _inputs((4, 8)), fwd_only, pass_dict)
 
 
-@fxverify.contract(rewrites_every_occurrence=True)
+@fxverify.contract(rewrites_spellings=("operand_orders",))
 def silu_both_orders(pass_dict: PatternMatcherPass) -> None:
     """The twin: both operand orders registered."""
     register_replacement(lambda x: x * torch.sigmoid(x), _silu, _inputs((4, 8)), fwd_only, pass_dict)
@@ -156,13 +156,13 @@ def _silu_spelled_out(x: torch.Tensor) -> torch.Tensor:
     return x / (1.0 + torch.exp(-x))
 
 
-@fxverify.contract(rewrites_every_occurrence=True)
+@fxverify.contract(rewrites_spellings=("declared",))
 def silu_native_only(pass_dict: PatternMatcherPass) -> None:
-    """Promises every occurrence, registers the native spelling only: the custom op is left alone."""
+    """Promises its declared spellings, registers the native spelling only: the custom op is left alone."""
     register_replacement(_silu_spelled_out, _silu, _inputs((4, 8)), fwd_only, pass_dict)
 
 
-@fxverify.contract(rewrites_every_occurrence=True)
+@fxverify.contract(rewrites_spellings=("declared",))
 def silu_native_and_custom_op(pass_dict: PatternMatcherPass) -> None:
     """The twin: the custom op registered too."""
     register_replacement(_silu_spelled_out, _silu, _inputs((4, 8)), fwd_only, pass_dict)

@@ -10,7 +10,9 @@ variants of those ops the model still holds untouched (the same op, other overlo
 It passes with the counts in its details (``op_counts``, which the run's summary adds up over the
 models into one warning per transform: a variant left in one model counts against an op rewritten in
 another) unless the contract promises ``rewrites_every_occurrence``: then a model where the transform
-rewrote an op and left a variant of it fails, naming the variant, its count and its first node.
+rewrote an op and left a variant of it fails, naming the variant, its count and its first node. That promise
+is about every occurrence of an op; what a pattern pass promises about its patterns' spellings is
+``rewrites_spellings``, which pattern fuzzing checks (``fxverify.compile.patterns``).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ def check(subject: Subject) -> dict[str, Any]:
             f"the transform rewrote {rewrote.op} x{rewrote.count} and left {left.op} x{left.count} untouched "
             f"({left.kind} of {left.of})" + (f"; also left: {others}" if others else "") + ", where its contract "
             "promises to rewrite every occurrence (rewrites_every_occurrence=True). Match every variant of the op "
-            f"({left.op} too), or drop the promise if the pass rewrites only where a pattern holds.",
+            f"({left.op} too), or drop the promise if the pass rewrites only where a pattern holds (a pattern pass "
+            "promises the spellings its patterns fire on with rewrites_spellings, which pattern fuzzing checks).",
             node=(node.format_node() or node.name) if node is not None else None, details=details)
     return details

@@ -4,10 +4,13 @@ in context and as near misses.
 A :class:`Variant` changes what the matcher leaves unpinned (``register_replacement`` traces the search
 function with ints, floats, lists, dtypes and devices wildcarded): the example inputs' sizes (two sizes
 **made equal on purpose**, a broadcast dimension), dtypes (all bfloat16, or one input only: mixed),
-strides (a non-contiguous input), and :class:`Edit` s of the traced search graph (another permutation,
-another dim, another scalar constant, view sizes swapped, an inner node with a user outside the
-pattern, an input defined late). :func:`build` makes the program (a ``GraphModule`` and its inputs)
-that a variant describes, or None where the variant is not a well-typed program.
+layout (an input's last two dims swapped in memory), and :class:`Edit` s of the traced search graph (another
+permutation, another dim, another scalar constant, view sizes swapped, an inner node with a user outside the
+pattern, an input defined late). Inputs are laid out as the example inputs are (shape, strides, storage
+offset: a transposed head view stays one, whose matmul traces to a clone), and keep that layout at other sizes.
+:func:`build` makes the program (a ``GraphModule`` and its inputs) that a variant describes, traced as the pass
+meets it (as the declared hook receives graphs, :func:`at_hook`), or None where the variant is not a well-typed
+program.
 
 >>> import torch
 >>> from torch._inductor.pattern_matcher import fwd_only
@@ -18,19 +21,24 @@ that a variant describes, or None where the variant is not a well-typed program.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch import fx
 
-from fxverify.capture.inductor import aot_roles
+from fxverify.capture.inductor import HOOKS, Inductor, aot_roles, at_custom_pass, at_joint_pass
 
 DIM_NAMES = ("dim", "dim0", "dim1", "start_dim", "end_dim")
-SPELLINGS = frozenset({"swap", "late_input"})  # edit kinds that spell the same computation otherwise
+# edit kinds that spell the same computation otherwise: operands of a commutative op the search function writes
+# swapped (swap) or of one inside a decomposition of another op (inner_swap: no user writes that order), an input
+# computed just before its first use (late_input)
+SPELLINGS = frozenset({"swap", "inner_swap", "late_input"})
 COMMUTATIVE = ("aten.add.Tensor", "aten.mul.Tensor", "aten.maximum.default", "aten.minimum.default")
 LOW_PRECISION = torch.bfloat16  # a dtype fused kernels guard on
 
@@ -39,9 +47,10 @@ LOW_PRECISION = torch.bfloat16  # a dtype fused kernels guard on
 class Edit:
     """One change to a traced search graph: the ``occurrence``-th node of ``target`` gets ``value`` as
     its argument ``position`` (kind ``dims``, ``dim``, ``scalar``, ``sizes``), or its value also
-    feeds the output (kind ``extra_user``), or its two operands are swapped (kind ``swap``, a commutative op),
-    or input ``position`` is computed just before its
-    first user (kind ``late_input``, with ``target`` empty)."""
+    feeds the output (kind ``extra_user``), or its two operands (named in ``value``) are swapped (kind ``swap``, a
+    commutative op the search function writes; ``inner_swap``, one inside the decomposition of the op ``value``
+    ends with), or input ``position`` is computed just before its first user (kind ``late_input``, with ``target``
+    empty)."""
 
     kind: str
     target: str
@@ -55,8 +64,10 @@ class Edit:
             return f"{where} feeds the output too"
         if self.kind == "late_input":
             return f"input {self.position} computed just before its first use"
-        if self.kind == "swap":
-            return f"{where} operands swapped"
+        if self.kind in ("swap", "inner_swap"):
+            first, second, *inside = self.value or ("?", "?")
+            within = f", inside {inside[0]}'s decomposition" if inside else ""
+            return f"{where} operands swapped ({first}, {second} -> {second}, {first}{within})"
         return f"{where} {self.kind}={self.value}"
 
 
@@ -66,18 +77,19 @@ class Variant:
 
     sizes: tuple[tuple[int, int], ...] = ()  # every input dimension of size a becomes b
     dtypes: tuple[str | None, ...] = ()  # per input: another floating dtype's name, or None
-    strided: int | None = None  # an input given non-contiguous strides (its last two dims swapped in memory)
+    strided: int | None = None  # an input in another layout: its last two dims swapped in memory
     broadcast: int | None = None  # an input whose first dimension becomes 1
     numbers: bool = False  # 0-dim tensor inputs given as Python numbers (constants of the program, as users write)
     edits: tuple[Edit, ...] = ()
     spelling: str | None = None  # another spelling of the search function its author declared, by label
+    hook: str | None = None  # the Inductor capture whose hook receives the program (None: as trace_fn traces it)
 
     def describe(self) -> str:
         """The variant in words, e.g. ``sizes 8->4; input 1 bfloat16``."""
         parts = [f"sizes {', '.join(f'{a}->{b}' for a, b in self.sizes)} (made equal on purpose)"] if self.sizes else []
         parts += [f"input {i} {dtype}" for i, dtype in enumerate(self.dtypes) if dtype]
         if self.strided is not None:
-            parts.append(f"input {self.strided} non-contiguous")
+            parts.append(f"input {self.strided} in another layout (its last two dims swapped in memory)")
         if self.broadcast is not None:
             parts.append(f"input {self.broadcast} broadcast (first dim 1)")
         if self.spelling is not None:
@@ -85,7 +97,8 @@ class Variant:
         if self.numbers:
             parts.append("0-dim inputs as Python numbers")
         parts += [edit.describe() for edit in self.edits]
-        return "; ".join(parts) or "as registered (the example inputs)"
+        described = "; ".join(parts) or "as registered (the example inputs)"
+        return described + (f", at {hook_name(self.hook)}" if self.hook else "")
 
     @property
     def equivalent(self) -> bool:
@@ -105,21 +118,48 @@ def size_options(inputs: Sequence[Any]) -> list[tuple[tuple[int, int], ...]]:
     return [(), *(((big, small),) for small, big in itertools.combinations(sizes, 2))]
 
 
-def dtype_options(inputs: Sequence[Any]) -> list[tuple[str | None, ...]]:
-    """All floating inputs in bfloat16, then each one alone (mixed dtypes), after the example dtypes."""
-    floating = [i for i, value in enumerate(inputs) if isinstance(value, torch.Tensor) and value.is_floating_point()
-                and value.dtype != LOW_PRECISION]
-    name = str(LOW_PRECISION).removeprefix("torch.")
+def dtype_options(inputs: Sequence[Any], uniform: Sequence[str] = ()) -> list[tuple[str | None, ...]]:
+    """After the example dtypes: every floating input in bfloat16 and in each dtype of ``uniform`` (one program in
+    another dtype), then each one alone in bfloat16, or in float32 where it is bfloat16 (mixed dtypes, for soundness
+    only).
+
+    >>> dtype_options([torch.zeros(2), torch.zeros(2)], uniform=("float64",))
+    [(), ('bfloat16', 'bfloat16'), ('float64', 'float64'), ('bfloat16', None), (None, 'bfloat16')]
+    """
+    floating = [i for i, value in enumerate(inputs) if isinstance(value, torch.Tensor) and value.is_floating_point()]
     if not floating:
         return [()]
-    every = tuple(name if i in floating else None for i in range(len(inputs)))
-    singles = [tuple(name if i == j else None for i in range(len(inputs))) for j in floating] if len(floating) > 1 else []
-    return [(), every, *singles]
+    low = str(LOW_PRECISION).removeprefix("torch.")
+    given = {str(inputs[i].dtype).removeprefix("torch.") for i in floating}
+    everies = [tuple(name if i in floating else None for i in range(len(inputs)))
+               for name in dict.fromkeys((low, *uniform)) if given != {name}]
+    other = {j: "float32" if inputs[j].dtype == LOW_PRECISION else low for j in floating}
+    singles = [tuple(other[j] if i == j else None for i in range(len(inputs))) for j in floating] \
+        if len(floating) > 1 else []
+    return [(), *everies, *singles]
+
+
+def uniform_dtype(dtypes: Sequence[str | None], inputs: Sequence[Any]) -> str | None:
+    """The one dtype ``dtypes`` (a variant's) gives every floating input, or None (the example's, or mixed).
+
+    >>> uniform_dtype(("bfloat16", None), [torch.zeros(2), torch.zeros(2, dtype=torch.long)])
+    'bfloat16'
+    >>> uniform_dtype(("bfloat16", None), [torch.zeros(2), torch.zeros(2)]) is None
+    True
+    """
+    floating = [i for i, value in enumerate(inputs) if isinstance(value, torch.Tensor) and value.is_floating_point()]
+    named = {dtypes[i] if i < len(dtypes) else None for i in floating}
+    return next(iter(named)) if len(named) == 1 and None not in named else None
 
 
 def inputs_for(example: Sequence[Any], variant: Variant, seed: int = 0) -> list[Any] | None:
-    """Fresh inputs as the example's, with the variant's sizes, dtypes, strides and broadcast (None where it
-    makes no such input)."""
+    """Fresh inputs laid out as the example's (:func:`laid_out`), with the variant's sizes, dtypes, layout and
+    broadcast (None where it makes no such input).
+
+    >>> head_view = torch.zeros(2, 8, 4 * 16).view(2, 8, 4, 16).transpose(1, 2)  # (batch, heads, time, head_dim)
+    >>> [(tuple(t.shape), t.stride()) for t in inputs_for([head_view], Variant(sizes=((16, 8),)))]
+    [((2, 4, 8, 8), (256, 8, 32, 1))]
+    """
     generator = torch.Generator().manual_seed(seed)
     made: list[Any] = []
     for i, value in enumerate(example):
@@ -141,13 +181,54 @@ def inputs_for(example: Sequence[Any], variant: Variant, seed: int = 0) -> list[
 
 def _tensor_like(value: torch.Tensor, shape: list[int], dtype: torch.dtype, strided: bool,
                  generator: torch.Generator, requires_grad: bool = False) -> torch.Tensor:
-    """A fresh tensor like ``value`` (requiring grad where a training pattern's example does)."""
+    """A fresh tensor of ``shape`` laid out as ``value`` (:func:`laid_out`; ``strided``: its last two dims swapped in
+    memory), requiring grad where a training pattern's example does."""
     if not value.is_floating_point():
         return value.clone() if list(value.shape) == shape else torch.zeros(shape, dtype=value.dtype)
-    if strided and len(shape) >= 2:
-        swapped = [*shape[:-2], shape[-1], shape[-2]]
-        return torch.randn(swapped, generator=generator).to(dtype).requires_grad_(requires_grad).transpose(-1, -2)
-    return torch.randn(shape, generator=generator).to(dtype).requires_grad_(requires_grad)
+    strides, offset = laid_out(value, shape, swap_last=strided)
+    return _fresh(shape, strides, offset, dtype, generator, requires_grad)
+
+
+def _fresh(shape: Sequence[int], strides: Sequence[int], offset: int, dtype: torch.dtype, generator: torch.Generator,
+           requires_grad: bool) -> torch.Tensor:
+    """Random values in a fresh storage, viewed with ``strides`` from ``offset`` (a contiguous tensor draws what
+    ``torch.randn(shape)`` draws)."""
+    extent = offset + sum((size - 1) * stride for size, stride in zip(shape, strides)) + 1 if all(shape) else offset
+    storage = torch.randn(max(extent, 1), generator=generator).to(dtype)
+    return storage.as_strided(list(shape), list(strides), offset).detach().requires_grad_(requires_grad)
+
+
+def laid_out(value: torch.Tensor, shape: Sequence[int], swap_last: bool = False) -> tuple[list[int], int]:
+    """Strides and storage offset for a tensor of ``shape`` laid out as ``value`` is: its dims in the same order in
+    memory, with the same gaps between them (a slice of a packed projection keeps its gap) and the same storage
+    offset; at ``value``'s own shape, exactly its strides. Dims of size 1 (whose stride means nothing) and expanded
+    dims (stride 0) keep theirs. ``swap_last``: another layout, dense, with the last two dims swapped in memory.
+
+    >>> head_view = torch.zeros(2, 8, 4 * 16).view(2, 8, 4, 16).transpose(1, 2)  # strides (512, 16, 64, 1)
+    >>> laid_out(head_view, [2, 4, 8, 8])  # head_dim made 8: still (batch, time, heads, head_dim) in memory
+    ([256, 8, 32, 1], 0)
+    >>> laid_out(torch.zeros(3, 4), [3, 4], swap_last=True)
+    ([1, 3], 0)
+    """
+    old_shape, old = list(value.shape), list(value.stride())
+    if list(shape) == old_shape and not swap_last:
+        return old, int(value.storage_offset())
+    rank = len(shape)
+    if swap_last:  # dense, in the example's order with the last two dims exchanged
+        order = sorted(range(rank), key=lambda d: (old[d] if old_shape[d] != 1 else 0, -d))
+        if rank >= 2:
+            a, b = order.index(rank - 1), order.index(rank - 2)
+            order[a], order[b] = order[b], order[a]
+        strides, step = [0] * rank, 1
+        for d in order:
+            strides[d], step = step, step * max(shape[d], 1)
+        return strides, 0
+    chain = sorted((d for d in range(rank) if old[d] and old_shape[d] != 1), key=lambda d: (old[d], -d))
+    strides = list(old)
+    for below, d in zip(chain, chain[1:]):
+        gap = max(old[d] - old[below] * old_shape[below], 0)
+        strides[d] = strides[below] * shape[below] + gap
+    return strides, int(value.storage_offset())
 
 
 def edits_of(graph: fx.GraphModule) -> list[Edit]:
@@ -172,12 +253,34 @@ def edits_of(graph: fx.GraphModule) -> list[Edit]:
                 found.append(Edit(kind, target, occurrence, position, new))
         if target in COMMUTATIVE and len(node.args) == 2 and all(isinstance(a, fx.Node) for a in node.args) \
                 and node.args[0] is not node.args[1] and not node.kwargs:
-            found.append(Edit("swap", target, occurrence, 0))
+            operands = tuple(_operand(a) for a in node.args if isinstance(a, fx.Node))
+            inside = _decomposed_from(node)
+            found.append(Edit("inner_swap", target, occurrence, 0, (*operands, inside)) if inside
+                         else Edit("swap", target, occurrence, 0, operands))
         if node not in returned and node.users:
             found.append(Edit("extra_user", target, occurrence, -1))
     placeholders = list(graph.graph.find_nodes(op="placeholder"))
     found += [Edit("late_input", "", 0, i) for i, node in enumerate(placeholders) if node.users]
     return found
+
+
+def _operand(node: fx.Node) -> str:
+    """How a user knows an operand: an input by its parameter's name (make_fx adds ``_1``), a node made by another
+    op's decomposition by that op (``silu``), another node by its name."""
+    if node.op == "placeholder":
+        return node.name.removesuffix("_1")
+    inside = _decomposed_from(node)
+    return inside.split(".")[1] if inside and inside.count(".") >= 2 else inside or node.name
+
+
+def _decomposed_from(node: fx.Node) -> str | None:
+    """The op whose decomposition made ``node`` (make_fx's ``meta['original_aten']``: GELU's ``0.5 * x``), or None
+    where the search function writes ``node``'s op itself (or the trace keeps no record)."""
+    original = node.meta.get("original_aten")
+    packet = getattr(original, "overloadpacket", None)
+    if packet is None or packet is getattr(node.target, "overloadpacket", None):
+        return None
+    return str(original)
 
 
 def _rank(node: fx.Node) -> int | None:
@@ -217,9 +320,10 @@ def build(search: Callable[..., Any], trace_fn: Callable[..., Any], example: Seq
           ) -> tuple[fx.GraphModule, list[Any]] | None:
     """The program ``variant`` describes, traced as the pass meets it (``trace_fn``: Inductor's ``fwd_only``, or
     ``joint_fwd_bwd`` for a training pattern, whose program is the joint graph of the variant's forward, taking its
-    inputs and then a tangent for each output, drawn here), and its inputs; None where the variant is no well-typed
-    program (its edits do not apply at these inputs, or it raises). Edits change the forward program. Every node's
-    ``meta['val']`` comes from one fake mode, as in a graph Inductor compiles."""
+    inputs and then a tangent for each output, drawn here), then, where the variant names a hook, as that hook
+    receives graphs (:func:`at_hook`), and its inputs; None where the variant is no well-typed program (its edits do
+    not apply at these inputs, or it raises). Edits change the forward program. Every node's ``meta['val']`` comes
+    from one fake mode, as in a graph Inductor compiles."""
     inputs = inputs_for(example, variant)
     if inputs is None:
         return None
@@ -239,9 +343,57 @@ def build(search: Callable[..., Any], trace_fn: Callable[..., Any], example: Seq
             graph, inputs = _joint(trace_fn, graph if variant.edits else search, inputs)
         graph(*inputs)
         fake_outputs(graph, inputs)
+        if variant.hook is not None:
+            graph = at_hook(graph, inputs, variant.hook, training=joint)
+            graph(*inputs)
     except Exception:  # a near miss that is no program (a shape or dtype error) is no variant
         return None
     return graph, inputs
+
+
+def hooks() -> dict[str, Inductor]:
+    """The Inductor captures by name, each the graphs one hook receives (``inductor_post``:
+    ``post_grad_custom_post_pass``'s)."""
+    return {capture.name: capture for capture in (Inductor(training_graphs=training, position=position, hook=hook)
+                                                  for training in (False, True) for hook in HOOKS
+                                                  for position in ("pre", "post"))}
+
+
+def hook_name(capture: str) -> str:
+    """The Inductor hook whose graphs the capture ``capture`` gives.
+
+    >>> hook_name("inductor_post"), hook_name("inductor_train_joint")
+    ('post_grad_custom_post_pass', 'joint_custom_pre_pass')
+    """
+    found = hooks()[capture]
+    return f"{found.hook}_custom_{found.position}_pass"
+
+
+def at_hook(graph: fx.GraphModule, inputs: Sequence[Any], capture: str, *, training: bool = False) -> fx.GraphModule:
+    """``graph`` as the hook of the Inductor capture ``capture`` receives it: Inductor's own passes run on it up to
+    that hook, as :mod:`fxverify.capture.inductor` runs them on a model's graph (the joint hooks after
+    ``canonicalize_aten_ir_passes``, the post hook after Inductor's joint-graph patterns; the post-grad hooks after
+    those passes and ``view_to_reshape``, so an ``aten.view`` arrives as ``aten.reshape``, the post hook after
+    Inductor's own post-grad passes). ``training``: a joint graph, told to the post-grad passes as not inference.
+    A copy, its ``meta['val']`` from one fake mode on fake copies of ``inputs``; ``graph`` is kept.
+
+    >>> from torch._inductor.pattern_matcher import fwd_only
+    >>> inputs = [torch.randn(3, 4)]
+    >>> graph = fwd_only(lambda x: x.view(2, 6) * 2, inputs)
+    >>> [str(node.target) for node in at_hook(graph, inputs, "inductor_post").graph.nodes if node.op == "call_function"]
+    ['aten.reshape.default', 'aten.mul.Tensor']
+    """
+    from torch._inductor import config, lowering  # noqa: F401  Inductor's decompositions read its lowering
+    from torch._inductor.fx_passes.joint_graph import joint_graph_passes
+
+    found = hooks()[capture]
+    graph = copied(graph)
+    fake_outputs(graph, inputs)
+    with config.patch(fallback_random=True):  # as the captures run them
+        if found.hook == "joint":
+            return at_joint_pass(graph, position=found.position)
+        return at_custom_pass(joint_graph_passes(graph), is_inference=not (training or found.training_graphs),
+                              position=found.position)
 
 
 def compiled_trace(fn: Callable[..., Any], inputs: Sequence[Any]) -> fx.GraphModule:
@@ -276,6 +428,18 @@ def forward_trace(trace_fn: Callable[..., Any]) -> Callable[..., Any]:
     from torch._inductor.pattern_matcher import fwd_only
 
     return fwd_only if traces_joint(trace_fn) else trace_fn
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Without the errors torch logs for each near miss that is no program (a shape check failing on fake tensors)."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def unwrapped(function: Any) -> Any:
@@ -385,18 +549,18 @@ def _define_late(graph: fx.Graph, placeholder: fx.Node) -> None:
 
 
 def _keep_permuted_shape(node: fx.Node, dims: list[int], placeholders: list[fx.Node], inputs: list[Any]) -> None:
-    """For a permute of an input, give that input the shape that keeps the permute's output shape under the
-    new ``dims`` (a user permuting another layout into the same shape, as ``key.permute(0, 2, 3, 1)``); a
-    permute of an inner node keeps its input, so its output shape changes (the program may not type-check)."""
+    """For a permute of an input, give that input the shape and strides that keep the permute's output shape and
+    strides under the new ``dims`` (a user permuting another layout into the same view, as
+    ``key.permute(0, 2, 3, 1)``: the program traces to the same nodes but the permute); a permute of an inner node
+    keeps its input, so its output shape changes (the program may not type-check)."""
     source = node.args[0]
     if not isinstance(source, fx.Node) or source not in placeholders:
         return
     index = placeholders.index(source)
     value = inputs[index]
     old: Sequence[int] = node.args[1]  # type: ignore[assignment]  # a permute's dims
-    out = [value.shape[d] for d in old]
-    shape = [0] * len(out)
+    shape, strides = [0] * len(old), [0] * len(old)
     for position, d in enumerate(dims):
-        shape[d] = out[position]
-    inputs[index] = _tensor_like(value, shape, value.dtype, False, torch.Generator().manual_seed(index),
-                                 value.requires_grad)
+        shape[d], strides[d] = value.shape[old[position]], value.stride()[old[position]]
+    inputs[index] = _fresh(shape, strides, value.storage_offset(), value.dtype, torch.Generator().manual_seed(index),
+                           value.requires_grad)

@@ -16,10 +16,14 @@ and shrinks a failing one. The property is an ordinary Hypothesis test (:func:`s
 a campaign can run it under HypoFuzz and share failing variants through an example database.
 
 **Completeness** (``patterns-complete``): whether the pattern fired on its own search function and
-on each equivalent spelling (other sizes, dtypes, strides, operands of a commutative op swapped,
-inputs defined late, and the spellings its author declares with :func:`also_spelled`: a custom op
-against its native implementation, a mutable op), as a matrix. Not firing on its own search function fails; not firing on a
-spelling warns, and fails for a registration whose contract promises ``rewrites_every_occurrence``.
+on each equivalent spelling, as a matrix: other sizes, every floating input in another dtype, the operands of
+a commutative op the search function writes swapped, inputs defined late, and the spellings its author
+declares with :func:`also_spelled` (a custom op against its native implementation, a mutable op). Mixed
+dtypes, other layouts, broadcasts and operand orders inside one op's decomposition are for soundness only.
+Not firing on its own search function fails, and so does not firing at a hook the registration's contract
+names (``captures=("inductor_post",)``: each variant is traced as that hook receives graphs); not firing on
+a spelling its contract promises (``rewrites_spellings``, ``dtypes``: a :class:`Promise`) fails; on another,
+warns.
 
 >>> import torch
 >>> from torch._inductor.pattern_matcher import fwd_only, register_replacement
@@ -31,14 +35,13 @@ spelling warns, and fails for a registration whose contract promises ``rewrites_
 
 from __future__ import annotations
 
-import contextlib
+import collections
 import copy
 import dataclasses
 import hashlib
-import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +54,9 @@ from torch.utils import _pytree as pytree
 
 from fxverify.analysis.compare import Tolerance, compare_trees
 from fxverify.capture.inductor import aot_roles
-from fxverify.compile.pattern_sources import PatternExample, pattern_examples
+from fxverify.compile.pattern_sources import PatternExample, pattern_contract, pattern_examples
 from fxverify.compile.pattern_variants import (
+    LOW_PRECISION,
     SPELLINGS,
     Edit,
     Variant,
@@ -63,10 +67,14 @@ from fxverify.compile.pattern_variants import (
     edits_of,
     fake_outputs,
     forward_trace,
+    hook_name,
+    hooks,
+    quiet,
     size_options,
     traces_joint,
+    uniform_dtype,
 )
-from fxverify.core.contracts import contract_of
+from fxverify.core.contracts import SPELLING_FAMILIES
 from fxverify.core.results import CheckResult, Outcome, exception_summary
 from fxverify.core.transform import load_object
 
@@ -77,7 +85,8 @@ SWEEP_LIMIT = 600  # targeted variants per pattern, before Hypothesis draws comb
 # ill-conditioned (a softmax of logits scaled by -8), rounding differences up to this fraction of an output's scale pass
 ROUNDING = Tolerance(range_tol=1e-5)
 # the edits a sweep tries first: arguments the matcher wildcards, then spellings, then structure
-EDIT_ORDER = ("dims", "dim", "sizes", "scalar", "swap", "late_input", "extra_user")
+EDIT_ORDER = ("dims", "dim", "sizes", "scalar", "swap", "inner_swap", "late_input", "extra_user")
+EDIT_FAMILY = {"swap": "operand_orders", "late_input": "late_inputs"}  # the spelling families of edit kinds
 JUDGED_BY = {"values": "its outputs against the un-rewritten program's (float64 rule)",
              "fake": "fake tensors' dtype and shape (the replacement has no kernel here)",
              "structure": "torch.fx's graph.lint()", "raised": "the pass raising on a valid program",
@@ -107,16 +116,54 @@ class UnsoundRewrite(AssertionError):
         return (UnsoundRewrite, (self.pattern, self.variant, self.verdict))
 
 
+@dataclasses.dataclass(frozen=True)
+class Promise:
+    """What a registering function promises ``patterns-complete`` (read from its contract by
+    :func:`promises_every_spelling`): ``spellings``, the families of
+    :data:`~fxverify.core.contracts.SPELLING_FAMILIES` each of its patterns fires on, and ``dtypes``, the dtypes it
+    fires on with every floating input in one of them. Missing a promised spelling fails; missing another is a
+    warning.
+
+    >>> Promise(frozenset({"operand_orders"})).covers("operand_orders"), Promise().covers("sizes")
+    (True, False)
+    >>> Promise(dtypes=("bfloat16",)).covers("dtypes", "bfloat16")
+    True
+    """
+
+    spellings: frozenset[str] = frozenset()
+    dtypes: tuple[str, ...] = ()
+
+    @classmethod
+    def every(cls) -> Promise:
+        """Every family, and bfloat16 (``check_patterns(complete=True)``)."""
+        return cls(frozenset(SPELLING_FAMILIES), (str(LOW_PRECISION).removeprefix("torch."),))
+
+    def covers(self, family: str, dtype: str | None = None) -> bool:
+        """Whether a spelling of ``family`` (``dtypes``: in ``dtype``) is promised."""
+        return dtype in self.dtypes if family == "dtypes" else family in self.spellings
+
+    def describe(self) -> str:
+        """The promise as its contract says it, e.g. ``rewrites_spellings=operand_orders dtypes=bfloat16``."""
+        parts = [f"rewrites_spellings={'+'.join(sorted(self.spellings))}"] if self.spellings else []
+        parts += [f"dtypes={'+'.join(self.dtypes)}"] if self.dtypes else []
+        return " ".join(parts) or "nothing"
+
+
+OWN = "own"  # the family of the search function's own program: it must fire there, promised or not
+
+
 class Fuzzer:
     """The variants of one pattern and their verdicts (kept, so the sweep, the property and the
-    completeness matrix judge each variant once)."""
+    completeness matrix judge each variant once). Every variant is traced as the first hook the pattern is
+    declared for receives graphs (``pattern.hooks``), or as its ``trace_fn`` traces it."""
 
-    def __init__(self, pattern: PatternExample) -> None:
-        self.pattern = pattern
+    def __init__(self, pattern: PatternExample, promise: Promise = Promise()) -> None:
+        self.pattern, self.promise = pattern, promise
+        self.hook = pattern.hooks[0] if pattern.hooks else None
         self.example = pattern.traced_inputs()
         self.edits: list[Edit] = edits_of(forward_trace(pattern.trace_fn)(pattern.search_fn, list(self.example)))
         self.sizes = size_options(self.example)
-        self.dtypes = dtype_options(self.example)
+        self.dtypes = dtype_options(self.example, uniform=promise.dtypes)
         self.tensors = [i for i, value in enumerate(self.example) if isinstance(value, torch.Tensor) and value.dim()]
         scalars = any(isinstance(value, torch.Tensor) and value.dim() == 0 for value in self.example)
         self.numbers = (False, True) if scalars else (False,)
@@ -128,31 +175,44 @@ class Fuzzer:
             self.verdicts[variant] = judge(self.pattern, variant)
         return self.verdicts[variant]
 
-    def equivalents(self) -> list[Variant]:
-        """The variants a complete pattern fires on: the search function at other inputs, spelled otherwise
-        (each with its 0-dim inputs as tensors and as Python numbers, where it has any)."""
-        spelled = [edit for edit in self.edits if edit.kind in SPELLINGS]
-        families = [Variant(), *(Variant(sizes=s) for s in self.sizes[1:]), *(Variant(dtypes=d) for d in self.dtypes[1:]),
-                    *(Variant(strided=i) for i in self.tensors if self.example[i].dim() >= 2),
-                    *(Variant(edits=(edit,)) for edit in spelled),
-                    *(Variant(spelling=label) for label in self.pattern.spellings)]
-        return self._spelled(families)
+    def matrix(self) -> list[tuple[Variant, str]]:
+        """The completeness matrix: each variant spelling the search function's computation as users' programs do,
+        with its family (:data:`OWN`, or one of ``SPELLING_FAMILIES``, or ``dtypes``): its own program (0-dim inputs
+        as tensors and as Python numbers, where it has any), then at other sizes, with every floating input in
+        another dtype, each commutative op it writes with its operands swapped, an input computed late, and each
+        spelling its author declared, each in the spellings of 0-dim inputs it fires on as registered. Mixed
+        dtypes, other layouts, broadcasts and operand orders inside one op's decomposition are no spellings a
+        pattern owes (an extra_check declining a kernel's precondition is right): soundness only."""
+        own = [(Variant(numbers=n, hook=self.hook), OWN) for n in self.numbers]
+        families = [*((Variant(sizes=s), "sizes") for s in self.sizes[1:]),
+                    *((Variant(dtypes=d), "dtypes") for d in self.dtypes[1:] if uniform_dtype(d, self.example)),
+                    *((Variant(edits=(e,)), EDIT_FAMILY[e.kind]) for e in self.edits if e.kind in EDIT_FAMILY),
+                    *((Variant(spelling=label), "declared") for label in self.pattern.spellings)]
+        return [*own, *((dataclasses.replace(v, numbers=n, hook=self.hook), family)
+                        for v, family in families for n in self.firing())]
+
+    def firing(self) -> list[bool]:
+        """The spellings of 0-dim inputs (tensors, Python numbers) the pattern fires on as registered (all where
+        it fires on none)."""
+        fired = [n for n in self.numbers if (self.judge(Variant(numbers=n, hook=self.hook)) or Verdict(False)).fired]
+        return fired or list(self.numbers)
 
     def sweep(self) -> list[Variant]:
-        """The targeted variants, simplest first: each family alone, each edit alone, then each edit at each
-        coinciding size and in each dtype, the edits of wildcarded arguments first. Edited variants keep the
-        spellings the pattern fires on as registered (0-dim inputs as tensors or as numbers)."""
-        alone = [*self.equivalents(), *self._spelled([Variant(broadcast=i) for i in self.tensors])]
-        firing = [numbers for numbers in self.numbers if (self.judge(Variant(numbers=numbers)) or Verdict(False)).fired]
+        """The targeted variants, simplest first: the completeness matrix, the variants for soundness only (mixed
+        dtypes, other layouts, broadcasts), each edit alone, then each edit at each coinciding size and in each
+        dtype, the edits of wildcarded arguments first. Variants keep the spellings of 0-dim inputs the pattern
+        fires on as registered."""
+        firing = self.firing()
+        mixed = [Variant(dtypes=d) for d in self.dtypes[1:] if not uniform_dtype(d, self.example)]
+        layouts = [Variant(strided=i) for i in self.tensors if self.example[i].dim() >= 2]
+        alone = [*(v for v, _ in self.matrix()),
+                 *(dataclasses.replace(v, numbers=n) for v in (*mixed, *layouts, *(Variant(broadcast=i) for i in self.tensors))
+                   for n in firing)]
         edits = sorted(self.edits, key=lambda edit: EDIT_ORDER.index(edit.kind))
         edited = [Variant(numbers=n, edits=(edit,)) for edit in edits for n in firing]
         edited += [Variant(sizes=s, numbers=n, edits=(edit,)) for edit in edits for s in self.sizes[1:] for n in firing]
         edited += [Variant(dtypes=d, numbers=n, edits=(edit,)) for edit in edits for d in self.dtypes[1:] for n in firing]
-        return [*alone, *edited][:SWEEP_LIMIT]
-
-    def _spelled(self, variants: list[Variant]) -> list[Variant]:
-        """Each variant with its 0-dim inputs as tensors, then as Python numbers (where it has 0-dim inputs)."""
-        return [dataclasses.replace(v, numbers=numbers) for v in variants for numbers in self.numbers]
+        return [dataclasses.replace(v, hook=self.hook) for v in [*alone, *edited][:SWEEP_LIMIT]]
 
     def variants(self) -> st.SearchStrategy[Variant]:
         """Hypothesis's strategy over combinations of every family; it shrinks towards the example inputs
@@ -160,26 +220,15 @@ class Fuzzer:
         optional = st.sampled_from([None, *self.tensors])
         edits = st.lists(st.sampled_from(self.edits), max_size=2, unique=True).map(tuple) if self.edits else st.just(())
         return st.builds(Variant, sizes=st.sampled_from(self.sizes), dtypes=st.sampled_from(self.dtypes),
-                         strided=optional, broadcast=optional, numbers=st.sampled_from(self.numbers), edits=edits)
+                         strided=optional, broadcast=optional, numbers=st.sampled_from(self.numbers), edits=edits,
+                         hook=st.just(self.hook))
 
 
 def judge(pattern: PatternExample, variant: Variant) -> Verdict | None:
     """Apply ``pattern`` (its pass alone) to the program ``variant`` describes; the verdict, or None where the
     variant is no well-typed program."""
-    with _quiet():
+    with quiet():
         return _judged(pattern, variant)
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """Without the errors torch logs for each near miss that is no program (a shape check failing on fake tensors)."""
-    logger = logging.getLogger("torch._subclasses.fake_tensor")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 def _judged(pattern: PatternExample, variant: Variant) -> Verdict | None:
@@ -322,7 +371,8 @@ def soundness_test(fuzzer: Fuzzer, *, max_examples: int = 100, database: Example
     return sound
 
 
-def check_patterns(patterns: Any, *, max_examples: int = 100, budget_s: float = 60.0, complete: bool | None = None,
+def check_patterns(patterns: Any, *, max_examples: int = 100, budget_s: float = 60.0,
+                   complete: bool | Promise | None = None,
                    repro_dir: str | os.PathLike[str] | None = None, database: ExampleDatabase | None = None,
                    names: Sequence[str] | None = None, checks: Sequence[str] = CHECKS) -> list[CheckResult]:
     """Fuzz each pattern ``patterns`` registers: two results a pattern, ``patterns-sound`` and
@@ -330,8 +380,10 @@ def check_patterns(patterns: Any, *, max_examples: int = 100, budget_s: float = 
 
     ``patterns``: a function registering replacements into the ``PatternMatcherPass`` it is given,
     ``register_replacement``'s keyword arguments as ``(name, kwargs)`` pairs, or a spec string naming either.
-    ``complete``: fail a pattern that does not fire on an equivalent spelling (default: the registering
-    function's contract, ``@fxverify.contract(rewrites_every_occurrence=True)``; otherwise a warning).
+    ``complete``: the spellings whose misses fail (a :class:`Promise`; True: every spelling, False: none, each
+    miss a warning; default: the registering function's contract, ``@fxverify.contract(rewrites_spellings=(...),
+    dtypes=(...))``, see :func:`promises_every_spelling`). A pattern's contract ``captures`` name the hooks it is
+    for (``("inductor_post",)``): each variant is traced as that hook receives graphs.
     ``repro_dir``: where a failing variant's repro script is written (it needs ``patterns`` as a spec).
     ``names``: the patterns to fuzz (default: all); ``checks``: which of :data:`CHECKS` to run.
 
@@ -352,23 +404,38 @@ def check_patterns(patterns: Any, *, max_examples: int = 100, budget_s: float = 
                                         database=database, checks=checks)]
 
 
-def promises_every_spelling(source: Any) -> bool:
-    """Whether the registering function ``source`` declares ``@fxverify.contract(rewrites_every_occurrence=True)``:
-    its patterns then fail ``patterns-complete`` where they do not fire on an equivalent spelling."""
-    return callable(source) and contract_of(source).rewrites_every_occurrence
+def promises_every_spelling(source: Any, spec: str = "") -> Promise:
+    """What the patterns ``source`` registers promise ``patterns-complete``, from the registering function's contract:
+    ``@fxverify.contract(rewrites_spellings=("operand_orders", "declared"), dtypes=("float32", "bfloat16"))``
+    promises both operand orders of each commutative op its search functions write, the spellings they declare
+    (``fxverify.also_spelled``), and their programs in float32 and bfloat16. Nothing for another source. A
+    contract declaring ``rewrites_every_occurrence=True`` (the ``variants`` check's promise) without
+    ``rewrites_spellings`` raises :class:`~fxverify.errors.TransformLoadError` saying which to declare.
+
+    >>> import fxverify
+    >>> @fxverify.contract(rewrites_spellings=("operand_orders",))
+    ... def register(pass_dict):
+    ...     pass
+    >>> promises_every_spelling(register).describe()
+    'rewrites_spellings=operand_orders'
+    """
+    declared = pattern_contract(source, spec or getattr(source, "__qualname__", type(source).__name__))
+    return Promise(frozenset(declared.rewrites_spellings or ()), declared.dtypes or ())
 
 
 def check_pattern(pattern: PatternExample, spec: str, *, max_examples: int = 100, budget_s: float = 60.0,
-                  complete: bool = False, repro_dir: str | os.PathLike[str] | None = None,
+                  complete: bool | Promise = False, repro_dir: str | os.PathLike[str] | None = None,
                   database: ExampleDatabase | None = None, checks: Sequence[str] = CHECKS) -> list[CheckResult]:
     """The results of ``checks`` on one pattern of the patterns ``spec`` names (see :func:`check_patterns`); a repro
-    is written to ``repro_dir`` only where ``spec`` loads the patterns back."""
-    fuzzer = Fuzzer(pattern)
+    is written to ``repro_dir`` only where ``spec`` loads the patterns back. ``complete``: what its registration
+    promises (:func:`promises_every_spelling`), True for every spelling."""
+    promise = complete if isinstance(complete, Promise) else Promise.every() if complete else Promise()
+    fuzzer = Fuzzer(pattern, promise)
     results = []
     if SOUND in checks:
         results.append(_soundness(fuzzer, spec, max_examples, budget_s, repro_dir, database))
     if COMPLETE in checks:
-        results.append(_completeness(fuzzer, spec, complete))
+        results.append(_completeness(fuzzer, spec))
     return results
 
 
@@ -411,7 +478,7 @@ def _soundness(fuzzer: Fuzzer, spec: str, max_examples: int, budget_s: float, re
                f"  it fired and {verdict.problem}\n  judged by {JUDGED_BY[verdict.how]}"
                + (f"; first node the rewrite inserted: {verdict.node}" if verdict.node else "") + others
                + f"\n  search function:\n    {_indented(fuzzer.pattern.search_source())}\n"
-               + _advice(variant, verdict) + (f"\n  repro: python {repro}" if repro else ""))
+               + _advice(fuzzer, variant, verdict) + (f"\n  repro: python {repro}" if repro else ""))
     return CheckResult(SOUND, fuzzer.pattern.name, spec, Outcome.FAILED, message, finding=verdict.problem or "",
                        input=variant.describe(), node=verdict.node, repro=repro,
                        details={**counts, "variant": repr(variant), "first_failure_s": first_seconds,
@@ -424,7 +491,7 @@ def _meta_reason(judged: list[Verdict]) -> str:
     return "; ".join(text for how, text in reasons.items() if any(v.how == how for v in judged))
 
 
-def _advice(variant: Variant, verdict: Verdict) -> str:
+def _advice(fuzzer: Fuzzer, variant: Variant, verdict: Verdict) -> str:
     """What the pattern's author should do about an unsound rewrite of ``variant``."""
     if verdict.how == "raised":
         return ("  advice: the pattern matched a program its replacement cannot be traced for: the match is "
@@ -441,10 +508,14 @@ def _advice(variant: Variant, verdict: Verdict) -> str:
                                    or variant.broadcast is not None):
         return ("  advice: the replacement does not compute what the search function computes even on its own "
                 "program: check replace_fn (a constant the search function binds and the replacement drops?)")
-    if variant.sizes and not kinds - SPELLINGS:
-        return ("  advice: the rewrite is wrong only when sizes coincide: the replacement or extra_check tells "
-                "dimensions apart by their sizes; use the positions the search function uses")
-    if kinds & {"dims", "dim", "sizes", "scalar"}:
+    wildcards = kinds & {"dims", "dim", "sizes", "scalar"}
+    if variant.sizes and _sound_apart(fuzzer, variant):
+        fixed = (f"; it matched here an argument the search function fixes ({', '.join(sorted(wildcards))}): check it "
+                 "in extra_check too" if wildcards else "")
+        return ("  advice: the rewrite is wrong only when sizes coincide (the same program at the example sizes is "
+                "rewritten soundly or not at all): the replacement or extra_check tells dimensions apart by their "
+                f"sizes (a key's layout told by its sizes); use the positions the search function uses{fixed}")
+    if wildcards:
         return ("  advice: the pattern matches arguments its search function fixes (register_replacement traces "
                 "ints, floats and lists as wildcards): check them in extra_check, or pass them as arguments of the "
                 "search and replacement functions (scalar_workaround), so the replacement uses the matched ones")
@@ -454,41 +525,115 @@ def _advice(variant: Variant, verdict: Verdict) -> str:
     return "  advice: guard the match in extra_check for the inputs this variant gives (see the variant above)"
 
 
-def _completeness(fuzzer: Fuzzer, spec: str, complete: bool) -> CheckResult:
-    rows = []
-    missed_variants = []
-    for variant in fuzzer.equivalents():
-        verdict = fuzzer.judge(variant)
-        rows.append((variant.describe(), None if verdict is None else verdict.fired))
-        if verdict is not None and not verdict.fired:
-            missed_variants.append(variant)
+def _sound_apart(fuzzer: Fuzzer, variant: Variant) -> bool:
+    """Whether ``variant`` at the example sizes is rewritten soundly or not at all (so its coinciding sizes are
+    what makes its rewrite wrong)."""
+    apart = fuzzer.judge(dataclasses.replace(variant, sizes=()))
+    return apart is not None and not apart.problem
+
+
+def _completeness(fuzzer: Fuzzer, spec: str) -> CheckResult:
+    """The matrix of where the pattern fires; a failure where it never fires on its own program, cannot fire at a
+    hook it is declared for, or misses a promised spelling."""
+    judged = [(variant, family, fuzzer.judge(variant)) for variant, family in fuzzer.matrix()]
+    covered = [family != OWN and fuzzer.promise.covers(family, uniform_dtype(variant.dtypes, fuzzer.example))
+               for variant, family, _ in judged]
+    rows = [(variant.describe(), None if verdict is None else verdict.fired) for variant, _, verdict in judged]
     matrix = "\n".join(f"    {'fired' if fired else 'not a program' if fired is None else 'NOT fired'}: {text}"
-                       for text, fired in rows)
-    missed = [text for text, fired in rows if fired is False]
-    name = fuzzer.pattern.name
-    if not any(fired for _, fired in rows[:len(fuzzer.numbers)]):  # the example inputs, as tensors or numbers
+                       + ("" if family == OWN else f"  [{family}{', promised' if promised else ''}]")
+                       for (text, fired), (_, family, _), promised in zip(rows, judged, covered))
+    name, details = fuzzer.pattern.name, {"matrix": rows, "promise": fuzzer.promise.describe()}
+    if not any(verdict is not None and verdict.fired for _, family, verdict in judged if family == OWN):
+        if fuzzer.hook is not None and _fires(fuzzer, None):
+            return _cannot_fire_at(fuzzer, spec, [fuzzer.hook], matrix, details)
         return CheckResult(COMPLETE, name, spec, Outcome.FAILED,
                            f"{COMPLETE} failed: pattern {name} of {spec} does not fire on its own search function "
                            f"traced as the pass meets it ({fuzzer.pattern.traced_with} on the example inputs): it "
                            f"never rewrites anything.\n  fired / not fired:\n{matrix}\n  advice: check the example "
                            "inputs (one tensor given for two inputs binds them to one name) and extra_check",
-                           finding="never fires on its own search function", input=rows[0][0],
-                           details={"matrix": rows})
-    if missed and complete:
-        edited = next((v.edits[0] for v in missed_variants if v.edits), None)
-        spelled = [v.spelling for v in missed_variants if v.spelling is not None]
-        how = (f"a pattern for each declared spelling it misses ({', '.join(spelled)}: that function as the search "
-               "function)" if spelled else "the pattern for each spelling (e.g. both operand orders)")
+                           finding="never fires on its own search function", input=rows[0][0], details=details)
+    elsewhere = [hook for hook in fuzzer.pattern.hooks[1:] if not _fires(fuzzer, hook)]
+    if elsewhere:
+        return _cannot_fire_at(fuzzer, spec, elsewhere, matrix, details)
+    missed = [(variant, family) for (variant, family, verdict), promised in zip(judged, covered)
+              if promised and verdict is not None and not verdict.fired]
+    if missed:
+        first = missed[0][0]
+        edited = next((v.edits[0] for v, _ in missed if v.edits), None)
         return CheckResult(COMPLETE, name, spec, Outcome.FAILED,
-                           f"{COMPLETE} failed: pattern {name} of {spec} promises to rewrite every occurrence "
-                           f"(rewrites_every_occurrence) and does not fire on {len(missed)} equivalent spelling(s):\n"
-                           f"{matrix}\n  advice: register {how}",
-                           finding=f"NOT fired on: {missed[0]}", input=missed[0], details={"matrix": rows},
+                           f"{COMPLETE} failed: pattern {name} of {spec} promises {fuzzer.promise.describe()} and "
+                           f"does not fire on {len(missed)} promised spelling(s), first: {first.describe()}\n"
+                           f"  fired / not fired:\n{matrix}\n  advice: {_missed_advice(missed)}",
+                           finding=f"NOT fired on: {first.describe()}", input=first.describe(), details=details,
                            node=None if edited is None else f"{edited.target}#{edited.occurrence}")
-    warning = f"; WARNING: not fired on {len(missed)} equivalent spelling(s)" if missed else ""
+    unpromised = sum(fired is False for fired in (row[1] for row in rows))
+    warning = f"; WARNING: not fired on {unpromised} equivalent spelling(s) it does not promise" if unpromised else ""
     return CheckResult(COMPLETE, name, spec, Outcome.PASSED,
                        f"pattern {name}: fired on {sum(f is True for _, f in rows)} of {len(rows)} equivalent "
-                       f"spellings{warning}\n{matrix}", details={"matrix": rows, "missed": missed})
+                       f"spellings{warning} (promised: {fuzzer.promise.describe()})\n{matrix}",
+                       details={**details, "missed": [text for text, fired in rows if fired is False]})
+
+
+def _missed_advice(missed: list[tuple[Variant, str]]) -> str:
+    """How to keep the promise for the families missed."""
+    families = dict.fromkeys(family for _, family in missed)
+    spelled = [v.spelling for v, _ in missed if v.spelling is not None]
+    advice = {"operand_orders": "register the pattern for each operand order it misses (its search function with "
+                                "those operands swapped)",
+              "declared": f"register a pattern for each declared spelling it misses ({', '.join(spelled)}: that "
+                          "function as the search function)",
+              "dtypes": "register the pattern for each dtype promised (example inputs in that dtype: decompositions "
+                        "insert casts a float32 trace lacks), or drop the dtype from the contract's dtypes",
+              "sizes": "check what extra_check declines when these sizes coincide, or register the pattern traced at "
+                       "them too",
+              "late_inputs": "check what extra_check declines where an input is computed just before its first use"}
+    return "; ".join(advice[family] for family in families) + ", or drop the promise"
+
+
+def _fires(fuzzer: Fuzzer, hook: str | None) -> bool:
+    """Whether the pattern fires on its own program (0-dim inputs as tensors or as numbers) at ``hook``."""
+    return any((fuzzer.judge(Variant(numbers=n, hook=hook)) or Verdict(False)).fired for n in fuzzer.numbers)
+
+
+def _cannot_fire_at(fuzzer: Fuzzer, spec: str, missed: list[str], matrix: str, details: dict[str, Any]) -> CheckResult:
+    """The failure of a pattern that fires on its own program as traced but not as the hooks ``missed`` (Inductor
+    captures its contract names) receive graphs, naming the ops that differ and where it fires."""
+    pattern = fuzzer.pattern
+    numbers = next((n for n in fuzzer.numbers if (fuzzer.judge(Variant(numbers=n)) or Verdict(False)).fired), False)
+    differs, culprit = _op_difference(pattern, Variant(numbers=numbers), missed[0])
+    joint = traces_joint(pattern.trace_fn)
+    where = [f"{hook_name(h)} (capture {h})" for h, capture in hooks().items()
+             if capture.training_graphs == joint and (fuzzer.judge(Variant(numbers=numbers, hook=h)) or Verdict(False)).fired]
+    named = ", ".join(f"{hook_name(h)} (capture {h})" for h in missed)
+    register = (f"register it where it fires ({', '.join(where)})" if where else
+                "it fires at none of Inductor's hooks as Inductor's passes leave its program")
+    message = (f"{COMPLETE} failed: pattern {pattern.name} of {spec} cannot fire at {named}, which its contract names "
+               f"(captures): it fires on its search function traced by {pattern.traced_with}, not on that program as "
+               f"the hook receives graphs: {differs}.\n  fired / not fired:\n{matrix}\n  advice: trace the pattern as "
+               f"the hook receives graphs (a trace_fn running on {pattern.traced_with}'s graph what Inductor runs "
+               "before the hook: torch._inductor.fx_passes.post_grad.view_to_reshape for the post-grad hooks), or "
+               + register)
+    return CheckResult(COMPLETE, pattern.name, spec, Outcome.FAILED, message, finding=f"cannot fire at {hook_name(missed[0])}",
+                       input=Variant(numbers=numbers, hook=missed[0]).describe(), node=culprit,
+                       details={**details, "fires_at": where})
+
+
+def _op_difference(pattern: PatternExample, variant: Variant, hook: str) -> tuple[str, str | None]:
+    """How ``variant``'s program as traced differs in ops from that program as ``hook``'s capture receives it, in
+    words, and the first op of the traced program the hook's graphs lack."""
+    programs = [build(pattern.search_fn, pattern.trace_fn, pattern.traced_inputs(), dataclasses.replace(variant, hook=h))
+                for h in (None, hook)]
+    ops = [collections.Counter(str(n.target) for n in built[0].graph.nodes if n.op == "call_function")
+           for built in programs if built is not None]
+    if len(ops) < 2:
+        return "the hook's passes leave no program to match", None
+    traced, received = ops
+    lost, gained = traced - received, received - traced
+    if not lost and not gained:
+        return "the same ops, with other arguments or structure", None
+    words = lambda ops: ", ".join(f"{op} x{count}" for op, count in ops.items()) or "nothing"
+    return (f"the search graph holds {words(lost)} where the hook's graphs hold {words(gained)}",
+            next(iter(lost), None))
 
 
 def _indented(text: str) -> str:

@@ -25,6 +25,8 @@ PROGRAM_FORMS = ("program", "lifted")  # the forms that take an ExportedProgram 
 DTYPES = ("float32", "float64", "bfloat16")  # the floating dtypes the checks run a result in (a model's, float64)
 DEVICES = ("cpu", "cuda", "meta")  # the device types the checks run a result on
 GRAPHS = ("inference", "forward", "backward", "joint")  # the graphs Inductor hands a pass (see Contract.fires_in)
+# the families of spellings a registering function may promise its patterns fire on (see Contract.rewrites_spellings)
+SPELLING_FAMILIES = ("sizes", "operand_orders", "late_inputs", "declared")
 _ATTRIBUTE = "__fxverify_contract__"
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -52,7 +54,9 @@ class Contract:
     output ``x`` are accepted (a quantizing pass: "within 1e-3 of the output range").
     ``captures``: the graphs the transform is written for (None: any; an ATen pass
     declares ``("export", "export_core")``): under another capture its items skip,
-    saying so, whatever the transform would do there.
+    saying so, whatever the transform would do there. On a registering function, the Inductor captures it names
+    are the hooks its patterns are for (``("inductor_post",)``: ``post_grad_custom_post_pass``): pattern fuzzing
+    traces each variant as that hook receives graphs and fails a pattern that cannot fire there.
     ``keeps_opset``: whether its result stays in the capture's operator set (False: it
     leaves it by design, as ``prepare_pt2e`` inserts observer modules for a later step to
     convert; the ``opset`` and ``reexport`` checks skip).
@@ -75,7 +79,18 @@ class Contract:
     whatever its spelling (the in-place twin, other overloads, the function, method and module
     spellings): the ``variants`` check then fails on a model where it rewrote an op and left a variant
     of it. Off by default: many correct passes rewrite only where a pattern holds, and the run's summary
-    only warns about the variants they left.
+    only warns about the variants they left. It is no promise about pattern fuzzing (a fusion rewriting
+    four ``mul`` nodes of an RMSNorm rightly leaves six others): a registering function declaring it
+    without ``rewrites_spellings`` is refused by pattern fuzzing, which asks for ``rewrites_spellings``.
+    ``rewrites_spellings``: for pattern fuzzing (``patterns-complete``), the families of spellings every
+    pattern a registering function registers fires on (a family missed fails; what is not promised stays
+    in the matrix as a warning; None: nothing promised, ``()`` said explicitly): ``sizes`` (the program at
+    other sizes, two example sizes made equal), ``operand_orders`` (each operand order of each commutative
+    op the search function writes, not those inside one op's decomposition), ``late_inputs`` (an input
+    computed just before its first use), ``declared`` (the spellings declared with
+    ``fxverify.also_spelled``). The contract's ``dtypes`` are promised too: a pattern not firing on its
+    program with every floating input in one of them fails (a pattern traced in float32 misses bfloat16
+    graphs, where decompositions insert upcasts).
     ``fires_in``: the graphs Inductor hands the pass where it may change anything (``inference``,
     ``forward``, ``backward``, ``joint``: the training joint graph; None: any). Under the ``inductor``
     captures a transform that changes another graph fails, naming it (an inference-only fusion that also
@@ -99,6 +114,7 @@ class Contract:
     verify_each: bool = False
     rewrites_every_occurrence: bool = False
     fires_in: tuple[str, ...] | None = None
+    rewrites_spellings: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.form is not None and self.form not in FORMS:
@@ -110,6 +126,11 @@ class Contract:
             if value is not None:
                 names = tuple(str(v).removeprefix("torch.") for v in _as_tuple(value))
                 object.__setattr__(self, name, _subset(name, names, allowed))
+        if self.rewrites_spellings is not None:  # () is allowed: nothing promised, said explicitly
+            given = _as_tuple(self.rewrites_spellings)
+            if given:
+                given = _subset("rewrites_spellings", given, SPELLING_FAMILIES)
+            object.__setattr__(self, "rewrites_spellings", given)
         if self.devices is not None and "cpu" not in self.devices:
             raise FxVerifyError(f"contract devices must include 'cpu' (fxverify runs its checks on the CPU), "
                                 f"got devices={self.devices!r}")
@@ -164,6 +185,8 @@ class Contract:
             parts.append("verify_each=yes")
         if self.rewrites_every_occurrence:
             parts.append("rewrites_every_occurrence=yes")
+        if self.rewrites_spellings is not None:
+            parts.append(f"rewrites_spellings={'+'.join(self.rewrites_spellings) or 'none'}")
         for name in ("rtol", "atol", "range_tol"):
             value = getattr(self, name)
             if value is not None:
@@ -202,6 +225,7 @@ def contract(
     verify_each: bool = False,
     rewrites_every_occurrence: bool = False,
     fires_in: tuple[str, ...] | None = None,
+    rewrites_spellings: tuple[str, ...] | None = None,
 ) -> Callable[[F], F]:
     """Declare a transform's contract (see :class:`Contract` for each promise).
 
@@ -233,11 +257,16 @@ def contract(
         @fxverify.contract(fires_in=("inference",))  # an inference-only fusion: the training graphs untouched
         def fuse_attention(graph: torch.fx.Graph):
             ...
+
+        @fxverify.contract(rewrites_spellings=("operand_orders",), dtypes=("float32", "bfloat16"))
+        def register_silu_and_mul(pass_dict):  # pattern fuzzing: both orders of the gate product, in both dtypes
+            ...
     """
     declared = Contract(modes=modes, changes_parameters=changes_parameters, dtypes=dtypes, devices=devices,
                         serializable=serializable, rtol=rtol, atol=atol, range_tol=range_tol, captures=captures,
                         keeps_opset=keeps_opset, form=form, verify_each=verify_each,
-                        rewrites_every_occurrence=rewrites_every_occurrence, fires_in=fires_in)
+                        rewrites_every_occurrence=rewrites_every_occurrence, fires_in=fires_in,
+                        rewrites_spellings=rewrites_spellings)
 
     def decorate(fn: F) -> F:
         if not callable(fn):
