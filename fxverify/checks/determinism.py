@@ -24,7 +24,7 @@ from typing import Any
 import torch.fx.graph as fx_graph
 from torch import fx, nn
 
-from fxverify.analysis.graph_text import canonical_text
+from fxverify.analysis.graph_text import canonical_text, without_addresses
 from fxverify.analysis.module_state import first_line_difference
 from fxverify.capture import Capture
 from fxverify.checks import option
@@ -84,9 +84,10 @@ def hash_ordered(order: str) -> Iterator[None]:
 
 
 def fingerprint(module: nn.Module) -> str:
-    """Canonical graph text followed by the generated code."""
+    """Canonical graph text followed by the generated code, object addresses blanked in both (a builtin passed as an
+    argument, as Inductor's efficient_conv_bn_eval passes ``torch.conv2d``, prints with its address)."""
     module = graph_result(module, "no graph to compare")
-    return canonical_text(module.graph) + "\n--- code ---\n" + module.code
+    return canonical_text(module.graph) + "\n--- code ---\n" + without_addresses(module.code)
 
 
 def digest(module: nn.Module) -> str:
