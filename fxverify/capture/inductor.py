@@ -108,13 +108,16 @@ class Inductor(Capture):
 
     def apply(self, transform: Transform, gm: fx.GraphModule, *, timeout: float | None) -> tuple[nn.Module, bool]:
         """``transform`` run on the inference graph, or once on each training graph (an inference-aware pass told
-        ``is_inference`` at the post-grad hooks, nothing at the joint hooks, as torch tells it); where it changed a
-        graph is recorded (:func:`fired_in`)."""
+        ``is_inference`` at the post-grad hooks, nothing at the joint hooks, as torch tells it), each result carried
+        on as torch carries it on (:func:`carried_on`); where it changed a graph is recorded (:func:`fired_in`)."""
         if not self.training_graphs:
             before = canonical_text(gm.graph)
+            updater = _updater(gm, self.hook)
             with self._told():
                 result, in_place = transform.apply(gm, timeout=timeout)
             graph_module = isinstance(result, fx.GraphModule)
+            if graph_module:
+                carried_on(transform, result, graph="inference", hook=self.hook, position=self.position, updater=updater)
             fired = ("inference",) if not graph_module or canonical_text(result.graph) != before else ()
             if graph_module:  # another module holds no meta: fired_in says None for it
                 result.meta[FIRED] = fired
@@ -126,10 +129,12 @@ class Inductor(Capture):
             for part in layout.parts:
                 given = _part(gm, part.attribute)
                 before = canonical_text(given.graph)
+                updater = _updater(given, self.hook)
                 result, _ = transform.apply(given, timeout=timeout)
                 if not isinstance(result, fx.GraphModule):
                     raise TransformFailed(f"transform {transform.spec} returned a {type(result).__name__} for the "
                                           f"{part.graph} graph: Inductor's hooks change the graph they are given")
+                carried_on(transform, result, graph=part.graph, hook=self.hook, position=self.position, updater=updater)
                 _check_well_formed(transform, result, part.graph)
                 setattr(gm, part.attribute, result)
                 if canonical_text(result.graph) != before:
@@ -257,6 +262,151 @@ class _Reached(Exception):
 
 def _stop(graph: fx.Graph) -> None:
     raise _Reached
+
+
+# -- what torch does after a hook ------------------------------------------------------------------------
+def carried_on(transform: Transform, result: fx.GraphModule, *, graph: str, hook: str, position: str,
+               updater: Any = None) -> None:
+    """``result``, the ``graph`` graph as ``transform`` left it at ``<hook>_custom_<position>_pass``, repaired as
+    torch repairs it before anything reads it again; :class:`TransformFailed` (the transform's fault) where torch
+    cannot, saying that ``torch.compile`` would refuse it there. As torch 2.14.1 does:
+
+    - ``joint_graph_passes`` (``fx_passes/joint_graph.py``), once a custom pass ran: ``stable_topological_sort(
+      graph.graph); graph.graph.lint(); graph.recompile()``. After the *pre* hook, ``constant_fold_uniform_value``
+      (an ``fx.Interpreter``, ``config.joint_graph_constant_folding``) runs first: a graph out of order fails there;
+    - ``post_grad_passes`` (``fx_passes/post_grad.py``): ``FakeTensorUpdater(gm)`` made before the custom pre pass
+      (``updater``, made by :func:`_updater` before the transform ran), then after the custom post pass
+      ``stable_topological_sort(gm.graph)`` and ``fake_tensor_updater.incremental_update()``: the ``meta['val']``
+      of each node the pass added or changed (and of its users, while they change) is computed again; a node whose
+      target and arguments it left alone keeps its ``meta['val']``, stale or not.
+
+    ``stable_topological_sort`` raises where no order exists: a cycle, or a node reading one the pass erased.
+
+    >>> import torch
+    >>> from torch import fx
+    >>> gm = fx.symbolic_trace(lambda x: torch.relu(x) + 1)
+    >>> relu, add = list(gm.graph.nodes)[1:3]
+    >>> add.append(relu)                     # now %add reads %relu before it is defined
+    >>> carried_on(Transform.from_callable(lambda gm: gm, "my:pass"), gm, graph="inference", hook="joint",
+    ...            position="post")
+    >>> [node.name for node in gm.graph.nodes]
+    ['x', 'relu', 'add', 'output']
+    """
+    from torch._inductor.pattern_matcher import stable_topological_sort
+
+    where = f"{hook}_custom_{position}_pass"
+    if hook == "joint" and position == "pre":
+        problem = ordering_problem(result.graph)
+        if problem is not None:
+            raise _refused(transform, graph, where, problem, "joint_graph_passes runs constant_fold_uniform_value, an "
+                           "fx.Interpreter, on the graph after this hook and before its stable_topological_sort")
+    try:
+        stable_topological_sort(result.graph)
+    except AssertionError:
+        problem = ordering_problem(result.graph) or "no topological order"
+        raise _refused(transform, graph, where, problem, "stable_topological_sort, which torch runs after the hook, "
+                       "asserts 'topological sort did not consume all nodes'") from None
+    if hook == "joint":
+        try:
+            result.graph.lint()
+        except RuntimeError as error:
+            raise _refused(transform, graph, where, str(error).splitlines()[0],
+                           "joint_graph_passes lints the graph after its stable_topological_sort") from None
+    elif updater is not None:
+        _update_fake_tensors(transform, result, updater, graph, where)
+    result.recompile()
+
+
+def ordering_problem(graph: fx.Graph) -> str | None:
+    """Why ``graph`` is not in topological order (a node reading one no longer in the graph, a cycle, a node read
+    before it is defined), or None where it is.
+
+    >>> import torch
+    >>> from torch import fx
+    >>> gm = fx.symbolic_trace(lambda x: torch.relu(x) + 1)
+    >>> relu, add = list(gm.graph.nodes)[1:3]
+    >>> relu.args = (add,)
+    >>> ordering_problem(gm.graph)
+    'a cycle: %relu -> %add -> %relu (each reads the next)'
+    """
+    present = set(graph.nodes)
+    for node in graph.nodes:
+        gone = [arg for arg in node.all_input_nodes if arg not in present]
+        if gone:
+            return f"%{node.name} reads %{gone[0].name}, which is no longer in the graph (erased)"
+    cycle = _cycle(graph)
+    if cycle:
+        return f"a cycle: {' -> '.join('%' + node.name for node in (*cycle, cycle[0]))} (each reads the next)"
+    seen: set[fx.Node] = set()
+    for node in graph.nodes:
+        late = [arg for arg in node.all_input_nodes if arg not in seen]
+        if late:
+            return f"%{node.name} reads %{late[0].name} before it is defined (acyclic: nodes out of order)"
+        seen.add(node)
+    return None
+
+
+def _cycle(graph: fx.Graph) -> list[fx.Node]:
+    """The nodes of one cycle of ``graph`` (each reading the next, the last reading the first), or []."""
+    state: dict[fx.Node, int] = {}  # 1: on the current path, 2: done
+    for root in graph.nodes:
+        if root in state:
+            continue
+        path: list[fx.Node] = []
+        stack: list[tuple[fx.Node, Iterator[fx.Node]]] = [(root, iter(root.all_input_nodes))]
+        state[root] = 1
+        path.append(root)
+        while stack:
+            node, inputs = stack[-1]
+            following = next(inputs, None)
+            if following is None:
+                stack.pop()
+                path.pop()
+                state[node] = 2
+            elif state.get(following) == 1:
+                return path[path.index(following):]
+            elif following not in state:
+                state[following] = 1
+                path.append(following)
+                stack.append((following, iter(following.all_input_nodes)))
+    return []
+
+
+def _updater(gm: fx.GraphModule, hook: str) -> Any:
+    """Inductor's ``FakeTensorUpdater`` of ``gm``, made before a post-grad custom pass runs as ``post_grad_passes``
+    makes it (it remembers each node's target and arguments); None at a joint hook, where torch makes none."""
+    if hook != "post_grad":
+        return None
+    from torch._inductor.fx_utils import FakeTensorUpdater
+
+    return FakeTensorUpdater(gm)
+
+
+def _update_fake_tensors(transform: Transform, result: fx.GraphModule, updater: Any, graph: str, where: str) -> None:
+    """``updater.incremental_update()`` on ``result`` in the fake mode of its ``meta['val']``, as ``post_grad_passes``
+    runs it; :class:`TransformFailed` where it raises (a new node's target has no FakeTensor implementation...)."""
+    from torch._guards import detect_fake_mode
+    from torch._inductor.virtualized import V
+
+    fake_mode = detect_fake_mode([node.meta.get("val") for node in result.graph.find_nodes(op="placeholder")]
+                                 + [node.meta.get("val") for node in result.graph.nodes])
+    if fake_mode is None:
+        return
+    updater.gm = result  # the graph a pass returning another GraphModule made: each of its nodes is new to it
+    try:
+        with V.set_fake_mode(fake_mode):
+            updater.incremental_update()
+    except Exception as error:  # whatever a node's FakeTensor computation raises
+        summary = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise _refused(transform, graph, where, f"Inductor's FakeTensorUpdater raised {type(error).__name__}: {summary}",
+                       "post_grad_passes computes the FakeTensor of each node the pass added or changed "
+                       "(FakeTensorUpdater.incremental_update); give each new node's target a FakeTensor "
+                       "implementation (torch.library.register_fake for a custom op)") from error
+
+
+def _refused(transform: Transform, graph: str, where: str, problem: str, why: str) -> TransformFailed:
+    return TransformFailed(f"transform {transform.spec} left the {graph} graph at {where} where torch.compile would "
+                           f"refuse it: {problem}; {why}", f"{graph} graph refused at {where}: {problem}")
 
 
 # -- the training graphs -------------------------------------------------------------------------------
@@ -459,8 +609,9 @@ def _input_name(layout: _Layout, index: int) -> str:
 
 
 def _check_well_formed(transform: Transform, result: fx.GraphModule, graph: str) -> None:
-    """TransformFailed where the transform left a graph ``Graph.lint()`` refuses (a node reading an erased one):
-    torch.compile raises there too, and the training graphs cannot be inlined."""
+    """TransformFailed where the transform left a training graph ``Graph.lint()`` refuses once torch's repairs are
+    made (:func:`carried_on`; a get_attr of a missing attribute): Inductor fails on it too, and the training graphs
+    cannot be inlined."""
     try:
         result.graph.lint()
     except RuntimeError as error:

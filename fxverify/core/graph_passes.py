@@ -107,7 +107,7 @@ def graph_pass(obj: Any, spec: str, *, is_inference: bool = True) -> Callable[[t
         return obj.apply
     if registers_patterns(obj):
         return _registered(obj, spec).apply
-    if _is_instance(obj, _CUSTOM_MODULE, "CustomInferenceAwareGraphPass"):
+    if inference_aware(obj):
         return functools.partial(obj, is_inference=is_inference)
     if callable(obj):
         return obj
@@ -139,7 +139,7 @@ class GraphPassRunner:
     @classmethod
     def of(cls, obj: Any, spec: str) -> GraphPassRunner:
         """The runner of ``obj`` (any form :func:`graph_pass` takes; a registering function registers once)."""
-        if _is_instance(obj, _CUSTOM_MODULE, "CustomInferenceAwareGraphPass"):
+        if inference_aware(obj):
             return cls(graph_pass(obj, spec, is_inference=True), graph_pass(obj, spec, is_inference=False), obj)
         found = graph_pass(obj, spec)
         return cls(found, found, found)
@@ -206,6 +206,21 @@ def _registered(register: Callable[..., Any], spec: str) -> Any:
     if not fresh.patterns:
         raise TransformLoadError(f"{spec} registered no replacement into the PatternMatcherPass it was given")
     return fresh
+
+
+def inference_aware(obj: Any) -> bool:
+    """Whether ``obj`` is a ``CustomInferenceAwareGraphPass``, which Inductor's post-grad hooks call with
+    ``is_inference``, as it is or wrapped (``@fxverify.contract`` on an instance wraps it, ``functools.wraps``).
+
+    >>> from torch._inductor.custom_graph_pass import CustomInferenceAwareGraphPass
+    >>> class Aware(CustomInferenceAwareGraphPass):
+    ...     def __call__(self, graph, is_inference): ...
+    ...     def uuid(self): ...
+    >>> import fxverify
+    >>> inference_aware(Aware()), inference_aware(fxverify.contract(fires_in=("inference",))(Aware())), inference_aware(len)
+    (True, True, False)
+    """
+    return _is_instance(inspect.unwrap(obj) if callable(obj) else obj, _CUSTOM_MODULE, "CustomInferenceAwareGraphPass")
 
 
 def _is_instance(obj: Any, module: str, name: str) -> bool:
