@@ -9,19 +9,30 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+from torch._inductor.custom_graph_pass import CustomGraphPass, CustomInferenceAwareGraphPass, get_hash_for_files
 from torch._inductor.pattern_matcher import PatternMatcherPass, fwd_only, register_replacement
+
+import fxverify
+from tests.bf16_passes import EPS, _rms_norm
 
 aten = torch.ops.aten
 
 
 def add_to_mul(graph: torch.fx.Graph) -> None:
     """``aten.add(x, x)`` -> ``aten.mul(x, 2)``, on the Graph as Inductor's hooks hand it."""
+    _add_to_mul(graph)
+
+
+def _add_to_mul(graph: torch.fx.Graph, *, at_top: bool = False, meta: bool = True) -> None:
+    """:func:`add_to_mul`, each ``mul`` inserted before the ``add`` it replaces (``at_top``: before the graph's first
+    node that is no placeholder), its meta copied from the ``add`` (``meta``)."""
+    top = next(node for node in graph.nodes if node.op != "placeholder")
     for node in graph.find_nodes(op="call_function", target=aten.add.Tensor):
         if node.args[0] is node.args[1] and not node.kwargs:
-            with graph.inserting_before(node):
+            with graph.inserting_before(top if at_top else node):
                 doubled = graph.call_function(aten.mul.Tensor, (node.args[0], 2))
-            doubled.meta.update(node.meta)
+            if meta:
+                doubled.meta.update(node.meta)
             node.replace_all_uses_with(doubled)
             graph.erase_node(node)
 
@@ -154,3 +165,131 @@ def relu_gradient_as_mask_stale(graph: torch.fx.Graph) -> None:
     first: ``torch.compile`` raises (``Node ... referenced nonexistent value``); every check fails, naming
     the graph ``Graph.lint()`` refuses."""
     _masked(graph, aten.gt.Scalar, stale=True)
+
+
+def add_to_mul_out_of_order(graph: torch.fx.Graph) -> None:
+    """:func:`add_to_mul` inserting each ``mul`` at the top of the graph (before its first node that is no
+    placeholder), where the node it reads is not yet defined: acyclic, only out of order, so ``Graph.lint()``
+    refuses it as the pass leaves it. Torch sorts the graph after the hook: ``torch.compile`` runs it at
+    ``joint_custom_post_pass`` and both post-grad hooks; at ``joint_custom_pre_pass`` it raises (Inductor's
+    constant folding interprets the graph before the sort), and every check fails there, saying so."""
+    _add_to_mul(graph, at_top=True)
+
+
+def add_to_mul_without_meta(graph: torch.fx.Graph) -> None:
+    """:func:`add_to_mul` leaving each new ``mul`` without ``meta['val']``. At the post-grad hooks torch computes it
+    (its FakeTensorUpdater): every check passes there. At the joint hooks nothing does before the partitioner reads
+    it (``torch.compile`` of a training graph raises ``Node mul_tensor didn't have `val` metadata``): meta fails."""
+    _add_to_mul(graph, meta=False)
+
+
+def _copy_addmm_outputs(graph: torch.fx.Graph, *, rerouting_itself: bool) -> None:
+    for addmm in graph.find_nodes(op="call_function", target=aten.addmm.default):
+        with graph.inserting_after(addmm):
+            copied = graph.call_function(aten.clone.default, (addmm,))
+        copied.meta.update(addmm.meta)
+        addmm.replace_all_uses_with(copied, delete_user_cb=lambda user, copied=copied: rerouting_itself or user is not copied)
+
+
+def copy_addmm_outputs(graph: torch.fx.Graph) -> None:
+    """Each ``addmm``'s users read a copy of it (``aten.clone``, as a layout pass inserts one): what each
+    computes is unchanged."""
+    _copy_addmm_outputs(graph, rerouting_itself=False)
+
+
+def copy_addmm_outputs_cyclic(graph: torch.fx.Graph) -> None:
+    """BUG (a cycle): :func:`copy_addmm_outputs` rerouting every user of each ``addmm`` to its copy, the copy
+    among them (``replace_all_uses_with`` without ``delete_user_cb``), so the ``clone`` reads itself. Torch's
+    ``stable_topological_sort`` after the hook asserts (``torch.compile`` raises at every hook); every check
+    fails, naming the cycle."""
+    _copy_addmm_outputs(graph, rerouting_itself=True)
+
+
+# -- a fused kernel as vLLM and torchao write them: a custom op with a FakeTensor implementation, no autograd -----
+@torch.library.custom_op("fxverify_tests::rms_norm", mutates_args=())
+def fused_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """A fused RMSNorm kernel as vLLM's ``rms_norm``: the mean square in float32, the normalised input cast back to
+    ``x``'s dtype, times ``weight``."""
+    upcast = x.float()
+    return (upcast * torch.rsqrt(upcast.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+
+
+@torch.library.custom_op("fxverify_tests::rms_norm_by_variance", mutates_args=())
+def fused_rms_norm_by_variance(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """BUG (the math wrong): :func:`fused_rms_norm` normalising by the variance (LayerNorm's statistic, the mean
+    subtracted) instead of the mean square."""
+    upcast = x.float()
+    return (upcast * torch.rsqrt(upcast.var(-1, keepdim=True, correction=0) + eps)).to(x.dtype) * weight
+
+
+@fused_rms_norm.register_fake
+@fused_rms_norm_by_variance.register_fake
+def _fused_rms_norm_fake(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return torch.empty_like(x, dtype=torch.promote_types(x.dtype, weight.dtype))
+
+
+def _fused(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.fxverify_tests.rms_norm(x, weight, EPS)
+
+
+def _fused_by_variance(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.fxverify_tests.rms_norm_by_variance(x, weight, EPS)
+
+
+def register_rms_norm_fusion(patterns: PatternMatcherPass) -> None:
+    """The RMSNorm of ``edge_tiny_decoder_block`` (``x * rsqrt(mean(x ** 2) + eps) * weight``) -> the fused kernel
+    :func:`fused_rms_norm`, registered as vLLM registers its fusions (``register_replacement``, ``fwd_only``)."""
+    register_replacement(_rms_norm, _fused, [torch.empty(4, 8), torch.empty(8)], fwd_only, patterns)
+
+
+def register_rms_norm_fusion_by_variance(patterns: PatternMatcherPass) -> None:
+    """BUG (the math wrong): :func:`register_rms_norm_fusion` into :func:`fused_rms_norm_by_variance`. Caught by
+    numerics, at the fused node."""
+    register_replacement(_rms_norm, _fused_by_variance, [torch.empty(4, 8), torch.empty(8)], fwd_only, patterns)
+
+
+@torch.library.custom_op("fxverify_tests::silu_and_mul", mutates_args=())
+def fused_silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """A fused SwiGLU kernel as vLLM's ``silu_and_mul``: ``silu(gate) * up`` in one op."""
+    return torch.nn.functional.silu(gate) * up
+
+
+@fused_silu_and_mul.register_fake
+def _fused_silu_and_mul_fake(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(gate, dtype=torch.promote_types(gate.dtype, up.dtype))
+
+
+def _silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.silu(gate) * up
+
+
+def _fused_silu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return torch.ops.fxverify_tests.silu_and_mul(gate, up)
+
+
+def register_silu_and_mul_fusion(patterns: PatternMatcherPass) -> None:
+    """``silu(gate) * up`` -> the fused kernel :func:`fused_silu_and_mul`."""
+    register_replacement(_silu_and_mul, _fused_silu, [torch.empty(4, 8), torch.empty(4, 8)], fwd_only, patterns)
+
+
+class SiluAndMulFusion(CustomInferenceAwareGraphPass):
+    """:func:`register_silu_and_mul_fusion` as a vLLM-style inference pass: a ``CustomInferenceAwareGraphPass`` holding
+    its ``PatternMatcherPass``, which fuses inference graphs only (Inductor's post-grad hooks tell it which graph it
+    gets; the joint-graph hooks tell it nothing and ``torch.compile`` raises there)."""
+
+    def __init__(self) -> None:
+        self.patterns = PatternMatcherPass(pass_name="silu_and_mul")
+        register_silu_and_mul_fusion(self.patterns)
+
+    def __call__(self, graph: torch.fx.Graph, is_inference: bool) -> None:
+        if is_inference:
+            self.patterns.apply(graph)
+
+    def uuid(self) -> Any:
+        return get_hash_for_files((__file__,))
+
+
+POST_GRAD_CAPTURES = ("inductor", "inductor_post", "inductor_train", "inductor_train_post")
+
+# what a vLLM-style inference pass declares: it changes inference graphs only, and is installed at the post-grad hooks
+SILU_AND_MUL_INFERENCE = fxverify.contract(fires_in=("inference",), captures=POST_GRAD_CAPTURES)(SiluAndMulFusion())

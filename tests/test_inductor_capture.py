@@ -15,7 +15,7 @@ from torch._inductor.pattern_matcher import PatternMatcherPass
 import fxverify
 from fxverify.capture.inductor import fired_in
 from fxverify.core.graph_passes import graph_pass, pattern_passes
-from fxverify.core.results import FAILED, PASSED
+from fxverify.core.results import FAILED, PASSED, SKIPPED
 from fxverify.core.transform import Transform
 from fxverify.errors import TransformLoadError
 from tests import inductor_passes
@@ -345,7 +345,8 @@ def test_a_joint_pass_leaving_a_malformed_graph_fails_naming_it_and_its_twin_pas
     found = _verification(inductor_passes.relu_gradient_as_mask_stale, _ReluOfRelu, (3, 4), "inductor_train_joint")
     result = found.run("numerics")
     assert result.outcome == FAILED, result.message
-    assert "left the joint graph malformed" in result.message and "Argument 'where' of Node" in result.message
+    assert "left the joint graph at joint_custom_pre_pass where torch.compile would refuse it" in result.message
+    assert "reads %where, which is no longer in the graph (erased)" in result.message
     twin = _verification(inductor_passes.relu_gradient_as_mask, _ReluOfRelu, (3, 4), "inductor_train_joint")
     assert [twin.run(check).outcome for check in ("numerics", "lint")] == [PASSED] * 2
     assert fired_in(twin.subject.applied().result) == ("joint",)
@@ -363,3 +364,218 @@ def test_an_inference_capture_made_first_in_a_fresh_process_decomposes_max_pool(
             "print(isinstance(gm, torch.fx.GraphModule))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr[-2000:]
+
+
+# -- what torch does after a hook (issue 41, class 8) ----------------------------------------------------
+def _linear_graph() -> torch.fx.GraphModule:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    linear = torch.nn.Linear(4, 4)
+
+    def doubled_linear(x: torch.Tensor) -> torch.Tensor:
+        h = linear(x)
+        return aten.relu.default(aten.add.Tensor(h, h))
+
+    return make_fx(doubled_linear)(torch.randn(3, 4))
+
+
+def test_ordering_problem_names_a_cycle_an_erased_read_and_nodes_out_of_order():
+    from fxverify.capture.inductor import ordering_problem
+
+    gm = _linear_graph()
+    assert ordering_problem(gm.graph) is None
+    inductor_passes.add_to_mul_out_of_order(gm.graph)
+    assert ordering_problem(gm.graph) == "%mul_tensor reads %addmm before it is defined (acyclic: nodes out of order)"
+    gm = _linear_graph()
+    inductor_passes.copy_addmm_outputs_cyclic(gm.graph)
+    assert ordering_problem(gm.graph) == "a cycle: %clone_default -> %clone_default (each reads the next)"
+    gm = _linear_graph()
+    relu = gm.graph.find_nodes(op="call_function", target=aten.relu.default)[0]
+    add = relu.args[0]
+    with gm.graph.inserting_before(relu):
+        doubled = gm.graph.call_function(aten.mul.Tensor, (add.args[0], 2))
+    add.replace_all_uses_with(doubled)
+    gm.graph.erase_node(add)
+    with gm.graph.inserting_before(relu):
+        gm.graph.call_function(aten.neg.default, (add,))  # a match collected before the rewrite, read after it
+    assert ordering_problem(gm.graph) == "%neg_default reads %add, which is no longer in the graph (erased)"
+
+
+@pytest.mark.parametrize(("hook", "position"), [("joint", "post"), ("post_grad", "pre"), ("post_grad", "post")])
+def test_an_out_of_order_graph_is_sorted_as_torch_sorts_it_after_the_hook(hook, position):
+    from fxverify.capture.inductor import carried_on
+
+    gm, x = _linear_graph(), torch.randn(3, 4)
+    expected = gm(x)
+    transform = Transform.from_callable(inductor_passes.add_to_mul_out_of_order)
+    transform.apply(gm)
+    with pytest.raises(RuntimeError, match="used before it has been defined"):
+        gm.graph.lint()
+    carried_on(transform, gm, graph="inference", hook=hook, position=position)
+    gm.graph.lint()
+    torch.testing.assert_close(gm(x), expected)
+
+
+@pytest.mark.parametrize(("given", "hook", "position", "refused"), [
+    (inductor_passes.add_to_mul_out_of_order, "joint", "pre",
+     "%mul_tensor reads %addmm before it is defined (acyclic: nodes out of order); joint_graph_passes runs "
+     "constant_fold_uniform_value"),
+    (inductor_passes.copy_addmm_outputs_cyclic, "joint", "post",
+     "a cycle: %clone_default -> %clone_default (each reads the next); stable_topological_sort, which torch runs "
+     "after the hook, asserts"),
+    (inductor_passes.copy_addmm_outputs_cyclic, "post_grad", "pre", "a cycle: %clone_default -> %clone_default"),
+], ids=["out_of_order_at_joint_pre", "cycle_at_joint_post", "cycle_at_post_grad_pre"])
+def test_what_torch_cannot_repair_after_the_hook_is_the_transforms_failure(given, hook, position, refused):
+    from fxverify.capture.inductor import carried_on
+    from fxverify.errors import TransformFailed
+
+    gm, transform = _linear_graph(), Transform.from_callable(given, "my:pass")
+    transform.apply(gm)
+    with pytest.raises(TransformFailed) as failed:
+        carried_on(transform, gm, graph="inference", hook=hook, position=position)
+    where = f"{hook}_custom_{position}_pass"
+    assert f"transform my:pass left the inference graph at {where} where torch.compile would refuse it" in str(
+        failed.value)
+    assert refused in str(failed.value)
+
+
+EIGHT = ("inductor", "inductor_post", "inductor_train", "inductor_train_post",
+         "inductor_joint", "inductor_joint_post", "inductor_train_joint", "inductor_train_joint_post")
+
+
+@pytest.mark.slow
+def test_a_pass_leaving_nodes_out_of_order_passes_where_torch_sorts_them_first():
+    for capture in EIGHT:  # the joint pre hook: constant folding interprets the graph before torch sorts it
+        v = _verification(inductor_passes.add_to_mul_out_of_order, _Doubling, (3, 4), capture)
+        outcomes = [v.run(check) for check in ("numerics", "lint", "meta")]
+        if capture in ("inductor_joint", "inductor_train_joint"):
+            assert [found.outcome for found in outcomes] == [FAILED] * 3, capture
+            assert "at joint_custom_pre_pass where torch.compile would refuse it: %mul_tensor reads" in outcomes[0].message
+            assert "constant_fold_uniform_value" in outcomes[0].message
+        else:
+            assert [found.outcome for found in outcomes] == [PASSED] * 3, (capture, [f.message for f in outcomes])
+            assert fired_in(v.subject.applied().result), capture
+
+
+@pytest.mark.slow
+def test_a_pass_making_a_cycle_fails_naming_it_and_its_twin_passes():
+    for capture in ("inductor", "inductor_train_post", "inductor_joint_post", "inductor_train_joint"):
+        found = _verification(inductor_passes.copy_addmm_outputs_cyclic, _Doubling, (3, 4), capture).run("numerics")
+        assert found.outcome == FAILED, capture
+        assert "where torch.compile would refuse it: a cycle: %clone_default -> %clone_default" in found.message
+        twin = _verification(inductor_passes.copy_addmm_outputs, _Doubling, (3, 4), capture)
+        assert [twin.run(check).outcome for check in ("numerics", "lint", "meta")] == [PASSED] * 3, capture
+
+
+@pytest.mark.slow
+def test_meta_a_pass_leaves_out_is_computed_at_the_post_grad_hooks_as_torch_does_and_fails_at_the_joint_hooks():
+    for capture in ("inductor", "inductor_post", "inductor_train", "inductor_train_post"):  # FakeTensorUpdater
+        v = _verification(inductor_passes.add_to_mul_without_meta, _Doubling, (3, 4), capture)
+        assert [v.run(check).outcome for check in ("meta", "numerics")] == [PASSED] * 2, capture
+        assert fired_in(v.subject.applied().result), capture
+    for capture in ("inductor_joint_post", "inductor_train_joint"):  # the partitioner reads it before anything computes it
+        found = _verification(inductor_passes.add_to_mul_without_meta, _Doubling, (3, 4), capture).run("meta")
+        assert found.outcome == FAILED and "have no meta['val'] (%mul_tensor" in found.message, capture
+
+
+class _SwiGLU(torch.nn.Module):
+    """``down(silu(gate(x)) * up(x))``, differentiable twice (no attention kernel)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate, self.up, self.down = torch.nn.Linear(6, 8), torch.nn.Linear(6, 8), torch.nn.Linear(8, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.nn.functional.silu(self.gate(x)) * self.up(x))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("hook", "given", "model", "raises"), [
+    ("joint_custom_post_pass", inductor_passes.add_to_mul_out_of_order, _Doubling, None),
+    ("post_grad_custom_pre_pass", inductor_passes.add_to_mul_out_of_order, _Doubling, None),
+    ("joint_custom_pre_pass", inductor_passes.add_to_mul_out_of_order, _Doubling, "referenced nonexistent value"),
+    ("post_grad_custom_post_pass", inductor_passes.copy_addmm_outputs_cyclic, _Doubling,
+     "topological sort did not consume all nodes"),
+    ("post_grad_custom_pre_pass", inductor_passes.add_to_mul_without_meta, _Doubling, None),
+    ("joint_custom_post_pass", inductor_passes.add_to_mul_without_meta, _Doubling, "didn't have `val` metadata"),
+    ("post_grad_custom_pre_pass", inductor_passes.register_silu_and_mul_fusion, _SwiGLU, None),
+], ids=["out_of_order_joint_post", "out_of_order_post_grad_pre", "out_of_order_joint_pre", "cycle_post_grad_post",
+        "without_meta_post_grad_pre", "without_meta_joint_post", "fused_kernel_without_autograd_post_grad_pre"])
+def test_a_real_torch_compile_with_the_pass_in_the_hook_agrees_with_the_captures(hook, given, model, raises):
+    """What the captures judge, proved by ``torch.compile`` (Inductor, training: the joint graph, then the forward and
+    backward graphs) with the pass installed: it runs and computes the model's outputs and gradients, or it raises."""
+    from torch._inductor import config
+
+    torch.manual_seed(0)
+    module, x = model(), torch.randn(3, 6 if model is _SwiGLU else 4)
+    torch._dynamo.reset()
+    try:
+        with config.patch({hook: graph_pass(given, "given"), "force_disable_caches": True, "fallback_random": True}):
+            compiled = torch.compile(module)
+            if raises is not None:
+                with pytest.raises(Exception, match=raises):
+                    compiled(x).sum().backward()
+                return
+            out = compiled(x)
+            out.sum().backward()
+    finally:
+        torch._dynamo.reset()
+    grads = {name: parameter.grad.clone() for name, parameter in module.named_parameters()}
+    module.zero_grad()
+    expected = module(x)
+    expected.sum().backward()
+    torch.testing.assert_close(out, expected)
+    for name, parameter in module.named_parameters():
+        torch.testing.assert_close(grads[name], parameter.grad)
+
+
+# -- fused kernels as vLLM and torchao write them (issue 41, class 1) -------------------------------------
+def _on_entry(transform, name: str, capture: str) -> fxverify.Verification:
+    from fxverify.cases.case import load_case
+
+    case = load_case(name)
+    return fxverify.Verification(transform, case, capture=case.capture_named(capture))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("capture", ["inductor", "inductor_joint"])
+def test_a_fused_kernel_without_autograd_passes_the_inference_graphs_and_its_buggy_twin_fails_numerics(capture):
+    v = _on_entry(inductor_passes.register_rms_norm_fusion, "edge_tiny_decoder_block", capture)
+    assert [v.run(check).outcome for check in ("numerics", "meta", "lint", "opset")] == [PASSED] * 4
+    assert "torch.ops.fxverify_tests.rms_norm.default" in v.subject.applied().result.code
+    gradients = v.run("gradients")  # backward through an inference graph is nothing the pass promises
+    assert gradients.outcome == SKIPPED and f"{capture} graphs are inference graphs" in gradients.message
+    found = _on_entry(inductor_passes.register_rms_norm_fusion_by_variance, "edge_tiny_decoder_block", capture)
+    result = found.run("numerics")
+    assert result.outcome == FAILED
+    assert "reads nodes the transform changed: %rms_norm_by_variance_default" in str(result.node), result.node
+
+
+@pytest.mark.slow
+def test_a_vllm_style_inference_pass_declares_where_it_fires_and_passes_all_eight_captures():
+    """A ``CustomInferenceAwareGraphPass`` fusing inference graphs only, declared ``fires_in=("inference",)`` and for
+    the post-grad captures (the joint hooks pass no ``is_inference``: ``torch.compile`` raises there)."""
+    for capture in EIGHT:
+        v = _on_entry(inductor_passes.SILU_AND_MUL_INFERENCE, "edge_tiny_decoder_block", capture)
+        found = v.run("numerics")
+        if capture in inductor_passes.POST_GRAD_CAPTURES:
+            assert found.outcome == PASSED, (capture, found.message)
+            assert fired_in(v.subject.applied().result) == (() if "train" in capture else ("inference",)), capture
+        else:
+            assert found.outcome == SKIPPED and f"not run on {capture}" in found.message, (capture, found.message)
+    unguarded = _on_entry(inductor_passes.register_silu_and_mul_fusion, "edge_tiny_decoder_block", "inductor_train")
+    assert unguarded.run("numerics").outcome == PASSED  # fused in the forward graph, right there: its backward is made
+    assert fired_in(unguarded.subject.applied().result) == ("forward",)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "fxverify's fault, outside this file: the gradients check runs autograd through the training package (a double "
+    "backward, which torch.compile refuses) and fails a custom op without autograd that torch.compile runs there "
+    "(test_a_real_torch_compile_with_the_pass_in_the_hook_agrees_with_the_captures[fused_kernel_...]); "
+    "fxverify/core/captures.py: differentiated=False for the four training rows fixes it"))
+def test_a_fused_kernel_without_autograd_in_a_training_forward_graph_is_no_gradients_finding():
+    v = _verification(inductor_passes.register_silu_and_mul_fusion, _SwiGLU, (3, 6), "inductor_train")
+    assert v.run("numerics").outcome == PASSED and fired_in(v.subject.applied().result) == ("forward",)
+    found = v.run("gradients")
+    assert found.outcome != FAILED, found.message
