@@ -234,7 +234,7 @@ def compare_values(
     rtol, atol = tolerance.for_dtype(e.dtype)[0], tolerance.atol_for(e)
     if torch.equal(a, e) or _allclose(a, e, rtol, atol):  # the common cases
         return None
-    appeared = _non_finite(path, a, e)
+    appeared = non_finite_mismatch(a, e, path=path)
     if appeared is not None:
         return appeared
     for name, test in _NON_FINITE:  # the original's NaN or inf, where the result's value is another
@@ -272,8 +272,18 @@ def compare_values(
     )
 
 
-def _non_finite(path: str, a: torch.Tensor, e: torch.Tensor) -> Mismatch | None:
-    """The mismatch of NaN or inf in ``a`` where ``e`` is finite: how many of each, and the first."""
+def non_finite_mismatch(actual: Any, expected: Any, *, path: str) -> Mismatch | None:
+    """The mismatch of NaN or inf in ``actual`` where ``expected`` (a floating tensor of its shape) is finite: how
+    many of each, and the first; None where there are none. :func:`compare_values` asks this first, whatever the
+    tolerance; a comparison that judges no values (an approximating pass's gradients) asks it alone.
+
+    >>> print(non_finite_mismatch(torch.tensor([1.0, float("inf")]), torch.ones(2), path="grad").reason)
+    +inf positions differ: 1 non-finite value (1 +inf) where the original's are finite, first at index (1,) (expected 1, got inf)
+    """
+    if not (isinstance(actual, torch.Tensor) and isinstance(expected, torch.Tensor) and expected.is_floating_point()
+            and actual.is_floating_point() and actual.shape == expected.shape):
+        return None
+    a, e = actual.detach().cpu(), expected.detach().cpu()
     appeared = torch.isfinite(e) & ~torch.isfinite(a)
     if not appeared.any():
         return None

@@ -66,11 +66,11 @@ def check(subject: Subject) -> dict[str, Any]:
                 if not found.non_finite:
                     finding.node = "not localised: in float64 no node computes something else"
                     raise finding
-            try:  # NaN or inf in float32 only: where the result's float32 run first has them
-                diverged = _float64_localisation(subject) if subject.float64_skip is None and float32_only is None \
-                    else _float32_localisation(subject, config)
-                _localise_into(finding, diverged, " [float64]" if subject.float64_skip is None and float32_only is None
-                               else f" [{subject.dtype}]" if float32_only else " [float32: no float64 run]")
+            in_float64 = subject.float64_skip is None and float32_only is None  # else: no float64 run, or NaN
+            try:  # that float64 does not show: where the result's float32 run first has them
+                diverged = _float64_localisation(subject) if in_float64 else _float32_localisation(subject, config)
+                _localise_into(finding, diverged, " [float64]" if in_float64 else
+                               f" [{subject.dtype}]" if float32_only else " [float32: no float64 run]")
             except Finding as unrunnable:
                 finding.node = f"not localised: {unrunnable.what}"
             except Exception as exc:  # the float32 finding stands; say why it has no node
