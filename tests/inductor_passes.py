@@ -293,3 +293,13 @@ POST_GRAD_CAPTURES = ("inductor", "inductor_post", "inductor_train", "inductor_t
 
 # what a vLLM-style inference pass declares: it changes inference graphs only, and is installed at the post-grad hooks
 SILU_AND_MUL_INFERENCE = fxverify.contract(fires_in=("inference",), captures=POST_GRAD_CAPTURES)(SiluAndMulFusion())
+
+
+def inductor_post_grad_patterns(graph: torch.fx.Graph) -> None:
+    """Inductor's own post-grad pattern passes, as ``post_grad_passes`` runs them (``lazy_init()``, then each of
+    ``pass_patterns`` in order): real passes nobody here wrote, run as a transform over the corpus."""
+    from torch._inductor.fx_passes import post_grad
+
+    post_grad.lazy_init()
+    for patterns in post_grad.pass_patterns:
+        patterns.apply(graph)
