@@ -213,8 +213,7 @@ def as_model(handed: Handed, module: nn.Module, inputs: tuple[Any, ...]) -> fx.G
     placeholder of a parameter or buffer a ``get_attr`` of it under its own name (the node keeping its name and
     meta), another tensor Dynamo lifted (a plain tensor attribute, a global) a plain attribute, the model's inputs
     placeholders in its order where Dynamo read the first, the output node as Dynamo made it."""
-    parameters = dict(module.named_parameters())
-    state = {id(tensor): name for name, tensor in [*parameters.items(), *module.named_buffers()]}
+    state = {id(tensor): name for name, tensor in [*module.named_parameters(), *module.named_buffers()]}
     positions = {id(value): index for index, value in reversed(list(enumerate(inputs)))}
     handed_placeholders = list(handed.gm.graph.find_nodes(op="placeholder"))
     values = dict(zip(handed_placeholders, handed.example_inputs, strict=True))
@@ -231,12 +230,10 @@ def as_model(handed: Handed, module: nn.Module, inputs: tuple[Any, ...]) -> fx.G
                 placed.extend(_placeholders(graph, module, len(inputs), read_inputs))
             env[node] = placed[positions[id(values[node])]]
         else:
-            env[node] = _attribute(graph, root, node, values[node], state)
+            env[node] = _attribute(graph, root, module, node, values[node], state)
     if not placed:
         with graph.inserting_before(None):  # at the start: the graph reads no input (it returns constants)
             placed.extend(_placeholders(graph, module, len(inputs), read_inputs))
-    for name, tensor in [*parameters.items(), *module.named_buffers()]:  # those the graph does not read too
-        attach(root, module, name, tensor, parameter=name in parameters)
     codegen = _ModelReturn.of(handed, graph.output_node(), placed, positions)
     if codegen is not None:
         graph.set_codegen(codegen)
@@ -263,15 +260,18 @@ def _input_names(module: nn.Module, count: int) -> list[str]:
     return [named[i] if i < len(named) else f"input_{i}" for i in range(count)]
 
 
-def _attribute(graph: fx.Graph, root: fx.GraphModule, node: fx.Node, value: Any, state: dict[int, str]) -> fx.Node:
-    """The ``get_attr`` standing for Dynamo's placeholder ``node`` of ``value``: a parameter or buffer of the
-    model under its own name, another tensor a plain attribute of ``root`` (as torch.fx keeps a
+def _attribute(graph: fx.Graph, root: fx.GraphModule, module: nn.Module, node: fx.Node, value: Any,
+               state: dict[int, str]) -> fx.Node:
+    """The ``get_attr`` standing for Dynamo's placeholder ``node`` of ``value``: a parameter or buffer of
+    ``module`` registered on ``root`` under its own name (only those the graph reads, as ``torch.fx`` keeps them),
+    another tensor a plain attribute of ``root`` (as torch.fx keeps a
     tensor constant); named as ``node``, with its meta (but Dynamo's ``grapharg``: it is no graph input now)."""
     if not isinstance(value, torch.Tensor):
         raise NotImplementedError(f"Dynamo's graph input {node.target} is a {type(value).__name__}, neither an input "
                                   "of the model nor a tensor: not built")
     if id(value) in state:
-        target = state[id(value)]  # registered on root with the module's other tensors
+        target = state[id(value)]
+        attach(root, module, target, value, parameter=isinstance(value, nn.Parameter))
     else:
         target = f"_tensor_constant{len([n for n in graph.nodes if str(n.target).startswith('_tensor_constant')])}"
         setattr(root, target, value)
