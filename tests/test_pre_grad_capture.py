@@ -14,7 +14,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import fxverify
 from fxverify.analysis.graph_text import canonical_text
-from fxverify.capture.pre_grad import UNCOMPILED, PreGrad, PreGradModule
+from fxverify.capture.pre_grad import PreGrad, PreGradModule
 from fxverify.core.results import FAILED, PASSED
 from fxverify.core.transform import Transform
 from fxverify.errors import TransformFailed
@@ -109,7 +109,7 @@ def test_code_python_cannot_compile_runs_the_graph_as_aotautograd_does():
     relu = next(n for n in module.graph.nodes if n.target is torch.relu)
     relu.target, relu.kwargs = _relu_given, {"convolution": torch.conv2d}  # a builtin's repr is no Python
     module.recompile()
-    assert "its generated code is no Python" in module.meta[UNCOMPILED]
+    assert "its generated code is no Python" in str(module.uncompiled)
     x = torch.randn(3)
     torch.testing.assert_close(module(x), (torch.relu(x) + 1,))
     torch.testing.assert_close(copy.deepcopy(module)(x), (torch.relu(x) + 1,))
@@ -219,7 +219,7 @@ def test_correct_pre_grad_passes_pass_every_check_that_applies(transform):
     assert any(n.target is torch.nn.functional.batch_norm for n in result.graph.nodes) != folds
     # Inductor's pass passes the builtin torch.conv2d as an argument: code Python cannot compile, which
     # torch.compile never runs (AOTAutograd interprets the graph); neither does the capture's module
-    assert (UNCOMPILED in result.meta) == (transform is pre_grad_passes.inductor_efficient_conv_bn_eval)
+    assert (result.uncompiled is not None) == (transform is pre_grad_passes.inductor_efficient_conv_bn_eval)
 
 
 @pytest.mark.slow

@@ -285,20 +285,20 @@ class PreGradModule(fx.GraphModule):
     its generated code, as AOTAutograd runs Dynamo's graph (``create_functional_call``: it never runs the code). A
     pass may put in a node an argument whose ``repr`` is no Python, as Inductor's own ``efficient_conv_bn_eval``
     passes the builtin ``torch.conv2d``: ``torch.compile`` compiles it, so it is no defect here either. The code
-    is kept as text (``gm.code``) all the same; ``meta[UNCOMPILED]`` says why it is not run."""
+    is kept as text (``gm.code``) all the same; :attr:`uncompiled` says why it is not run."""
+
+    uncompiled: str | None = None
+    """Why the module runs its graph with ``torch.fx.Interpreter``, or None where it runs its generated code."""
 
     def recompile(self) -> Any:
-        meta = self.__dict__.setdefault("meta", {})  # GraphModule.__init__ recompiles before it sets meta
-        meta.pop(UNCOMPILED, None)
         try:
-            return super().recompile()
+            found = super().recompile()
         except SyntaxError as error:
-            meta[UNCOMPILED] = f"its generated code is no Python ({error.msg}, line {error.lineno})"
+            self.uncompiled = f"its generated code is no Python ({error.msg}, line {error.lineno})"
             type(self).forward = _interpreted
             return None
-
-
-UNCOMPILED = "fxverify_uncompiled"  # gm.meta key: why a PreGradModule runs its graph with torch.fx.Interpreter
+        self.uncompiled = None
+        return found
 
 
 def _interpreted(self: fx.GraphModule, *args: Any) -> Any:
