@@ -144,6 +144,13 @@ def _verification(transform, factory, shape, capture: str) -> fxverify.Verificat
     return fxverify.Verification(transform, case, capture=case.capture_named(capture))
 
 
+def _on_entry(transform, name: str, capture: str) -> fxverify.Verification:
+    from fxverify.cases.case import load_case
+
+    case = load_case(name)
+    return fxverify.Verification(transform, case, capture=case.capture_named(capture))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("hook", ["post_grad", "joint"])
 @pytest.mark.parametrize("position", ["pre", "post"])
@@ -329,6 +336,21 @@ def test_inductors_own_joint_patterns_fire_in_the_joint_graph_and_pass(spec):
     v = _verification(Transform.load(spec), _Gated, (3, 6), "inductor_train_joint")
     assert [v.run(check).outcome for check in ("numerics", "lint", "meta", "opset")] == [PASSED] * 4
     assert fired_in(v.subject.applied().result) == ("joint",)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", ["tests.inductor_passes:inductor_joint_patterns",
+                                  "torch._inductor.fx_passes.joint_graph:early_patterns"])
+def test_inductors_own_joint_patterns_leave_attention_in_order_at_the_joint_pre_hook(spec):
+    """Inductor's attention patterns (``_sfdp_*``, multi-output replacements: pytorch issue 148751's class) fuse
+    ``edge_attention_two_ways``'s inference graph; on no attention of the corpus do they leave a graph out of order,
+    which ``joint_custom_pre_pass`` refuses (constant folding interprets it before torch sorts it)."""
+    for name in ("edge_multi_head_attention", "edge_attention_two_ways"):
+        for capture in ("inductor_joint", "inductor_train_joint"):
+            v = _on_entry(Transform.load(spec), name, capture)
+            assert [v.run(check).outcome for check in ("lint", "numerics")] == [PASSED] * 2, (name, capture)
+    fused = _on_entry(Transform.load(spec), "edge_attention_two_ways", "inductor_joint")  # early_patterns: no attention
+    assert fired_in(fused.subject.applied().result) == (() if spec.endswith("early_patterns") else ("inference",))
 
 
 class _ReluOfRelu(torch.nn.Module):
@@ -530,13 +552,6 @@ def test_a_real_torch_compile_with_the_pass_in_the_hook_agrees_with_the_captures
 
 
 # -- fused kernels as vLLM and torchao write them (issue 41, class 1) -------------------------------------
-def _on_entry(transform, name: str, capture: str) -> fxverify.Verification:
-    from fxverify.cases.case import load_case
-
-    case = load_case(name)
-    return fxverify.Verification(transform, case, capture=case.capture_named(capture))
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("capture", ["inductor", "inductor_joint"])
 def test_a_fused_kernel_without_autograd_passes_the_inference_graphs_and_its_buggy_twin_fails_numerics(capture):
