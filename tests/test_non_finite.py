@@ -173,6 +173,10 @@ def test_rounded_otherwise_leaves_the_models_random_numbers_and_in_place_writes_
     with Rerounded(0):
         moved = torch.nn.functional.dropout(ones, 0.5)
     assert torch.equal(plain == 0, moved == 0)  # the same mask
+    with Rerounded(0):
+        constants = torch.full((1000,), 1 / 3), torch.rand(1000, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(constants[0], torch.full((1000,), 1 / 3))  # factories round nothing
+    assert torch.equal(constants[1], torch.rand(1000, generator=torch.Generator().manual_seed(1)))
     bn = nn.BatchNorm1d(4).train()
     x = torch.randn(16, 4, generator=torch.Generator().manual_seed(0))
     with torch.no_grad(), Rerounded(0):

@@ -386,8 +386,8 @@ class Rerounded(TorchDispatchMode):
     its dtype's epsilon, relative, and rounded back, so each value stays or moves to a neighbour, as another
     correct kernel may round it (Monte Carlo arithmetic's random rounding). Run ``i`` draws its moves from a
     generator seeded ``i``, the same on every machine; the RNG of the model itself is left alone (dropout
-    draws the same masks). Mutating and aliasing ops (``add_``, views) and values not strided (mkldnn,
-    sparse) are left as they are.
+    draws the same masks). Ops without floating inputs (factories: constants, random numbers), mutating and
+    aliasing ops (``add_``, views) and values not strided (mkldnn, sparse) are left as they are.
 
     >>> with Rerounded(0):
     ...     y = torch.full((1000,), 3.0) / 7
@@ -405,8 +405,10 @@ class Rerounded(TorchDispatchMode):
         schema = func._schema
         if schema.is_mutable or any(r.alias_info is not None for r in schema.returns):
             return out
-        inputs = {t.untyped_storage().data_ptr() for t in pytree.tree_leaves((args, kwargs))
-                  if isinstance(t, torch.Tensor) and t.layout == torch.strided}
+        tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if not any(t.is_floating_point() for t in tensors):  # a factory (a constant, random numbers): nothing rounded
+            return out
+        inputs = {t.untyped_storage().data_ptr() for t in tensors if t.layout == torch.strided}
         return pytree.tree_map(functools.partial(self._moved, inputs), out)
 
     def _moved(self, inputs: set[int], value: Any) -> Any:
