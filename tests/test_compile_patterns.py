@@ -373,3 +373,15 @@ def test_a_handler_pattern_is_derived_or_refused_with_the_line_to_write():
     with pytest.raises(TransformLoadError, match=r"could not infer inputs[\s\S]*def flatten\(arg0, size\):[\s\S]*"
                                                  r"PatternExample\('flatten', flatten, \(<arg0>, <size>,\)"):
         fxverify.check_patterns(register, max_examples=0)
+
+
+def test_a_bool_mask_is_drawn_so_a_verdict_does_not_depend_on_what_memory_held():
+    """Inductor's attention patterns make their example masks with torch.empty: whatever memory held. Two examples
+    holding different garbage give the same mask, drawn from the seed, at the example's size and at others."""
+    from fxverify.compile.pattern_variants import inputs_for
+
+    for variant in (Variant(), Variant(sizes=((8, 4),))):
+        masks = [inputs_for([torch.randn(2, 8, 8), held], variant)[1] for held in
+                 (torch.zeros(2, 8, 8, dtype=torch.bool), torch.ones(2, 8, 8, dtype=torch.bool))]
+        assert masks[0].dtype == torch.bool and torch.equal(masks[0], masks[1])
+        assert 0 < masks[0].float().mean() < 1  # neither masks everything nor nothing

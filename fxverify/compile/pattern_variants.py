@@ -182,7 +182,12 @@ def inputs_for(example: Sequence[Any], variant: Variant, seed: int = 0) -> list[
 def _tensor_like(value: torch.Tensor, shape: list[int], dtype: torch.dtype, strided: bool,
                  generator: torch.Generator, requires_grad: bool = False) -> torch.Tensor:
     """A fresh tensor of ``shape`` laid out as ``value`` (:func:`laid_out`; ``strided``: its last two dims swapped in
-    memory), requiring grad where a training pattern's example does."""
+    memory), requiring grad where a training pattern's example does. A bool tensor (a mask) is drawn too: an
+    example made with ``torch.empty``, as Inductor's attention patterns make theirs, holds whatever memory held,
+    and a verdict must not depend on that; other integer tensors (indices) keep the example's values at its shape."""
+    if value.dtype == torch.bool:
+        strides, offset = laid_out(value, shape, swap_last=strided)
+        return _fresh(shape, strides, offset, torch.float32, generator, False) > 0
     if not value.is_floating_point():
         return value.clone() if list(value.shape) == shape else torch.zeros(shape, dtype=value.dtype)
     strides, offset = laid_out(value, shape, swap_last=strided)
