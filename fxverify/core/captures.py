@@ -63,7 +63,8 @@ _LACKS = {
     "dynamic_batch": ("have no dynamic batch dimension", "have one"),
     "opset": ("are torch-level, not ATen-level: they promise no operator set", "are ATen-level"),
     "recaptures": ("are not captured again from a result's code here", "are"),
-    "pickles": ("do not pickle or write themselves to a folder even untouched", "do"),
+    "pickles": ("are not pickled or written to a folder where they come from, or lose their form when they are",
+                "do"),
     "moves_device": ("bake device= into node arguments: moving one means capturing it on the device, which "
                      "fxverify does not do yet", "move"),
     "differentiated": ("are inference graphs, which torch.compile compiles only where no gradient is needed: "
