@@ -6,13 +6,15 @@ model)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
 import fxverify
-from fxverify.cases.case import load_case
+from fxverify.cases.case import case_from_module, load_case
 from fxverify.compile.backend import ASPECTS, GRADIENT_ASPECTS, Recorder, Trial, check_backend, resolve_backend
 from fxverify.core.results import FAILED, PASSED, SKIPPED
 from fxverify.errors import TransformLoadError
@@ -243,3 +245,25 @@ def test_a_float32_backend_skips_the_bfloat16_part_of_the_dtype_sequence_saying_
                             aspects=["backend-outputs", "backend-dtypes"])
     assert [r.outcome for r in results] == [PASSED, SKIPPED]
     assert "declares dtypes=float32 (@fxverify.contract): the bfloat16 part of the dtype sequence" in results[1].message
+
+
+class SleepsInForward(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(3)  # dynamo breaks the graph here and runs it, compiled or not
+        return x * 2
+
+
+@pytest.mark.slow
+def test_a_timeout_is_the_backends_only_where_dynamo_alone_makes_the_same_calls_in_time():
+    def hangs(gm, example_inputs):
+        time.sleep(60)
+        return gm
+
+    found = check_backend(hangs, "edge_scalar_output", aspects=["backend-outputs"], timeout=10)[0]
+    assert found.outcome is FAILED and "ran out of time at b2-16 in float32" in found.finding
+    assert "did not finish within 10 s" in found.finding and "dynamo alone (backend='eager') made the same calls in" \
+        in found.finding
+    slow = case_from_module("sleeps_in_forward", SleepsInForward, [(2, 4)], batch_sizes=(2,))
+    skipped = check_backend(backends.identity, slow, aspects=["backend-outputs"], timeout=2)[0]
+    assert skipped.outcome is SKIPPED and "dynamo alone) fails on sleeps_in_forward too" in skipped.message
+    assert "does not compile it in time either" in skipped.message

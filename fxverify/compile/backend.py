@@ -50,6 +50,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import textwrap
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -285,6 +286,8 @@ class Run:
     graphs: list[int] = dataclasses.field(default_factory=list)  # graphs dynamo had compiled when each call returned
     backend_calls: list[int] = dataclasses.field(default_factory=list)  # calls of the backend by then
     error: str | None = None
+    timed_out: bool = False  # the error is the time limit
+    seconds: float = 0.0  # wall time of the compiles and calls
     breaks: list[str] = dataclasses.field(default_factory=list)  # dynamo's reasons for graph breaks
 
     @property
@@ -561,12 +564,15 @@ class Trial:
                 run.graphs.append(counters["stats"]["unique_graphs"] - graphs)
                 run.backend_calls.append(len(run.recorder.calls))
 
+        start = time.perf_counter()
         try:
             call_with_timeout(compile_and_run, (), self.timeout)
         except Exception as exc:
+            run.timed_out = _timed_out(exc)
             run.error = (f"did not finish within {self.timeout:g} s (raise timeout= if it is just slow)"
-                         if _timed_out(exc) else exception_summary(exc))
+                         if run.timed_out else exception_summary(exc))
         finally:
+            run.seconds = time.perf_counter() - start
             torch._dynamo.reset()
         run.breaks = sorted(reason for reason, count in counters["graph_break"].items() if count > breaks.get(reason, 0))
         return run
@@ -669,15 +675,19 @@ class Trial:
             raise Skip(f"the eager model raises at {call.describe()}{_after_calls(run, at)} ({replay.error}): nothing "
                        "to compile")
         alone = self._dynamo_alone(run)
-        if alone.error is not None and alone.made <= at:
-            how = " under dynamic=True" if run.dynamic else ""
+        how = " under dynamic=True" if run.dynamic else ""
+        if alone.error is not None and (alone.made <= at or run.timed_out and alone.timed_out):
+            cannot = "does not compile it in time either" if alone.timed_out else "cannot compile it"
             raise Skip(f"torch.compile with backend='eager' (dynamo alone) fails on {self.case.name}{how} too, at "
                        f"{alone.calls[alone.made].describe()} ({alone.error}): dynamo, not backend {self.name}, "
-                       "cannot compile it")
+                       f"{cannot}")
+        error = run.error + (f"; dynamo alone (backend='eager') made the same calls{how} in {alone.seconds:.1f} s"
+                             if run.timed_out else "")
         advice = (". A backend meant for inference alone (its results under torch.no_grad()) declares it: "
                   "@fxverify.contract(modes=(\"eval\",))" if run.backward else "")
-        raise Finding(f"the model compiled with backend {self.name} raised at {call.describe()}, where eager runs: "
-                      f"{run.error}{_after(run, at)}{advice}\n{self._calls(run)}", input=self._where(run, at))
+        stopped = "ran out of time" if run.timed_out else "raised"
+        raise Finding(f"the model compiled with backend {self.name} {stopped} at {call.describe()}, where eager runs: "
+                      f"{error}{_after(run, at)}{advice}\n{self._calls(run)}", input=self._where(run, at))
 
     def _calls(self, run: Run) -> str:
         calls = "; ".join(call.describe() for call in run.recorder.calls) or "none"
