@@ -676,11 +676,16 @@ class Trial:
                        "to compile")
         alone = self._dynamo_alone(run)
         how = " under dynamic=True" if run.dynamic else ""
-        if alone.error is not None and (alone.made <= at or run.timed_out and alone.timed_out):
+        if alone.error is not None and alone.made <= at:
             cannot = "does not compile it in time either" if alone.timed_out else "cannot compile it"
             raise Skip(f"torch.compile with backend='eager' (dynamo alone) fails on {self.case.name}{how} too, at "
                        f"{alone.calls[alone.made].describe()} ({alone.error}): dynamo, not backend {self.name}, "
                        f"{cannot}")
+        if run.timed_out and (alone.timed_out or alone.seconds > (self.timeout or 0) / 2):
+            took = "longer than that" if alone.timed_out else f"{alone.seconds:.0f} s"
+            raise Skip(f"the calls compiled with backend {self.name}{how} did not finish within {self.timeout:g} s, and "
+                       f"dynamo alone (backend='eager') takes {took} for them: too close to the limit to tell the "
+                       "backend's share; raise the limit (timeout=, --fxverify-timeout)")
         error = run.error + (f"; dynamo alone (backend='eager') made the same calls{how} in {alone.seconds:.1f} s"
                              if run.timed_out else "")
         advice = (". A backend meant for inference alone (its results under torch.no_grad()) declares it: "
