@@ -48,6 +48,7 @@ def inductor_reinplace(graph: fx.Graph) -> None:
     from torch._inductor.fx_passes.reinplace import reinplace_inplaceable_ops
     from torch._inductor.fx_utils import FakeTensorUpdater
 
+    assert graph.owning_module is not None, "Inductor hands its post-grad passes a GraphModule's graph"
     reinplace_inplaceable_ops(FakeTensorUpdater(graph.owning_module), graph)
 
 
@@ -55,15 +56,17 @@ def inductor_decompose_mm(graph: fx.Graph) -> None:
     """POST_GRAD_PATTERNS['decompose_mm_pass'] (fx_passes/decompose_mem_bound_mm.py), as
     config.post_grad_fusion_options={'decompose_mm_pass': {}} runs it: on CPU, mm/addmm whose first dimension is
     at most CPU_MAX_FIRST_DIMENSION_DECOMPOSITION and bmm of batch 1 become broadcast multiplies and sums."""
+    from torch._inductor import config
     from torch._inductor.fx_passes import decompose_mem_bound_mm  # noqa: F401  registers the patterns
     from torch._inductor.fx_passes.split_cat import POST_GRAD_PATTERNS
 
-    POST_GRAD_PATTERNS["decompose_mm_pass"].apply(graph)
+    with config.patch(post_grad_fusion_options={"decompose_mm_pass": {}}):  # its checks read their options there
+        POST_GRAD_PATTERNS["decompose_mm_pass"].apply(graph)
 
 
-POST_GRAD_BATCH_FUSIONS = {"batch_aten_add": {}, "batch_aten_mul": {}, "batch_aten_sub": {}, "batch_aten_div": {},
-                           "batch_aten_relu": {}, "batch_aten_sigmoid": {}, "batch_aten_tanh": {},
-                           "batch_linear_post_grad": {}}
+POST_GRAD_BATCH_FUSIONS: dict[str, dict[str, Any]] = {
+    name: {} for name in ("batch_aten_add", "batch_aten_mul", "batch_aten_sub", "batch_aten_div", "batch_aten_relu",
+                          "batch_aten_sigmoid", "batch_aten_tanh", "batch_linear_post_grad")}
 
 
 def inductor_post_grad_batch_fusion(graph: fx.Graph) -> None:
@@ -114,9 +117,9 @@ def inductor_split_cat(graph: fx.Graph) -> None:
         split_cat.PRE_GRAD_PATTERNS[name].apply(graph)
 
 
-PRE_GRAD_BATCH_FUSIONS = {"batch_linear_lhs": {}, "batch_layernorm": {}, "batch_tanh": {}, "batch_relu": {},
-                          "batch_sigmoid": {}, "batch_detach": {}, "batch_nan_to_num": {}, "batch_clamp": {},
-                          "batch_dropout": {}}
+PRE_GRAD_BATCH_FUSIONS: dict[str, dict[str, Any]] = {
+    name: {} for name in ("batch_linear_lhs", "batch_layernorm", "batch_tanh", "batch_relu", "batch_sigmoid",
+                          "batch_detach", "batch_nan_to_num", "batch_clamp", "batch_dropout")}
 
 
 def inductor_pre_grad_batch_fusion(graph: fx.Graph) -> None:
@@ -193,7 +196,7 @@ AO_MODELS: dict[str, tuple[type[nn.Module], tuple[int, ...]]] = {
     "ao_qlinear_relu": (QLinearUnary, (2, 4))}
 
 
-def ao_model(name: str) -> nn.Module:
+def ao_model(name: str) -> fx.GraphModule:
     """A user-model factory: ``AO_MODELS[name]`` quantized by torchao's X86InductorQuantizer as its tests do
     (export, prepare_pt2e, one calibration call, convert_pt2e), in a plain GraphModule (``export(...).module()``
     refuses ``.eval()``, which fxverify's captures call).

@@ -12,7 +12,8 @@ collects the answer.
 
 Protocol: one request per line on the server's stdin (a base64 pickle of
 ``(key, entry, seed, capture)``), one JSON answer ``[key, digest]`` per line on the file
-descriptor that was its stdout (``key``: ``[name, mode, static]``); the transform's own prints go to stderr.
+descriptor that was its stdout (``key``: ``[name, mode, static, transformed]``; not ``transformed``: the digest of
+the capture itself); the transform's own prints go to stderr.
 """
 
 from __future__ import annotations
@@ -44,13 +45,16 @@ from fxverify.engine.subject import Subject
 from fxverify.errors import TransformFailed
 
 SERVER_START_SECONDS = 120.0  # imports, on a loaded machine
-Key = tuple[str, str, bool]  # what a digest is of: the model's name, the mode it is captured in, whether static
+Key = tuple[str, str, bool, bool]  # what a digest is of: the model's name, the mode it is captured in, whether static,
+# whether transformed (else the capture itself)
 
 
 class CrossProcessDigests:
     """Callable: ``digests(model_name, mode=None, static=False) -> digest | 'skip: why' | 'error: why'``,
     the digest of the transform applied to the model captured in ``mode`` (default: the contract's primary
-    mode; ``static``: at the example shapes, see :meth:`~fxverify.engine.subject.Subject.capture_fresh`). The
+    mode; ``static``: at the example shapes, see :meth:`~fxverify.engine.subject.Subject.capture_fresh`);
+    ``transformed=False``: of the capture itself, untransformed (a model whose graph depends on the process,
+    its calibrated constants on the thread count, differs there whatever the transform does). The
     server captures each model with ``capture`` (default: the entry's own; a name: the model's capture of that
     name, :meth:`~fxverify.cases.case.ModelCase.capture_named`), as the :class:`Subject` it serves must.
 
@@ -71,9 +75,9 @@ class CrossProcessDigests:
         self._pending: list[Key] = []
         self._server: _Server | None = None
 
-    def request(self, name: str, *, mode: Mode | None = None, static: bool = False) -> None:
+    def request(self, name: str, *, mode: Mode | None = None, static: bool = False, transformed: bool = True) -> None:
         """Have the server start on ``name`` captured in ``mode`` now, without waiting for the answer."""
-        key = self._key(name, mode, static)
+        key = self._key(name, mode, static, transformed)
         if key in self._digests or key in self._pending:
             return
         problem = self._cannot_send(name)
@@ -93,9 +97,9 @@ class CrossProcessDigests:
             pass
         self._pending.append(key)
 
-    def __call__(self, name: str, *, mode: Mode | None = None, static: bool = False) -> str:
-        key = self._key(name, mode, static)
-        self.request(name, mode=mode, static=static)
+    def __call__(self, name: str, *, mode: Mode | None = None, static: bool = False, transformed: bool = True) -> str:
+        key = self._key(name, mode, static, transformed)
+        self.request(name, mode=mode, static=static, transformed=transformed)
         if key in self._pending:
             self._collect(key)
         return self._digests[key]
@@ -106,8 +110,8 @@ class CrossProcessDigests:
             self._server.close()
             self._server = None
 
-    def _key(self, name: str, mode: Mode | None, static: bool) -> Key:
-        return name, mode or self.transform.contract.primary_mode, static
+    def _key(self, name: str, mode: Mode | None, static: bool, transformed: bool) -> Key:
+        return name, mode or self.transform.contract.primary_mode, static, transformed
 
     def _cannot_send(self, name: str) -> str | None:
         if not self.transform.reloadable:
@@ -179,8 +183,8 @@ class _Server:
             self._stderr.seek(0)
             tail = self._stderr.read().decode(errors="replace").strip()[-2000:]
             return f"the cross-process server exited {code}: {tail}"
-        (name, mode, static), digest = json.loads(line)
-        return (name, mode, static), digest
+        (name, mode, static, transformed), digest = json.loads(line)
+        return (name, mode, static, transformed), digest
 
     def close(self, grace: float = 5.0) -> None:
         """Close its stdin and give it ``grace`` seconds to finish, then kill it."""
@@ -203,12 +207,13 @@ def _serve(spec: str, timeout: float) -> None:
     transform = Transform.load(spec)
     for line in sys.stdin:
         key, entry, seed, capture = pickle.loads(base64.b64decode(line))
-        _, mode, static = key
+        _, mode, static, transformed = key
         case = ModelCase(entry, seed)
         subject = Subject(transform, case, timeout=timeout,
                           capture=case.capture_named(capture) if isinstance(capture, str) else capture)
         try:  # the transform given a copy, as the subject's result was made
-            answer = digest(subject.transformed_copy(subject.capture_source(mode, static=static), mode))
+            source = subject.capture_source(mode, static=static)
+            answer = digest(subject.transformed_copy(source, mode) if transformed else source)
         except TransformFailed as exc:
             answer = f"error: {exc}"
         except Skip as exc:

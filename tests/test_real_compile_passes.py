@@ -1,0 +1,78 @@
+"""benchmarks/real_compile_passes.py's plumbing (its passes load, each names captures that exist, its user models
+come through the conftest it writes), and the false alarm it showed fixed: a model whose graph depends on the
+process (torchao's calibrated scales, computed on another number of threads in the digest server) failed
+determinism under every transform, the identity included."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+import pytest
+import torch
+from torch import nn
+
+import fxverify
+from benchmarks import real_compile_passes as bench
+from fxverify.cases.case import ModelCase
+from fxverify.core.captures import capture_names
+
+_SEEDED = float(hash("fxverify determinism") % 1000003)  # differs between processes of different PYTHONHASHSEED
+
+
+class ProcessDependent(nn.Module):
+    """A model whose graph holds a constant computed from a string hash: another graph in another process."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + _SEEDED
+
+
+def test_each_pass_loads_and_names_captures_that_exist() -> None:
+    names = [real.name for real in bench.PASSES]
+    assert len(names) == len(set(names)) and len(names) >= 12
+    assert {real.library for real in bench.PASSES} >= {"inductor", "torchao"}
+    for real in bench.PASSES:
+        assert real.kind in ("graph", "patterns", "backend"), real
+        assert set(real.captures) <= set(capture_names()), real
+        assert bool(real.captures) == (real.kind == "graph"), real
+        if not real.available():
+            continue
+        module, _, name = real.spec.partition(":")
+        if real.kind == "graph":
+            assert fxverify.contract_of(getattr(importlib.import_module(module), name)) is not None
+        else:
+            assert importlib.util.find_spec(module) is not None
+        assert set(real.models) <= set(bench.AO_MODELS), real
+
+
+def test_unknown_pass_names_are_a_usage_error(capsys, monkeypatch) -> None:
+    monkeypatch.setattr("sys.argv", ["real_compile_passes.py", "--only", "remove_noop_ops,no_such_pass"])
+    with pytest.raises(SystemExit):
+        bench.main()
+    assert "no_such_pass" in capsys.readouterr().err
+
+
+def test_the_scratch_conftest_adds_torchao_models_as_user_models() -> None:
+    namespace: dict = {}
+    exec(bench.CONFTEST, namespace)  # what the benchmark writes into its scratch directory
+    entries = namespace["pytest_fxverify_models"](None)
+    assert [e.name for e in entries] == list(bench.AO_MODELS)
+    assert all(e.source == "user" and "torchao" in e.tags for e in entries)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="torchao is not installed")
+def test_torchao_models_are_quantized_as_its_tests_quantize_them() -> None:
+    graph = bench.ao_model("ao_qconv_add").graph
+    targets = [node.target for node in graph.nodes]
+    assert targets.count(torch.ops.aten.conv2d.default) == 4
+    assert torch.ops.quantized_decomposed.quantize_per_tensor.default in targets
+
+
+def test_a_model_that_differs_in_another_process_is_not_the_transforms_nondeterminism() -> None:
+    case = ModelCase(fxverify.CorpusEntry(name="process_dependent", source="user",
+                                          factory="tests.test_real_compile_passes:ProcessDependent",
+                                          inputs=(fxverify.InputSpec((2, 3)),)))
+    [result] = fxverify.verify(fxverify.examples.identity, case, checks=["determinism"])
+    assert result.ok, result.message
+    assert result.details["cross_process"].startswith("not compared: the model is another graph in the other process")
