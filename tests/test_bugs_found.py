@@ -398,17 +398,6 @@ def _x86_quantizer():
     return x86.X86InductorQuantizer().set_global(x86.get_default_x86_inductor_quantization_config())
 
 
-def test_prepare_pt2e_adds_its_observers_to_the_module_it_was_given():
-    torchao()
-    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
-
-    gm = torch.export.export(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval(), (torch.randn(1, 3, 8, 8),)).module()
-    before = {name for name, _ in gm.named_modules()}
-    prepared = prepare_pt2e(gm, _x86_quantizer())
-    assert prepared is not gm
-    assert {name for name, _ in gm.named_modules()} - before == {"activation_post_process_0", "activation_post_process_1"}
-
-
 def test_prepare_pt2e_with_the_x86_quantizer_narrows_the_batch_of_the_program():
     torchao()
     from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
@@ -432,6 +421,26 @@ def test_prepare_pt2e_with_the_x86_quantizer_narrows_the_batch_of_the_program():
 
 
 # -- Inductor -------------------------------------------------------------------------------------------
+
+def test_the_x86_quantizer_refuses_one_relu_module_called_twice():
+    torchao()
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
+
+    class Block(nn.Module):  # torchvision's BasicBlock: one nn.ReLU after the first conv and after the sum
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1, self.conv2, self.relu = nn.Conv2d(4, 4, 3, padding=1), nn.Conv2d(4, 4, 3, padding=1), nn.ReLU()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.relu(self.conv2(self.relu(self.conv1(x))) + x)
+
+    gm = torch.export.export(Block().eval(), (torch.randn(1, 4, 8, 8),)).module()
+    with pytest.raises(ValueError, match="Input partition has more than one output node"):
+        prepare_pt2e(gm, _x86_quantizer())
+    untied = Block().eval()
+    untied.forward = lambda x: F.relu(untied.conv2(untied.relu(untied.conv1(x))) + x)  # the same program
+    prepare_pt2e(torch.export.export(untied, (torch.randn(1, 4, 8, 8),)).module(), _x86_quantizer())
+
 
 def test_a_multi_output_replacement_is_inserted_before_an_input_it_reads():
     from torch._inductor.pattern_matcher import PatternMatcherPass, fwd_only, register_replacement
@@ -520,6 +529,28 @@ def test_inductor_fails_to_compile_a_permuted_key_of_another_size(fresh_dynamo):
     assert _untransposed_key(q, kt, v).shape == (2, 4, 8, 16)
     with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="Expected size for first two dimensions"):
         torch.compile(_untransposed_key)(q, kt, v)
+
+
+def _gpt2_attention(query, key, value, causal_mask):  # _sfdp_pattern_18 as hf GPT-2 writes its attention
+    query, key, value = (t.permute([0, 2, 1, 3]) for t in (query, key, value))
+    weights = torch.matmul(query, key.permute(0, 1, 3, 2)).div(torch.full([], 4.0))
+    weights = torch.where(causal_mask, weights, torch.full((), torch.finfo(query.dtype).min))
+    return weights.softmax(dim=-1).matmul(value)
+
+
+@pytest.mark.slow
+def test_inductor_fuses_a_fully_masked_query_row_into_zeros(fresh_dynamo):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 2, 16) for _ in range(3))  # (batch, seq, heads, head_dim)
+    mask = torch.ones(1, 1, 4, 4, dtype=torch.bool).tril()
+    mask[..., 0, :] = False  # query 0 attends to nothing (a padded position)
+    with torch.no_grad():
+        eager, compiled = _gpt2_attention(q, k, v, mask), torch.compile(_gpt2_attention)(q, k, v, mask)
+    assert fresh_dynamo["inductor"]["fuse_attention"] == 1
+    # eager: finfo.min everywhere, so a uniform softmax, the mean of the values; fused: zeros
+    torch.testing.assert_close(eager[:, :, 0], v.permute(0, 2, 1, 3).mean(2))
+    assert float(compiled[:, :, 0].abs().max()) == 0.0
+    torch.testing.assert_close(compiled[:, :, 1:], eager[:, :, 1:])
 
 
 # -- the page and the proofs in step --------------------------------------------------------------------

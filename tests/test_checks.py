@@ -308,6 +308,32 @@ def test_a_result_sharing_a_caching_leaf_with_its_input_is_not_called_impure():
     assert fxverify.check_purity(mutations.mutates_input, "edge_conv_bn_head").outcome == "failed"
 
 
+def _relu_to_clamp(graph: torch.fx.Graph) -> None:
+    for node in graph.find_nodes(op="call_function", target=torch.nn.functional.relu):
+        with graph.inserting_before(node):
+            node.replace_all_uses_with(graph.call_function(torch.clamp_min, (node.args[0], 0.0)))
+        graph.erase_node(node)
+
+
+def rewraps_its_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Rewrites the Graph it was given and returns a new GraphModule over it, as torchao's prepare_pt2e does."""
+    _relu_to_clamp(gm.graph)
+    return torch.fx.GraphModule(gm, gm.graph)
+
+
+def rewraps_a_copy_of_its_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Rewrites the Graph it was given, then returns a new GraphModule over a copy of it: two live graphs."""
+    _relu_to_clamp(gm.graph)
+    return torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
+
+
+def test_a_new_module_over_the_graph_it_was_given_works_in_place():
+    rewrapped = fxverify.check_purity(rewraps_its_graph, "edge_conv_bn_head")
+    assert rewrapped.outcome == "passed" and rewrapped.details["in_place"], rewrapped.message
+    copied = fxverify.check_purity(rewraps_a_copy_of_its_graph, "edge_conv_bn_head")
+    assert copied.outcome == "failed" and "also mutated the GraphModule it was given" in copied.message
+
+
 def test_parameter_rewriting_transforms_are_compared_tightly_in_float64():
     # the fold is applied again to a float64 copy, so its new parameters carry no float32 rounding
     v = Verification(mutations.torch_fuse, "edge_conv_bn_head").subject

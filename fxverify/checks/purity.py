@@ -2,8 +2,9 @@
 
 A transform that returns a new module must not have mutated the GraphModule
 it was given (parameters, buffers, graph, code), nor one of form ``program`` the
-ExportedProgram it was given (graph, signature, tensors); one that returns ``None``
-(or the program it was given) works in place, as allowed. Outputs must not newly
+ExportedProgram it was given (graph, signature, tensors); one that returns ``None``,
+the module or program it was given, or a new GraphModule over the Graph it was given (torchao's
+``prepare_pt2e``) works in place, as allowed. Outputs must not newly
 alias inputs, and output strides and contiguity must be unchanged.
 """
 

@@ -217,7 +217,11 @@ class Transform:
         if isinstance(returned, PassResult):
             returned = returned.graph_module
         if isinstance(returned, torch.nn.Module):
-            return returned, returned is given
+            # a new GraphModule over the very Graph it was given (`GraphModule(gm, gm.graph)`, as torchao's
+            # prepare_pt2e and convert_pt2e end) is the given module's graph rewritten in place
+            rewrapped = isinstance(returned, torch.fx.GraphModule) and isinstance(given, torch.fx.GraphModule) \
+                and returned.graph is given.graph
+            return returned, returned is given or rewrapped
         hint = ""
         if isinstance(returned, torch.fx.Graph):
             hint = " To return a Graph, wrap it: `return torch.fx.GraphModule(gm, graph)`."
