@@ -103,12 +103,26 @@ class Outcome:
 def run_pytest(name: str, kind: str, expected: str, corpus: str, workers: int, order: str,
                known: frozenset[str] = frozenset()) -> Outcome:
     """Verify ``tests.mutations:name`` over ``corpus`` in a pytest subprocess (``-x`` for bugs)."""
+    args = ["--fxverify", f"tests.mutations:{name}", f"--fxverify-corpus={corpus}", f"--fxverify-order={order}"]
+    return run_items(name, kind, expected, args, workers, order, known)
+
+
+def fxverify_item(nodeid: str) -> tuple[str, str] | None:
+    """``(check, model)`` of an fxverify item's node id, else None."""
     from fxverify.plugin.nodeids import parse_nodeid
 
+    parsed = parse_nodeid(nodeid)
+    return None if parsed is None else (parsed[2], parsed[1])
+
+
+def run_items(name: str, kind: str, expected: str, args: list[str], workers: int, order: str = "-",
+              known: frozenset[str] = frozenset(),
+              item: Callable[[str], tuple[str, str] | None] = fxverify_item) -> Outcome:
+    """Run pytest with ``args`` in a scratch directory (``-x`` for bugs), timestamping each failed item's report;
+    ``item`` reads ``(check, subject)`` from a failed item's node id."""
     with tempfile.TemporaryDirectory(prefix="fxverify-detection-") as tmp:
         junit, events = Path(tmp) / "junit.xml", Path(tmp) / "events.jsonl"
-        command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-p", "benchmarks.detection",
-                   "--fxverify", f"tests.mutations:{name}", f"--fxverify-corpus={corpus}", f"--fxverify-order={order}",
+        command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-p", "benchmarks.detection", *args,
                    f"--junitxml={junit}"]
         command += ["-x"] if kind == "bug" else []
         command += ["-n", str(workers)] if workers > 1 else []
@@ -119,14 +133,14 @@ def run_pytest(name: str, kind: str, expected: str, corpus: str, workers: int, o
         run_s = time.time() - start
         reported = [json.loads(line) for line in events.read_text().splitlines()] if events.exists() else []
         suite = ET.parse(junit).getroot().find("testsuite") if junit.exists() else None
-    failed = [(parsed[2], parsed[1]) for parsed in (parse_nodeid(e["nodeid"]) for e in reported) if parsed is not None]
+    failed = [parsed for parsed in (item(e["nodeid"]) for e in reported) if parsed is not None]
     failed_items = len(reported) if suite is None else int(suite.get("failures", 0)) + int(suite.get("errors", 0))
     lines = (proc.stdout.strip() or proc.stderr.strip()).splitlines()
     return Outcome(name, kind, order, expected, proc.returncode, failed, failed_items,
                    reported[0]["time"] - start if reported else None, run_s, lines[-1] if lines else "", known)
 
 
-ROW = "{:40s} {:7s} {:9s} {:12s} {:38s} {:>12s} {:>6s}  {}"
+ROW = "{:40s} {:7s} {:11s} {:24s} {:45s} {:>12s} {:>6s}  {}"
 GOAL_S = 120.0  # every bug caught within two minutes of starting pytest
 
 
@@ -141,7 +155,7 @@ def print_times(bugs: list[Outcome]) -> None:
         times = sorted(o.first_failure_s for o in bugs if o.order == order and o.first_failure_s is not None)
         if times:
             within = sum(t <= GOAL_S for t in times)
-            print(f"order {order:9s}: first failure median {statistics.median(times):.1f} s, max {times[-1]:.1f} s; "
+            print(f"{order:15s}: first failure median {statistics.median(times):.1f} s, max {times[-1]:.1f} s; "
                   f"{within} of {len(times)} within {GOAL_S:.0f} s")
 
 
