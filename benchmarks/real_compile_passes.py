@@ -144,6 +144,21 @@ def torchao_quant_lift_up(graph: fx.Graph) -> None:
     quant_lift_up(graph)
 
 
+# -- a third-party backend (optional: installed only where its wheel is) ------------------------------------------
+
+
+OPENVINO_OPTIONS = {"aot_autograd": True, "config": {"INFERENCE_PRECISION_HINT": "f32"}}
+
+
+def openvino(gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
+    """OpenVINO's torch.compile backend (openvino.torch registers it as "openvino") as
+    ``torch.compile(model, backend="openvino", options=OPENVINO_OPTIONS)`` calls it: through AOTAutograd (its own
+    path fails in 2.14.1's guard creation), in float32 (it infers in bfloat16 on an AMX CPU unless told)."""
+    from openvino.frontend.pytorch.torchdynamo.backend import openvino as openvino_backend
+
+    return openvino_backend(gm, example_inputs, options=OPENVINO_OPTIONS)
+
+
 # -- torchao's own models (test/quantization/pt2e/test_x86inductor_fusion.py), quantized as its tests do -----------
 
 
@@ -247,8 +262,8 @@ PRE_GRAD = ("inductor_pre_grad",)
 class RealPass:
     """One pass of the benchmark: ``spec`` as fxverify is given it, the library that wrote it, how it runs
     (``graph``: ``--fxverify`` under ``captures``; ``patterns``: ``--fxverify-patterns``; ``backend``:
-    ``--fxverify-backend``), and the module it needs (None: torch alone); ``models``: the library's own models
-    run beside the corpus."""
+    ``--fxverify-backend``), and the module it needs (None: torch alone). Every pass that takes a corpus runs on
+    torchao's models beside it where torchao is installed."""
 
     name: str
     spec: str
@@ -256,13 +271,13 @@ class RealPass:
     kind: str = "graph"
     captures: tuple[str, ...] = ()
     needs: str | None = None
-    models: tuple[str, ...] = ()
 
     def available(self) -> bool:
         return self.needs is None or importlib.util.find_spec(self.needs) is not None
 
     def args(self, corpus: str) -> list[str]:
-        selection = ",".join((corpus, *self.models))
+        with_models = importlib.util.find_spec("torchao") is not None
+        selection = ",".join((corpus, *(AO_MODELS if with_models else ())))
         if self.kind == "patterns":
             return ["--fxverify-patterns", self.spec]
         if self.kind == "backend":
@@ -288,9 +303,9 @@ PASSES = (
     RealPass("pre_grad_batch_fusion", f"{_HERE}:inductor_pre_grad_batch_fusion", "inductor", captures=PRE_GRAD),
     RealPass("efficient_conv_bn_eval", "tests.pre_grad_passes:inductor_efficient_conv_bn_eval", "inductor",
              captures=PRE_GRAD),
-    RealPass("quant_lift_up", f"{_HERE}:torchao_quant_lift_up", "torchao", captures=PRE_GRAD, needs="torchao",
-             models=tuple(AO_MODELS)),
+    RealPass("quant_lift_up", f"{_HERE}:torchao_quant_lift_up", "torchao", captures=PRE_GRAD, needs="torchao"),
     RealPass("aot_eager", "torch._dynamo.backends.debugging:aot_eager", "torch", kind="backend"),
+    RealPass("openvino", f"{_HERE}:openvino", "openvino", kind="backend", needs="openvino"),
 )
 
 # -- running them ----------------------------------------------------------------------------------------------------
