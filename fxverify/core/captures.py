@@ -42,8 +42,9 @@ class CaptureTraits:
     ``pickles``: its modules pickle and write themselves to a folder, as untouched captures.
     ``moves_device``: ``.to(device)`` moves its graphs (ATen graphs bake ``device=`` into node arguments).
     ``differentiated``: a result's backward is part of what its graphs are for (False for the inference graphs
-    Inductor compiles only where no gradient is needed: a fused kernel registered without an autograd formula is
-    right there, and backward through the result means nothing).
+    Inductor compiles only where no gradient is needed, and for Inductor's training captures, whose backward graph
+    is part of the capture: a fused kernel registered without an autograd formula is right there, and autograd
+    through a result means nothing).
     """
 
     carries_meta_val: bool = False
@@ -67,8 +68,10 @@ _LACKS = {
                 "do"),
     "moves_device": ("bake device= into node arguments: moving one means capturing it on the device, which "
                      "fxverify does not do yet", "move"),
-    "differentiated": ("are inference graphs, which torch.compile compiles only where no gradient is needed: "
-                       "backward through a result is nothing the pass promises", "are differentiated"),
+    "differentiated": ("are not differentiated by autograd in torch.compile (an inference graph is compiled only "
+                       "where no gradient is needed; a training capture runs its own backward graph, whose "
+                       "gradients numerics compares): backward through a result is nothing the pass promises",
+                       "are differentiated"),
 }
 
 # why an instance lacks a trait its registry row has
@@ -124,10 +127,12 @@ REGISTRY: tuple[CaptureSpec, ...] = (
     CaptureSpec("inductor_train", "fxverify.capture.inductor", "training_for_model",
                 "Inductor's training forward and backward graphs at post_grad_custom_pre_pass, run as one module "
                 "returning outputs and gradients",
-                CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False)),
+                CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False,
+                              differentiated=False)),
     CaptureSpec("inductor_train_post", "fxverify.capture.inductor", "training_post_for_model",
                 "the same training graphs where post_grad_custom_post_pass receives them",
-                CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False)),
+                CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False,
+                              differentiated=False)),
     CaptureSpec("inductor_joint", "fxverify.capture.inductor", "joint_for_model",
                 "the inference graph Inductor's joint_custom_pre_pass receives, made offline (no codegen)",
                 CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False,
@@ -140,10 +145,12 @@ REGISTRY: tuple[CaptureSpec, ...] = (
     CaptureSpec("inductor_train_joint", "fxverify.capture.inductor", "training_joint_for_model",
                 "AOTAutograd's training joint graph at joint_custom_pre_pass (before partitioning), run as one "
                 "module returning outputs and gradients",
-                CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False)),
+                CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False,
+                              differentiated=False)),
     CaptureSpec("inductor_train_joint_post", "fxverify.capture.inductor", "training_joint_post_for_model",
                 "the same training joint graph where joint_custom_post_pass receives it",
-                CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False)),
+                CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False,
+                              differentiated=False)),
     CaptureSpec("inductor_pre_grad", "fxverify.capture.pre_grad", "for_model",
                 "Dynamo's torch-level graph where Inductor's pre_grad_custom_pass receives it, before AOTAutograd, "
                 "parameters read as attributes (no codegen)",
