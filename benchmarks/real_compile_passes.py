@@ -91,16 +91,21 @@ def inductor_constant_fold_uniform_value(gm: fx.GraphModule) -> fx.GraphModule:
     return gm
 
 
+ATTENTION_PATTERNS = 4  # of the 30 float32 inference ones: pattern fuzzing spends up to 60 s on each
+
+
 def __getattr__(name: str) -> Any:
-    """``INDUCTOR_ATTENTION_PATTERNS``, made when a spec names it (3 s): Inductor's attention fusions
-    (fuse_attention._get_sfdp_patterns(), the float32 inference ones) as `--fxverify-patterns` takes them,
-    register_replacement's keyword arguments, each registered as torch registers it."""
+    """``INDUCTOR_ATTENTION_PATTERNS``, made when a spec names it (3 s): the first :data:`ATTENTION_PATTERNS` of
+    Inductor's float32 inference attention fusions (fuse_attention._get_sfdp_patterns()) as
+    `--fxverify-patterns` takes them, register_replacement's keyword arguments, registered as torch registers
+    them."""
     if name != "INDUCTOR_ATTENTION_PATTERNS":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from torch._inductor.fx_passes import fuse_attention
 
-    return [row for row in fuse_attention._get_sfdp_patterns()
+    rows = [row for row in fuse_attention._get_sfdp_patterns()
             if row[0].endswith("_inference") and "_half" not in row[0] and "_bs1" not in row[0]]
+    return rows[:ATTENTION_PATTERNS]
 
 
 # -- Inductor's pre-grad passes (pre_grad_passes, before pre_grad_custom_pass) ---------------------------------------

@@ -65,6 +65,7 @@ from torch.utils import _pytree as pytree
 from fxverify.analysis.graph_text import canonical_text
 from fxverify.capture.base import Capture
 from fxverify.capture.lifted_buffers import attach, lifted_make_fx
+from fxverify.capture.lowerings import replay
 from fxverify.core import captures
 from fxverify.core.graph_passes import at_joint_hook, training_graph
 from fxverify.core.transform import Transform
@@ -123,6 +124,7 @@ class Inductor(Capture):
             graph_module = isinstance(result, fx.GraphModule)
             if graph_module:
                 carried_on(transform, result, graph="inference", hook=self.hook, position=self.position, updater=updater)
+                replay(result)  # lowering-pattern nodes as the ATen ops they compute, or a skip saying why not
             fired = ("inference",) if not graph_module or canonical_text(result.graph) != before else ()
             if graph_module:  # another module holds no meta: fired_in says None for it
                 result.meta[FIRED] = fired
@@ -140,6 +142,7 @@ class Inductor(Capture):
                     raise TransformFailed(f"transform {transform.spec} returned a {type(result).__name__} for the "
                                           f"{part.graph} graph: Inductor's hooks change the graph they are given")
                 carried_on(transform, result, graph=part.graph, hook=self.hook, position=self.position, updater=updater)
+                replay(result)
                 _check_well_formed(transform, result, part.graph)
                 setattr(gm, part.attribute, result)
                 if canonical_text(result.graph) != before:
