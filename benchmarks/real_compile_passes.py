@@ -249,11 +249,26 @@ def ao_entries() -> list[fxverify.CorpusEntry]:
             for name, (_, shape) in AO_MODELS.items()]
 
 
-CONFTEST = '''from benchmarks.real_compile_passes import ao_entries
+# the programs Inductor's post-grad lowering patterns are written for (their docstrings' examples), from
+# tests/test_lowering_replay.py: one lowering traces into ATen ops, the other builds Inductor IR (its items skip)
+LOWERING_MODELS: dict[str, tuple[str, tuple[tuple[int, ...], ...]]] = {
+    "inductor_split_cat": ("SplitCat", ((2, 8),)), "inductor_cat_slice_cat": ("CatSliceCat", ((2, 8), (2, 8)))}
+
+
+def user_entries() -> list[fxverify.CorpusEntry]:
+    """The libraries' own models the benchmark adds: torchao's, and the programs of Inductor's lowering patterns
+    (tag ``inductor``)."""
+    return [*ao_entries(), *(fxverify.CorpusEntry(
+        name=name, source="user", factory=f"tests.test_lowering_replay:{factory}",
+        inputs=tuple(fxverify.InputSpec(shape) for shape in shapes), tags=("inductor",))
+        for name, (factory, shapes) in LOWERING_MODELS.items())]
+
+
+CONFTEST = '''from benchmarks.real_compile_passes import user_entries
 
 
 def pytest_fxverify_models(config):
-    return ao_entries()
+    return user_entries()
 '''
 
 # -- the passes ----------------------------------------------------------------------------------------------------
@@ -268,7 +283,7 @@ class RealPass:
     """One pass of the benchmark: ``spec`` as fxverify is given it, the library that wrote it, how it runs
     (``graph``: ``--fxverify`` under ``captures``; ``patterns``: ``--fxverify-patterns``; ``backend``:
     ``--fxverify-backend``), and the module it needs (None: torch alone). Every pass that takes a corpus runs on
-    torchao's models beside it where torchao is installed."""
+    the libraries' own models beside it (:func:`user_entries`; torchao's where it is installed)."""
 
     name: str
     spec: str
@@ -281,8 +296,8 @@ class RealPass:
         return self.needs is None or importlib.util.find_spec(self.needs) is not None
 
     def args(self, corpus: str) -> list[str]:
-        with_models = importlib.util.find_spec("torchao") is not None
-        selection = ",".join((corpus, *(AO_MODELS if with_models else ())))
+        with_ao = importlib.util.find_spec("torchao") is not None
+        selection = ",".join((corpus, *(AO_MODELS if with_ao else ()), *LOWERING_MODELS))
         if self.kind == "patterns":
             return ["--fxverify-patterns", self.spec]
         if self.kind == "backend":
@@ -330,9 +345,18 @@ def _records(tmp: Path, report: Path, junit: Path) -> list[dict[str, Any]]:
         bad = case.find("failure") if case.find("failure") is not None else case.find("error")
         outcome = ("failed" if case.find("failure") is not None else "error" if case.find("error") is not None
                    else "skipped" if case.find("skipped") is not None else "passed")
-        records.append({"outcome": outcome, "check": named[0], "model": named[1],
-                        "message": None if bad is None else bad.get("message", "")})
+        message = "" if bad is None else bad.get("message", "")
+        records.append({"outcome": outcome, "check": named[0], "model": named[1], "message": message,
+                        "finding": _compile_finding(message)})
     return records
+
+
+def _compile_finding(message: str) -> str:
+    """What a compile item's message says is wrong, on one line: its ``finding:`` line, else the lines after its
+    first (a pattern's variant and how it was judged), without the subject the first line names."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    found = next((line.removeprefix("finding:").strip() for line in lines if line.startswith("finding:")), None)
+    return found or " ".join(lines[1:3]) or (lines[0] if lines else "?")
 
 
 def run(real: RealPass, corpus: str, workers: int) -> dict[str, Any]:

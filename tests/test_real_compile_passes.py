@@ -51,12 +51,13 @@ def test_unknown_pass_names_are_a_usage_error(capsys, monkeypatch) -> None:
     assert "no_such_pass" in capsys.readouterr().err
 
 
-def test_the_scratch_conftest_adds_torchao_models_as_user_models() -> None:
+def test_the_scratch_conftest_adds_the_libraries_models_as_user_models() -> None:
     namespace: dict = {}
     exec(bench.CONFTEST, namespace)  # what the benchmark writes into its scratch directory
     entries = namespace["pytest_fxverify_models"](None)
-    assert [e.name for e in entries] == list(bench.AO_MODELS)
-    assert all(e.source == "user" and "torchao" in e.tags for e in entries)
+    assert [e.name for e in entries] == [*bench.AO_MODELS, *bench.LOWERING_MODELS]
+    assert all(e.source == "user" and {"torchao", "inductor"} & set(e.tags) for e in entries)
+    assert all(name in bench.PASSES[0].args("smoke")[2] for name in [*bench.LOWERING_MODELS])
 
 
 @pytest.mark.slow
@@ -68,6 +69,7 @@ def test_torchao_models_are_quantized_as_its_tests_quantize_them() -> None:
     assert torch.ops.quantized_decomposed.quantize_per_tensor.default in targets
 
 
+@pytest.mark.slow  # starts the digest server, a process importing torch
 def test_a_model_that_differs_in_another_process_is_not_the_transforms_nondeterminism() -> None:
     case = ModelCase(fxverify.CorpusEntry(name="process_dependent", source="user",
                                           factory="tests.test_real_compile_passes:ProcessDependent",
