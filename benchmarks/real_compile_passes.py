@@ -405,14 +405,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", default="smoke,edge", help="corpus selection (profiles, names, globs)")
     parser.add_argument("--workers", type=int, default=1, help="pytest-xdist workers (-n); 1 runs in-process")
-    parser.add_argument("--only", default="", help="comma-separated pass names")
+    parser.add_argument("--only", default="", help="comma-separated pass names, run in that order")
     args = parser.parse_args()
     wanted = [n.strip() for n in args.only.split(",") if n.strip()]
     unknown = sorted(set(wanted) - {p.name for p in PASSES})
     if unknown:
         parser.error(f"unknown passes {unknown}; known: {', '.join(p.name for p in PASSES)}")
     print(f"corpus {args.corpus}, -n {args.workers}, torch {torch.__version__}", flush=True)
-    for real in (p for p in PASSES if not wanted or p.name in wanted):
+    by_name = {p.name: p for p in PASSES}
+    for real in [by_name[name] for name in wanted] if wanted else PASSES:  # in the order --only names them
         if not real.available():
             print(f"\n== {real.name}: skipped, {real.needs} is not installed", flush=True)
             continue
