@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -77,3 +79,20 @@ def test_inductors_post_grad_patterns_pass_where_they_lower_and_skip_where_no_ch
     results = fxverify.Verification(POST_GRAD_PATTERNS, case, capture=case.capture_named("inductor")).run_all()
     assert {r.outcome.value for r in results} == {"skipped"}
     assert "cat_slice_cat" in next(r.message for r in results if r.check == "numerics")
+
+
+@pytest.mark.slow
+def test_the_plugin_reports_a_lowering_no_check_can_judge_as_skips(pytester, monkeypatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parent.parent))  # tests.* for the factory
+    pytester.makeconftest("""
+        import fxverify
+
+        def pytest_fxverify_models(config):
+            return [fxverify.CorpusEntry(name="cat_slice_cat", source="user",
+                                         factory="tests.test_lowering_replay:CatSliceCat",
+                                         inputs=(fxverify.InputSpec((2, 8)), fxverify.InputSpec((2, 8))))]
+    """)
+    run = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--fxverify", POST_GRAD_PATTERNS,
+                                        "--fxverify-corpus=cat_slice_cat", "--fxverify-capture=inductor")
+    outcomes = run.parseoutcomes()
+    assert outcomes.get("skipped", 0) > 0 and not {"failed", "error", "errors", "passed"} & set(outcomes), outcomes

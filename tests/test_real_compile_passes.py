@@ -14,7 +14,7 @@ from torch import fx, nn
 
 import fxverify
 from benchmarks import real_compile_passes as bench
-from fxverify.cases.case import ModelCase
+from fxverify.cases.case import ModelCase, load_case
 from fxverify.core.captures import capture_names
 
 _SEEDED = float(hash("fxverify determinism") % 1000003)  # differs between processes of different PYTHONHASHSEED
@@ -93,3 +93,32 @@ def test_graphs_dynamo_made_while_building_the_model_are_no_graph_break() -> Non
     [result] = fxverify.check_backend("torch._dynamo.backends.debugging:aot_eager", case,
                                       aspects=["backend-graph-breaks"])
     assert result.outcome.value == "skipped" and "in one graph" in result.message, result.message
+
+
+@pytest.mark.slow
+def test_a_post_grad_pass_sees_the_fake_mode_torch_compile_sets() -> None:
+    """Inductor's reinplace_inplaceable_ops reads V.fake_mode, which compile_fx sets around post_grad_passes: under
+    the inductor capture it failed edge_inplace_ops, edge_slice_assignment and edge_buffer_written_through_view
+    ('NullHandler' object does not support the context manager protocol) where torch.compile runs it."""
+    from torch._inductor import config
+    from torch._inductor.virtualized import V
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    seen: list[object] = []
+
+    def record(graph: fx.Graph) -> None:
+        seen.append(V.fake_mode)
+
+    from torch._functorch import config as functorch_config
+
+    torch._dynamo.reset()
+    with config.patch(post_grad_custom_pre_pass=record, fx_graph_cache=False), \
+            functorch_config.patch(enable_autograd_cache=False):  # compiled afresh, so the hook runs
+        torch.compile(lambda x: x.add_(1) * 2)(torch.randn(3))
+    assert seen and isinstance(seen[0], FakeTensorMode)  # what torch.compile hands the hook
+
+    spec = next(real.spec for real in bench.PASSES if real.name == "reinplace")
+    verification = fxverify.Verification(spec, "edge_inplace_ops", capture=load_case("edge_inplace_ops").capture_named(
+        "inductor"))
+    result = verification.run("numerics")
+    assert result.ok, result.message

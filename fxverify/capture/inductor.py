@@ -119,7 +119,7 @@ class Inductor(Capture):
         if not self.training_graphs:
             before = canonical_text(gm.graph)
             updater = _updater(gm, self.hook)
-            with self._told():
+            with self._told(), _fake_mode_at(gm, self.hook):
                 result, in_place = transform.apply(gm, timeout=timeout)
             graph_module = isinstance(result, fx.GraphModule)
             if graph_module:
@@ -137,7 +137,8 @@ class Inductor(Capture):
                 given = _part(gm, part.attribute)
                 before = canonical_text(given.graph)
                 updater = _updater(given, self.hook)
-                result, _ = transform.apply(given, timeout=timeout)
+                with _fake_mode_at(given, self.hook):
+                    result, _ = transform.apply(given, timeout=timeout)
                 if not isinstance(result, fx.GraphModule):
                     raise TransformFailed(f"transform {transform.spec} returned a {type(result).__name__} for the "
                                           f"{part.graph} graph: Inductor's hooks change the graph they are given")
@@ -378,6 +379,17 @@ def _cycle(graph: fx.Graph) -> list[fx.Node]:
                 path.append(following)
                 stack.append((following, iter(following.all_input_nodes)))
     return []
+
+
+def _fake_mode_at(gm: fx.GraphModule, hook: str) -> contextlib.AbstractContextManager[Any]:
+    """``V.fake_mode`` as the hook's passes see it: at a post-grad hook the graph's FakeTensorMode, which
+    ``compile_fx`` sets around ``post_grad_passes`` (Inductor's own ``reinplace_inplaceable_ops`` reads it)."""
+    from torch._guards import detect_fake_mode
+    from torch._inductor.virtualized import V
+
+    fake_mode = detect_fake_mode([node.meta.get("val") for node in gm.graph.find_nodes(op="placeholder")]) \
+        if hook == "post_grad" else None
+    return contextlib.nullcontext() if fake_mode is None else V.set_fake_mode(fake_mode)
 
 
 def _updater(gm: fx.GraphModule, hook: str) -> Any:

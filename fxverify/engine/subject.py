@@ -38,7 +38,7 @@ from fxverify.cases.case import ModelCase, load_case
 from fxverify.cases.inputs import InputConfig
 from fxverify.core.contracts import Contract, Mode
 from fxverify.core.memory import trim_heap
-from fxverify.core.results import CaptureFailed, ModuleRaised, Which, exception_summary
+from fxverify.core.results import CaptureFailed, ModuleRaised, Skip, Which, exception_summary
 from fxverify.core.stash import Stash
 from fxverify.core.transform import Transform, as_transform
 from fxverify.engine.references import ReferenceStore
@@ -355,13 +355,14 @@ class Subject:
         ``meta``) in its primary mode and in every other mode a check has applied it in so far (a dead-code
         elimination that drops BatchNorm's ``num_batches_tracked.add_`` changes only the train-mode capture
         of ``torch.export``): empty for a no-op; None if the transform failed in its primary mode, the model
-        did not capture, or the transform is not run on this capture (never called then)."""
+        did not capture, the capture cannot judge the result (it raised :class:`Skip`), or the transform is not run on
+        this capture (never called then)."""
         if self.not_run:
             return None
         try:
             primary = self.applied().changes
-        except (TransformFailed, CaptureFailed):  # the transform's failure, or the model's
-            return None
+        except (TransformFailed, CaptureFailed, Skip):  # the transform's failure, the model's, or a result no check
+            return None                                     # can judge (a lowering only Inductor's codegen runs)
         return list(dict.fromkeys([*primary, *(c for found in self._changed_in.values() for c in found)]))
 
     @property
