@@ -113,6 +113,10 @@ BAD_INPUTS = {  # arguments -> the one line that must say what is wrong
          "tests.compile_cache_passes:FLOORS"],
         "ERROR: fxverify: --fxverify-graph-cache-model*gives (0.0, 0.5): give 'package.module:factory' naming a function "
         "of no arguments that returns (module, inputs)*"),
+    "a model without graph-cache passes to compile it": (
+        ["--fxverify-graph-cache-model", "tests.compile_cache_passes:mlp"],
+        "ERROR: fxverify: --fxverify-graph-cache-model (ini fxverify_graph_cache_model) names the model "
+        "--fxverify-graph-cache compiles, and no --fxverify-graph-cache passes were given*"),
 }
 
 
