@@ -553,6 +553,19 @@ def test_inductor_fuses_a_fully_masked_query_row_into_zeros(fresh_dynamo):
     torch.testing.assert_close(compiled[:, :, 1:], eager[:, :, 1:])
 
 
+def test_the_efficient_conv_bn_eval_of_a_grouped_transposed_conv_does_not_broadcast():
+    from torch._inductor.fx_passes.efficient_conv_bn_eval import efficient_conv_bn_eval
+
+    x = torch.randn(2, 4, 8, 8)
+    for groups in (1, 2):  # a transposed weight is (in, out / groups, kH, kW): scaled along dim 1 by out entries
+        conv, bn = nn.ConvTranspose2d(4, 4, 3, padding=1, groups=groups).eval(), nn.BatchNorm2d(4).eval()
+        if groups == 1:
+            torch.testing.assert_close(efficient_conv_bn_eval(bn, conv, x), bn(conv(x)))
+        else:
+            with pytest.raises(RuntimeError, match="The size of tensor a \\(2\\) must match the size of tensor b \\(4\\)"):
+                efficient_conv_bn_eval(bn, conv, x)
+
+
 # -- the page and the proofs in step --------------------------------------------------------------------
 
 COLUMNS = ["#", "defect", "pass (library)", "check that caught it", "smallest model", "proof", "upstream"]
