@@ -59,6 +59,7 @@ def test_each_variant_is_the_configuration_it_says():
     assert _modules("layer_conv_bn_same", nn.Conv2d)[0].padding == "same"
     assert _modules("layer_conv_bn_circular", nn.Conv2d)[0].padding_mode == "circular"
     assert isinstance(_modules("layer_conv_transpose_bn", nn.ConvTranspose2d)[0], nn.ConvTranspose2d)
+    assert _modules("layer_conv_transpose_bn_grouped", nn.ConvTranspose2d)[0].groups == 2
     tied = fxverify.load_case("layer_tied_projection").build()
     assert tied.out.weight is tied.embed.weight
     relu = fxverify.load_case("layer_shared_activation").captured()
