@@ -236,3 +236,29 @@ def test_a_fold_rewriting_train_graphs_fails_numerics_in_train_mode_only():
     found = _verification(pre_grad_passes.fold_conv_bn_in_train_mode_too).run("numerics")
     assert found.outcome == FAILED and "train mode" in found.message, found.message
     assert "eval mode" not in found.message.split("input:")[1].splitlines()[0]
+
+
+class _AutocastToParamDevice(torch.nn.Module):
+    """Dynamo's graph of it holds what it bakes: the parameter's device as a constant (``x.to(device(type='cpu'))``,
+    as timm's dinov3 ViT has) and the handles of an autocast region (efficientvit's), objects without value
+    equality, one in each run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.linspace(0.5, 1.5, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", enabled=False):
+            y = x.to(self.w.device) * self.w
+        return y.relu()
+
+
+def test_what_dynamo_bakes_into_its_graph_is_no_finding_against_the_identity():
+    from fxverify.cases.case import case_from_module
+
+    case = case_from_module("autocast_to_device", _AutocastToParamDevice, [(2, 4)])
+    v = fxverify.Verification("fxverify.examples:identity", case, capture=case.capture_named("inductor_pre_grad"))
+    code = v.subject.applied().result.code
+    assert "_enter_autocast" in code and "device(type='cpu')" in code, code
+    assert [v.run(check).outcome for check in ("devices", "numerics")] == [PASSED, PASSED], \
+        [v.run(check).message for check in ("devices", "numerics")]

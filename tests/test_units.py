@@ -314,3 +314,14 @@ def test_kept_nodes_need_the_same_inputs_and_constants_not_just_the_same_name():
     same = kept_nodes(fx.symbolic_trace(First()), fx.symbolic_trace(First()))
     assert [old.name for old, _ in same] == ["getattr_1", "getitem", "getattr_2", "getitem_1", "add"]
 
+
+
+def test_objects_without_value_equality_compare_by_type_and_values_by_value():
+    from fxverify.analysis.compare import compare_values
+
+    class Handle:  # as Dynamo's _UnmanagedAutocast: a new one in each run
+        pass
+
+    assert compare_values(Handle(), Handle(), path="h") is None
+    assert compare_values(Handle(), object(), path="h") is not None
+    assert compare_values(3, 4, path="n") is not None and compare_values(torch.float32, torch.float32, path="d") is None

@@ -50,7 +50,7 @@ def check(subject: Subject) -> dict[str, Any]:
     moves = contract.moves or contract.supports_dtype("float64")
     if moves:
         _check_unmovable(applied.original, result)
-    if contract.moves and subject.capture.traits.opset is None:  # ATen graphs bake device= into every factory call
+    if contract.moves and subject.capture.traits.moves_device:  # ATen and Dynamo graphs bake device= into their calls
         already_pinned = _pinned_devices(applied.original)
         for name, device in _pinned_devices(result).items():
             if already_pinned.get(name) != device:
