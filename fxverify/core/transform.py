@@ -218,7 +218,7 @@ class Transform:
             returned = returned.graph_module
         if isinstance(returned, torch.nn.Module):
             # a new GraphModule over the very Graph it was given (`GraphModule(gm, gm.graph)`, as torchao's
-            # prepare_pt2e and convert_pt2e end) is the given module's graph rewritten in place
+            # prepare_pt2e ends) is the given module's graph rewritten in place
             rewrapped = isinstance(returned, torch.fx.GraphModule) and isinstance(given, torch.fx.GraphModule) \
                 and returned.graph is given.graph
             return returned, returned is given or rewrapped
