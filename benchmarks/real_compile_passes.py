@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import fxverify  # noqa: E402
-from benchmarks.real_passes import finding  # noqa: E402
+from benchmarks.real_passes import print_groups  # noqa: E402
 
 # -- Inductor's post-grad passes (post_grad_passes runs them on the graph post_grad_custom_pre_pass receives) ------
 
@@ -386,19 +386,6 @@ def describe(real: RealPass) -> str:
     obj = getattr(importlib.import_module(module), name) if real.kind == "graph" else None
     contract = fxverify.contract_of(obj).describe() if obj is not None else ""
     return f"{real.library}, {where}" + (f", {contract}" if contract else "")
-
-
-def print_groups(records: list[dict[str, Any]]) -> None:
-    """Failed and errored items grouped by outcome and finding, with the checks and models of each."""
-    groups: dict[tuple[str, str], list[tuple[str, str]]] = collections.defaultdict(list)
-    for r in records:
-        if r["outcome"] in ("failed", "error"):
-            groups[(r["outcome"], finding(r))].append((r["check"], r["model"]))
-    for (kind, text), items in sorted(groups.items(), key=lambda item: -len(item[1])):
-        checks = ",".join(dict.fromkeys(check for check, _ in items))
-        models = list(dict.fromkeys(model for _, model in items))
-        shown = ", ".join(models[:6]) + (f" and {len(models) - 6} more" if len(models) > 6 else "")
-        print(f"  {len(items):3d} {kind} items ({checks}): {text}\n      models: {shown}", flush=True)
 
 
 def main() -> None:

@@ -134,6 +134,19 @@ def finding(record: dict[str, Any]) -> str:
     return _NUMBERS.sub("N", text)[:200]
 
 
+def print_groups(records: list[dict[str, Any]]) -> None:
+    """Failed and errored items grouped by outcome and finding, with the checks and models of each."""
+    groups: dict[tuple[str, str], list[tuple[str, str]]] = collections.defaultdict(list)
+    for r in records:
+        if r["outcome"] in ("failed", "error"):
+            groups[(r["outcome"], finding(r))].append((r["check"], r["model"]))
+    for (kind, text), items in sorted(groups.items(), key=lambda item: -len(item[1])):
+        checks = ",".join(dict.fromkeys(check for check, _ in items))
+        models = list(dict.fromkeys(model for _, model in items))
+        shown = ", ".join(models[:6]) + (f" and {len(models) - 6} more" if len(models) > 6 else "")
+        print(f"  {len(items):3d} {kind} items ({checks}): {text}\n      models: {shown}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", default="smoke,edge", help="corpus selection (profiles, names, globs)")
@@ -149,15 +162,7 @@ def main() -> None:
         counts = collections.Counter(r["outcome"] for r in records)
         print(f"\n== {transform.__name__} [{fxverify.contract_of(transform).describe()}]: "
               f"{', '.join(f'{n} {o}' for o, n in sorted(counts.items()))} in {outcome['seconds']:.0f} s")
-        groups: dict[tuple[str, str], list[tuple[str, str]]] = collections.defaultdict(list)
-        for r in records:
-            if r["outcome"] in ("failed", "error"):
-                groups[(r["outcome"], finding(r))].append((r["check"], r["model"]))
-        for (kind, text), items in sorted(groups.items(), key=lambda item: -len(item[1])):
-            checks = ",".join(dict.fromkeys(check for check, _ in items))
-            models = list(dict.fromkeys(model for _, model in items))
-            shown = ", ".join(models[:6]) + (f" and {len(models) - 6} more" if len(models) > 6 else "")
-            print(f"  {len(items):3d} {kind} items ({checks}): {text}\n      models: {shown}")
+        print_groups(records)
 
 
 if __name__ == "__main__":
