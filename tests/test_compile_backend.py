@@ -254,15 +254,25 @@ class SleepsInForward(nn.Module):
 
 
 @pytest.mark.slow
-def test_a_timeout_is_the_backends_only_where_dynamo_alone_makes_the_same_calls_in_time():
+def test_a_timeout_is_the_backends_only_where_a_second_run_times_out_too_and_dynamo_alone_does_not():
     def hangs(gm, example_inputs):
         time.sleep(60)
         return gm
 
     found = check_backend(hangs, "edge_scalar_output", aspects=["backend-outputs"], timeout=10)[0]
     assert found.outcome is FAILED and "ran out of time at b2-16 in float32" in found.finding
-    assert "did not finish within 10 s" in found.finding and "dynamo alone (backend='eager') made the same calls in" \
-        in found.finding
+    assert "did not finish within 10 s (raise timeout= if it is just slow) in each of two runs; dynamo alone " \
+        "(backend='eager') made the same calls in" in found.finding
+    slowed = []
+
+    def slowed_once(gm, example_inputs):  # as a machine busy with other work slows one run
+        if not slowed:
+            slowed.append(gm)
+            time.sleep(60)
+        return gm
+
+    retried = check_backend(slowed_once, "edge_scalar_output", aspects=["backend-outputs"], timeout=10)[0]
+    assert slowed and retried.outcome is PASSED, retried.finding
     slow = case_from_module("sleeps_in_forward", SleepsInForward, [(2, 4)], batch_sizes=(2,))
     skipped = check_backend(backends.identity, slow, aspects=["backend-outputs"], timeout=2)[0]
     assert skipped.outcome is SKIPPED and "dynamo alone) fails on sleeps_in_forward too" in skipped.message
