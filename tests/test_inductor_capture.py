@@ -589,3 +589,41 @@ def test_a_fused_kernel_without_autograd_in_a_training_forward_graph_is_no_gradi
     assert v.run("numerics").outcome == PASSED and fired_in(v.subject.applied().result) == ("forward",)
     found = v.run("gradients")  # torch.compile runs the captured backward graph, never autograd through the forward
     assert found.outcome == SKIPPED and "runs its own backward graph" in found.message, found.message
+
+
+def _nodes(graph: torch.fx.Graph) -> list[tuple[str, str]]:
+    """Each node's op and, for a call, its target: what a pass sees of a graph, beside the names."""
+    return [(node.op, str(node.target) if node.op == "call_function" else "") for node in graph.nodes]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hook", ["post_grad", "joint"])
+@pytest.mark.parametrize("position", ["pre", "post"])
+def test_an_inference_hook_gets_parameters_and_buffers_as_placeholders_and_a_counter_keeps_counting(hook, position):
+    """As torch.compile hands them: Inductor's constant folders fold what they read through get_attr, so a counter
+    updated from itself alone (``count.add_(1)``) would be frozen at its first value by the capture itself."""
+    from torch._inductor import config
+    from torch._inductor.fx_passes.joint_graph import constant_fold_uniform_value
+
+    from corpus.edge_cases import CounterBuffer
+    from fxverify.capture.inductor import Inductor
+
+    x, handed = torch.randn(2, 8), []
+    torch._dynamo.reset()
+    with config.patch({f"{hook}_custom_{position}_pass": lambda graph: handed.append(_nodes(graph)),
+                       "force_disable_caches": True}), torch.no_grad():
+        torch.compile(CounterBuffer().eval())(x)
+    torch._dynamo.reset()
+    capture, model, given = Inductor(hook=hook, position=position), CounterBuffer().eval(), []
+    gm = capture.capture(model, training=False, inputs=(x,))
+    result, _ = capture.apply(Transform.from_callable(lambda gm: given.append(_nodes(gm.graph)), "t:recorded"), gm,
+                              timeout=None)
+    assert given == handed and [op for op, _ in given[0]].count("placeholder") == 4  # fc.weight, fc.bias, count, x
+    folded, _ = capture.apply(Transform.from_callable(constant_fold_uniform_value, "t:folded"),
+                              capture.capture(model, training=False, inputs=(x,)), timeout=None)
+    for module in (gm, result, folded):
+        counts = []
+        for _ in range(3):
+            module(x)
+            counts.append(int(model.count))
+        assert counts[1:] == [counts[0] + 1, counts[0] + 2]

@@ -20,8 +20,10 @@ decomposition table (``select_decomp_table()``), then Inductor's ``joint_graph_p
 hook: the pre hook comes after ``canonicalize_aten_ir_passes``, the post hook after Inductor's own joint-graph
 pattern passes), then ``view_to_reshape`` and ``post_grad_passes(gm, is_inference=True)`` up to a post-grad
 hook (the pre hook after dead-code elimination and ``reorder_for_locality``, the post hook after Inductor's own
-post-grad pattern passes). Parameters and buffers are ``get_attr`` nodes of the module's own tensors under
-their own names, so the ``GraphModule`` takes the model's inputs and returns its outputs.
+post-grad pattern passes). Parameters and buffers are placeholders while torch's passes and the transform run,
+before the model's inputs, as AOTAutograd lifts them (Inductor's constant folders fold ``get_attr`` tensors:
+a counter's update would be folded); the captured ``GraphModule`` reads them as ``get_attr`` nodes of the
+module's own tensors under their own names, so it takes the model's inputs and returns its outputs.
 
 Training (as Inductor compiles a model whose parameters require grad): AOTAutograd's joint graph (primals and
 tangents to forward outputs and gradients) with Inductor's decompositions, handed to Inductor's own
@@ -64,7 +66,14 @@ from torch.utils import _pytree as pytree
 
 from fxverify.analysis.graph_text import canonical_text
 from fxverify.capture.base import Capture
-from fxverify.capture.lifted_buffers import attach, lifted_make_fx
+from fxverify.capture.lifted_buffers import (
+    LIFTED,
+    attach,
+    lifted_graph,
+    read_state_as_attributes,
+    state_as_attributes,
+    state_as_placeholders,
+)
 from fxverify.capture.lowerings import replay
 from fxverify.core import captures
 from fxverify.core.graph_passes import at_joint_hook, training_graph
@@ -107,27 +116,37 @@ class Inductor(Capture):
             if self.training_graphs:
                 return _training_package(module, inputs, self.hook, self.position)
             with torch.no_grad():
-                gm = lifted_make_fx(module, inputs, select_decomp_table())
+                gm = lifted_graph(module, inputs, select_decomp_table(), state_first=True)
             if self.hook == "joint":
-                return at_joint_pass(gm, position=self.position)
-            return at_custom_pass(_joint_passes(gm), is_inference=True, position=self.position)
+                gm = at_joint_pass(gm, position=self.position)
+            else:
+                gm = at_custom_pass(_joint_passes(gm), is_inference=True, position=self.position)
+            return state_as_attributes(gm, module)
 
     def apply(self, transform: Transform, gm: fx.GraphModule, *, timeout: float | None) -> tuple[nn.Module, bool]:
         """``transform`` run on the inference graph, or once on each training graph (an inference-aware pass told
         ``is_inference`` at the post-grad hooks, nothing at the joint hooks, as torch tells it), each result carried
         on as torch carries it on (:func:`carried_on`); where it changed a graph is recorded (:func:`fired_in`)."""
         if not self.training_graphs:
-            before = canonical_text(gm.graph)
-            updater = _updater(gm, self.hook)
-            with self._told(), _fake_mode_at(gm, self.hook):
-                result, in_place = transform.apply(gm, timeout=timeout)
+            given = state_as_placeholders(gm)  # parameters and buffers as AOTAutograd hands them to Inductor
+            before = canonical_text(given.graph)
+            updater = _updater(given, self.hook)
+            with self._told(), _fake_mode_at(given, self.hook):
+                result, in_place = transform.apply(given, timeout=timeout)
             graph_module = isinstance(result, fx.GraphModule)
             if graph_module:
                 carried_on(transform, result, graph="inference", hook=self.hook, position=self.position, updater=updater)
                 replay(result)  # lowering-pattern nodes as the ATen ops they compute, or a skip saying why not
             fired = ("inference",) if not graph_module or canonical_text(result.graph) != before else ()
+            if not in_place and canonical_text(given.graph) != before:  # it changed the graph it was given, too
+                gm.graph = state_as_attributes(given, gm).graph
+                gm.recompile()
             if graph_module:  # another module holds no meta: fired_in says None for it
+                result.meta.setdefault(LIFTED, given.meta[LIFTED])  # a GraphModule made anew holds no meta
+                result = state_as_attributes(result, gm)
                 result.meta[FIRED] = fired
+            else:  # the module returned may run the graph it was given
+                read_state_as_attributes(given, gm)
             _check_placement(transform, fired)
             return result, in_place
         changed: list[str] = []

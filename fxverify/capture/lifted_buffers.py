@@ -30,6 +30,8 @@ tensor([1., 1., 1.])
 
 from __future__ import annotations
 
+import collections
+import operator
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -38,8 +40,10 @@ from torch import fx, nn
 
 from fxverify.analysis.localise import written_arguments
 
-__all__ = ["REFUSED", "attach", "lifted_make_fx", "refuses_buffer_update", "writes_attributes", "write_backs"]
+__all__ = ["LIFTED", "REFUSED", "attach", "lifted_graph", "lifted_make_fx", "read_state_as_attributes",
+           "refuses_buffer_update", "state_as_attributes", "state_as_placeholders", "writes_attributes", "write_backs"]
 
+LIFTED = "fxverify_lifted_state"  # gm.meta key: (placeholder name, the parameter or buffer it holds or None) each
 # what torch's functionalization raises where a model updates a buffer from a traced value
 REFUSED = "mutating a non-functional tensor with a functional tensor is not allowed"
 
@@ -87,36 +91,115 @@ def lifted_make_fx(module: nn.Module, inputs: tuple[Any, ...],
     as ``get_attr`` nodes of the module's own tensors (shared, as a plain ``make_fx`` shares them), their
     updates written back with ``aten.copy_`` at the end of the graph. Traces in fake mode: the
     module's tensors are not changed."""
+    return state_as_attributes(lifted_graph(module, inputs, decompositions), module)
+
+
+def lifted_graph(module: nn.Module, inputs: tuple[Any, ...],
+                 decompositions: Mapping[Any, Callable[..., Any]] | None = None, *,
+                 state_first: bool = False) -> fx.GraphModule:
+    """:func:`lifted_make_fx`'s trace before the state is read back: every parameter and buffer of ``module`` a
+    placeholder (after the inputs; before them with ``state_first``, the order AOTAutograd lifts them in, as
+    Inductor's passes receive them), its updates written back with ``aten.copy_``. ``gm.meta[LIFTED]`` names the
+    state each placeholder holds (:func:`state_as_attributes`, :func:`state_as_placeholders`).
+
+    >>> gm = lifted_graph(torch.nn.Linear(3, 2), (torch.ones(1, 3),), state_first=True)
+    >>> gm.meta[LIFTED]
+    (('arg0_1', 'weight'), ('arg1_1', 'bias'), ('arg2_1', None))
+    """
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    parameters = dict(module.named_parameters())
-    buffers = dict(module.named_buffers())
-    state = {**parameters, **buffers}
-    names = list(state)
-    count = len(inputs)
+    state = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+    names, count = list(state), len(inputs)
 
     def lifted(*flat: Any) -> Any:
-        return torch.func.functional_call(module, dict(zip(names, flat[count:], strict=True)), tuple(flat[:count]))
+        given, tensors = (flat[len(names):], flat[:len(names)]) if state_first else (flat[:count], flat[count:])
+        return torch.func.functional_call(module, dict(zip(names, tensors, strict=True)), tuple(given))
 
     traced = make_fx(torch.func.functionalize(lifted), decomposition_table=decompositions, tracing_mode="fake",
                      _allow_non_fake_inputs=True)
-    gm: fx.GraphModule = traced(*inputs, *state.values())
-    graph = gm.graph
-    placeholders = [node for node in graph.nodes if node.op == "placeholder"]
+    flat = (*state.values(), *inputs) if state_first else (*inputs, *state.values())
+    gm: fx.GraphModule = traced(*flat)
+    placeholders = [node.name for node in gm.graph.find_nodes(op="placeholder")]
     if len(placeholders) != count + len(names):  # an input that is not one tensor: not built
         raise NotImplementedError(f"lifting the buffers of a model traced from {len(placeholders) - len(names)} "
                                   f"graph inputs for {count} inputs is not built")
-    for name, tensor in state.items():
-        attach(gm, module, name, tensor, parameter=name in parameters)
-    with graph.inserting_after(placeholders[-1]):
-        reads = [graph.get_attr(name) for name in reversed(names)][::-1]  # in the order of names
-    for placeholder, read in zip(placeholders[count:], reads, strict=True):
-        read.meta.update(placeholder.meta)
-        placeholder.replace_all_uses_with(read)
-        graph.erase_node(placeholder)
-    graph.lint()
-    gm.recompile()
+    held = [*names, *[None] * count] if state_first else [*[None] * count, *names]
+    gm.meta[LIFTED] = tuple(zip(placeholders, held, strict=True))
     return gm
+
+
+def state_as_attributes(gm: fx.GraphModule, owner: nn.Module) -> fx.GraphModule:
+    """A new ``GraphModule`` of ``gm`` (a :func:`lifted_graph`) that takes only the model's inputs: each lifted
+    parameter and buffer read by a ``get_attr`` of ``owner``'s own tensor under its own name (after the inputs, in
+    the order lifted), registered as ``owner`` holds it; ``gm``'s other attributes and meta kept."""
+    lifted = dict(gm.meta[LIFTED])
+    graph, env = fx.Graph(), dict[fx.Node, fx.Node]()
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    for node in placeholders:
+        if lifted.get(node.name) is None:
+            env[node] = graph.node_copy(node, env.__getitem__)
+    for node in placeholders:
+        name = lifted.get(node.name)
+        if name is not None:
+            env[node] = graph.get_attr(name)
+            env[node].meta = dict(node.meta)
+    state = {name: operator.attrgetter(name)(owner) for name in lifted.values() if name is not None}
+    result = _rebuilt(gm, graph, env, state)
+    _attach_state(result, owner, state)
+    return result
+
+
+def read_state_as_attributes(gm: fx.GraphModule, owner: nn.Module) -> None:
+    """``gm`` (a :func:`lifted_graph`) changed in place into what :func:`state_as_attributes` makes of it, for
+    whatever holds ``gm`` itself."""
+    gm.graph = state_as_attributes(gm, owner).graph
+    _attach_state(gm, owner, {name: operator.attrgetter(name)(owner) for _, name in gm.meta[LIFTED] if name})
+    gm.recompile()
+
+
+def _attach_state(gm: fx.GraphModule, owner: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    for name, tensor in state.items():  # registered as owner holds them: parameters, persistent buffers or not
+        attach(gm, owner, name, tensor, parameter=isinstance(tensor, nn.Parameter))
+
+
+def state_as_placeholders(gm: fx.GraphModule) -> fx.GraphModule:
+    """A new ``GraphModule`` of ``gm`` (made by :func:`state_as_attributes`) whose lifted parameters and buffers are
+    placeholders again, in the order they were lifted: the form Inductor's passes receive them in.
+
+    >>> linear = torch.nn.Linear(3, 2)
+    >>> gm = state_as_attributes(lifted_graph(linear, (torch.ones(1, 3),), state_first=True), linear)
+    >>> [n.op for n in gm.graph.nodes][:3], [n.op for n in state_as_placeholders(gm).graph.nodes][:3]
+    (['placeholder', 'get_attr', 'get_attr'], ['placeholder', 'placeholder', 'placeholder'])
+    """
+    graph, env = fx.Graph(), dict[fx.Node, fx.Node]()
+    reads = collections.defaultdict(list)
+    for node in gm.graph.find_nodes(op="get_attr"):
+        reads[node.target].append(node)
+    inputs = iter(gm.graph.find_nodes(op="placeholder"))
+    for placeholder, name in gm.meta[LIFTED]:
+        if name is None:
+            node = next(inputs)
+            env[node] = graph.node_copy(node, env.__getitem__)
+            continue
+        new = graph.placeholder(placeholder)
+        new.meta = dict(reads[name][0].meta) if reads[name] else {}
+        env.update(dict.fromkeys(reads[name], new))
+    return _rebuilt(gm, graph, env)
+
+
+def _rebuilt(gm: fx.GraphModule, graph: fx.Graph, env: dict[fx.Node, fx.Node],
+             held: Mapping[str, torch.Tensor] | None = None) -> fx.GraphModule:
+    """A ``GraphModule`` over ``graph``, whose first nodes ``env`` maps, with ``gm``'s other nodes copied after them
+    in order; what its nodes read is ``held``'s where it has it, else ``gm``'s; its meta and mode ``gm``'s."""
+    for node in gm.graph.nodes:
+        if node not in env:
+            env[node] = graph.node_copy(node, env.__getitem__)
+    held = held or {}
+    read = {node.target for node in graph.nodes if node.op in ("get_attr", "call_module")}
+    result = fx.GraphModule({target: held[target] if target in held else operator.attrgetter(target)(gm)
+                             for target in read}, graph)
+    result.meta.update(gm.meta)
+    return result.train(gm.training)
 
 
 def attach(gm: fx.GraphModule, module: nn.Module, name: str, tensor: torch.Tensor, *, parameter: bool) -> None:
