@@ -523,12 +523,19 @@ def test_inductor_fuses_a_max_over_another_dim_as_softmax(fresh_dynamo):
     assert fresh_dynamo["inductor"]["fuse_attention"] == 1
 
 
+def _untransposed_key_by_mul(q: torch.Tensor, kt: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return torch.matmul(q, kt.permute(0, 1, 2, 3)).mul(0.125).softmax(dim=-1).matmul(v)  # _sfdp_pattern_2's scale
+
+
 @pytest.mark.slow
-def test_inductor_fails_to_compile_a_permuted_key_of_another_size(fresh_dynamo):
+@pytest.mark.parametrize("attention", [_untransposed_key, _untransposed_key_by_mul], ids=["div", "mul"])
+def test_inductor_fails_to_compile_a_permuted_key_of_another_size(fresh_dynamo, attention):
+    """``_sfdp_pattern_1`` (a scale by ``div``) and ``_2`` (by ``mul``); ``_3`` and ``_4`` are registered for inference
+    with ``dropout_p=0.0``, where the dropout traces to nothing: the same two programs."""
     q, kt, v = torch.randn(2, 4, 8, 16), torch.randn(2, 4, 16, 8), torch.randn(2, 4, 8, 16)
-    assert _untransposed_key(q, kt, v).shape == (2, 4, 8, 16)
+    assert attention(q, kt, v).shape == (2, 4, 8, 16)
     with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="Expected size for first two dimensions"):
-        torch.compile(_untransposed_key)(q, kt, v)
+        torch.compile(attention)(q, kt, v)
 
 
 def _gpt2_attention(query, key, value, causal_mask):  # _sfdp_pattern_18 as hf GPT-2 writes its attention
