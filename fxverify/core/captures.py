@@ -9,8 +9,9 @@ Adding a capture is one :class:`CaptureSpec` row below plus its module in ``fxve
 
 >>> capture_names()[:8]
 ('symbolic_trace', 'export', 'export_core', 'make_fx', 'inductor', 'inductor_post', 'inductor_train', 'inductor_train_post')
->>> capture_names()[8:]
-('inductor_joint', 'inductor_joint_post', 'inductor_train_joint', 'inductor_train_joint_post', 'inductor_pre_grad')
+>>> capture_names()[8:]  # doctest: +NORMALIZE_WHITESPACE
+('inductor_joint', 'inductor_joint_post', 'inductor_train_joint', 'inductor_train_joint_post', 'inductor_pre_grad',
+ 'inductor_freezing')
 >>> spec("make_fx").traits.carries_meta_val, spec("make_fx").traits.has_program
 (True, False)
 >>> lacking(spec("symbolic_trace").traits, ("has_program",), "symbolic_trace")
@@ -155,6 +156,12 @@ REGISTRY: tuple[CaptureSpec, ...] = (
                 "Dynamo's torch-level graph where Inductor's pre_grad_custom_pass receives it, before AOTAutograd, "
                 "parameters read as attributes (no codegen)",
                 CaptureTraits(pickles=False, moves_device=False)),
+    CaptureSpec("inductor_freezing", "fxverify.capture.freezing", "for_model",
+                "the inference graph at Inductor's freezing pattern loop (config.freezing=True), where "
+                "register_freezing_graph_pattern passes run: unmutated parameters and buffers frozen to constants "
+                "(no codegen)",
+                CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False,
+                              differentiated=False)),
 )
 
 
