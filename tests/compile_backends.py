@@ -16,6 +16,9 @@ attribute, so a spec names it (``--fxverify-backend tests.compile_backends:ident
   :func:`specialize_sizes_with_fallback` specialises a copy and runs it at the example's sizes only.
 - :data:`lowering_cached_by_shapes` (caught by ``backend-dtypes``) caches what it lowered by the graph's code and
   its inputs' shapes, not dtypes; :data:`lowering_cached_by_shapes_and_dtypes` keys by dtypes too.
+- :data:`reusing_output_buffers` (caught by ``backend-dynamic-shapes``, where dynamo reuses a graph at another
+  size) hands back its runtime's output buffers, which its next call overwrites; :data:`copying_output_buffers`
+  hands back copies.
 - :data:`inference_linear` lowers ``F.linear`` to a custom kernel without autograd, declared
   ``@fxverify.contract(modes=("eval",))``: the gradient aspects skip; :func:`lower_linear` is the same backend
   undeclared (caught by ``backend-gradients``). :data:`float32_linear` lowers to a float32-only kernel, declared
@@ -239,3 +242,31 @@ inference_linear = fxverify.contract(modes=("eval",))(lower_linear)
 def float32_linear(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
     """An inference backend for float32 models alone: each ``F.linear`` runs :func:`linear_fp32_kernel`."""
     return _linear_to(torch.ops.fxverify_backends.linear_fp32.default, gm).forward
+
+
+class OutputBuffers:
+    """A runtime that writes each output into a buffer of its own, kept from call to call (as an inference engine's
+    request holds its output tensors), and hands back ``copies`` of them or, without, the buffers themselves."""
+
+    def __init__(self, *, copies: bool) -> None:
+        self.copies = copies
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        buffers: dict[int, torch.Tensor] = {}
+
+        def run(*args: Any) -> Any:
+            outputs = []
+            for k, out in enumerate(gm(*args)):
+                if isinstance(out, torch.Tensor):
+                    buffer = buffers.setdefault(k, torch.empty(0, dtype=out.dtype))
+                    buffer.resize_(max(out.numel(), buffer.numel()))
+                    out = buffer[:out.numel()].view(out.shape).copy_(out)
+                    out = out.clone() if self.copies else out
+                outputs.append(out)
+            return tuple(outputs)
+
+        return run
+
+
+reusing_output_buffers = OutputBuffers(copies=False)
+copying_output_buffers = OutputBuffers(copies=True)

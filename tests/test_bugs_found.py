@@ -29,6 +29,9 @@ from tests.test_docs import page, table
 
 PAGE = "docs/bugs-found.md"
 TORCHAO_MEASURED = "0.18.0"  # torchao is no dependency: its rows were measured with this version installed
+OPENVINO_MEASURED = "2026.4.1"
+# OpenVINO's backend as the benchmark calls it: its default path fails in torch 2.14.1's guard creation
+OPENVINO_OPTIONS = {"aot_autograd": True, "config": {"INFERENCE_PRECISION_HINT": "f32"}}
 
 
 
@@ -40,6 +43,14 @@ def measured_torch(request):
         row = {proof_of(cells): cells[0] for cells in rows()}.get(request.node.name, "?")
         pytest.skip(f"re-check row {row} of {PAGE} on {', '.join(differ)}: its proof asserts the defect as "
                     "measured on the pinned torch")
+
+
+def openvino() -> None:
+    """Skip unless OpenVINO is installed at the version its rows were measured with (``openvino.torch`` registers
+    its ``torch.compile`` backend)."""
+    pytest.importorskip("openvino.torch", reason="the OpenVINO rows need openvino installed (the compile extra)")
+    if metadata.version("openvino") != OPENVINO_MEASURED:
+        pytest.skip(f"re-check this row on openvino {metadata.version('openvino')} (measured on {OPENVINO_MEASURED})")
 
 
 def torchao() -> None:
@@ -538,6 +549,34 @@ def test_inductor_fails_to_compile_a_permuted_key_of_another_size(fresh_dynamo, 
         torch.compile(attention)(q, kt, v)
 
 
+# -- OpenVINO's torch.compile backend -------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_openvino_raises_in_the_backward_of_a_plain_conv(fresh_dynamo):
+    openvino()
+    torch.manual_seed(0)
+    conv, x = nn.Conv2d(3, 8, 3, padding=1), torch.randn(2, 3, 16, 16)
+    conv(x).sum().backward()  # eager, and AOTAutograd alone, run it
+    torch.compile(conv, backend="aot_eager")(x).sum().backward()
+    with pytest.raises(RuntimeError, match="ConvolutionBackward0 returned an invalid gradient"):
+        torch.compile(conv, backend="openvino", options=OPENVINO_OPTIONS)(x).sum().backward()
+
+
+@pytest.mark.slow
+def test_openvino_hands_back_outputs_its_next_call_overwrites(fresh_dynamo):
+    openvino()
+    torch.manual_seed(0)
+    linear, x1, x2 = nn.Linear(16, 16).eval(), torch.randn(2, 16), torch.randn(2, 16)
+    with torch.no_grad():
+        compiled = torch.compile(linear, backend="openvino", options=OPENVINO_OPTIONS)
+        first = compiled(x1)
+        torch.testing.assert_close(first, linear(x1))  # right when returned
+        compiled(x2)
+        torch.testing.assert_close(first, linear(x2))  # now the second call's values
+        assert not torch.allclose(first, linear(x1))
+
+
 def _gpt2_attention(query, key, value, causal_mask):  # _sfdp_pattern_18 as hf GPT-2 writes its attention
     query, key, value = (t.permute([0, 2, 1, 3]) for t in (query, key, value))
     weights = torch.matmul(query, key.permute(0, 1, 3, 2)).div(torch.full([], 4.0))
@@ -604,10 +643,11 @@ def test_page_has_one_numbered_row_per_proof_and_each_names_its_test():
 
 def test_page_rows_name_a_check_fxverify_has_and_an_upstream_number_or_none_known():
     from fxverify.checks import NAMES
+    from fxverify.compile.backend import ASPECTS as BACKEND_ASPECTS
     from fxverify.compile.graph_cache import ASPECTS
     from fxverify.compile.patterns import COMPLETE, SOUND
 
-    known = {*NAMES, *ASPECTS, SOUND, COMPLETE}
+    known = {*NAMES, *ASPECTS, *BACKEND_ASPECTS, SOUND, COMPLETE}
     for row in rows():
         assert set(re.findall(r"`([\w-]+)`", row[3])) <= known and re.search(r"`[\w-]+`", row[3]), row
         assert row[6] == "none known" or re.fullmatch(r"(?:(?:PR )?#\d+[^,]*)(?:, (?:PR )?#\d+[^,]*)*", row[6]), row

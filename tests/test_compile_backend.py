@@ -277,3 +277,29 @@ def test_a_timeout_is_the_backends_only_where_a_second_run_times_out_too_and_dyn
     skipped = check_backend(backends.identity, slow, aspects=["backend-outputs"], timeout=2)[0]
     assert skipped.outcome is SKIPPED and "dynamo alone) fails on sleeps_in_forward too" in skipped.message
     assert "does not compile it in time either" in skipped.message
+
+
+@pytest.mark.slow
+def test_a_backend_handing_back_buffers_its_next_call_overwrites_fails_naming_the_later_call_and_its_twin_passes():
+    found = check_backend(backends.reusing_output_buffers, "edge_tied_weights", aspects=["backend-dynamic-shapes"])[0]
+    assert found.outcome is FAILED, found.message
+    assert "returned at b2-" in found.finding and "changed when it was called again at b" in found.finding
+    assert "Return tensors the caller owns" in found.finding
+    copied = check_backend(backends.copying_output_buffers, "edge_tied_weights", aspects=["backend-dynamic-shapes"])
+    assert copied[0].outcome is PASSED, copied[0].finding
+
+
+def test_dynamo_restarting_its_analysis_inside_a_backend_call_is_not_a_failure_of_the_backend():
+    def restarts(gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> fx.GraphModule:
+        raise torch._dynamo.exc.TensorifyScalarRestartAnalysis  # as AOTAutograd raises it for dynamo to trace again
+
+    def raises(gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> fx.GraphModule:
+        raise RuntimeError("unsupported op")
+
+    gm = fx.symbolic_trace(lambda x: x + 1)
+    restarted, failed = Recorder(restarts, "m:restarts"), Recorder(raises, "m:raises")
+    with pytest.raises(torch._dynamo.exc.RestartAnalysis):
+        restarted(gm, [torch.ones(2)])
+    with pytest.raises(RuntimeError):
+        failed(gm, [torch.ones(2)])
+    assert restarted.failed is None and failed.failed is not None and "unsupported op" in failed.failed.raised

@@ -58,6 +58,7 @@ import torch
 from torch import fx, nn
 from torch._dynamo.backends.common import AotAutograd
 from torch._dynamo.utils import counters
+from torch.utils._pytree import tree_leaves, tree_map
 
 from fxverify.analysis.compare import Mismatch, Tolerance, compare_trees, compare_values
 from fxverify.analysis.graph_text import node_line
@@ -135,7 +136,7 @@ class Recorder:
         try:
             compiled = self._observed()(gm, example_inputs)
         except Exception as exc:
-            if _timed_out(exc):
+            if _timed_out(exc) or isinstance(exc, torch._dynamo.exc.RestartAnalysis):  # dynamo's, traced again
                 raise
             self.calls.append(dataclasses.replace(call, raised=exception_summary(exc)))
             raise
@@ -282,6 +283,8 @@ class Run:
     dynamic: bool = False
     backward: bool = False
     outputs: list[Any] = dataclasses.field(default_factory=list)
+    returned: list[Any] = dataclasses.field(default_factory=list)  # each call's outputs cloned as it returned
+    overwritten: dict[int, int] = dataclasses.field(default_factory=dict)  # call -> the later call that changed them
     state: list[dict[str, torch.Tensor]] = dataclasses.field(default_factory=list)
     graphs: list[int] = dataclasses.field(default_factory=list)  # graphs dynamo had compiled when each call returned
     backend_calls: list[int] = dataclasses.field(default_factory=list)  # calls of the backend by then
@@ -309,6 +312,8 @@ class Replay:
     and the buffers after it, until ``error``, what eager raised at the call after the last."""
 
     outputs: list[Any] = dataclasses.field(default_factory=list)
+    returned: list[Any] = dataclasses.field(default_factory=list)
+    overwritten: dict[int, int] = dataclasses.field(default_factory=dict)
     state: list[dict[str, torch.Tensor]] = dataclasses.field(default_factory=list)
     error: str | None = None
 
@@ -575,6 +580,7 @@ class Trial:
                     with torch.no_grad():
                         outputs = optimized(*inputs)
                 run.outputs.append(outputs)
+                _note_returned(run, outputs)
                 run.state.append(_buffers(model))
                 run.graphs.append(counters["stats"]["unique_graphs"] - graphs - built)
                 run.backend_calls.append(len(run.recorder.calls))
@@ -616,7 +622,9 @@ class Trial:
                     dtype = torch.float64 if float64 else call.dtype
                     model = models.get(call.dtype) or models.setdefault(call.dtype, self._model(dtype))
                     try:
-                        replay.outputs.append(model(*call.config.make(self.case.seed, dtype=dtype)))
+                        outputs = model(*call.config.make(self.case.seed, dtype=dtype))
+                        replay.outputs.append(outputs)
+                        _note_returned(replay, outputs)
                     except Exception as exc:
                         replay.error = exception_summary(exc)
                         break
@@ -628,7 +636,7 @@ class Trial:
         """``part`` (``outputs`` or ``state``) of call ``i`` in the float64 replay of ``calls``; None where eager
         raised before it in float64."""
         replay = self._replay(calls, float64=True)
-        return getattr(replay, part)[i] if i < len(replay.outputs) else None
+        return getattr(replay, part)[i] if i < len(replay.returned) else None
 
     def _eager_gradients(self, dtype: torch.dtype) -> dict[str, Any]:
         if dtype not in self._gradients_of:
@@ -661,7 +669,20 @@ class Trial:
         if i >= len(replay.outputs):
             raise Skip(f"the eager model raises at {run.calls[i].describe()}{_after_calls(run, i)} ({replay.error}), "
                        "where the compiled one runs: nothing to compare with")
-        parts = (("outputs", "output", "outputs of the model compiled with backend {} differ from eager's: {}"),
+        if i in run.overwritten and i not in replay.overwritten:
+            later = run.calls[run.overwritten[i]]
+            changed = compare_trees(run.outputs[i], run.returned[i], tolerance=Tolerance(0.0, 0.0))
+            raise Finding(
+                f"the outputs the model compiled with backend {self.name} returned at {run.calls[i].describe()} "
+                f"changed when it was called again at {later.describe()}"
+                f"{': ' + changed.describe() if changed else ''}. What the backend returns shares memory with buffers "
+                "of its own that its next call overwrites (or frees and reallocates), where eager's outputs stay as "
+                "returned: a caller keeping the outputs of several calls (a list of batches) reads another call's "
+                "values. Return tensors the caller owns (copy the runtime's output buffers: torch.from_numpy of a "
+                "runtime's output array shares its memory)"
+                f"\n{self._calls(run)}", input=self._where(run, i), where=changed.path if changed else "output",
+                max_abs=changed.max_abs if changed else None)
+        parts = (("returned", "output", "outputs of the model compiled with backend {} differ from eager's: {}"),
                  ("state", "buffer", "the buffers of the model compiled with backend {} differ from eager's after "
                                      "the call: {}. The graphs dynamo hands a backend update the model's buffers in "
                                      "place, through their inputs: what the backend returns must make those updates, "
@@ -743,6 +764,29 @@ class Trial:
         return self._result(aspect, FAILED, message="\n".join(lines), details=finding.details, finding=finding.what,
                             input=finding.input, where=finding.where, node=finding.node, max_abs=finding.max_abs,
                             max_rel=finding.max_rel)
+
+
+def _note_returned(run: Run | Replay, outputs: Any) -> None:
+    """Record ``outputs`` of the call just made as they were returned (cloned), and note each earlier call's
+    outputs that this call changed (a backend returning views of buffers it reuses)."""
+    run.returned.append(tree_map(lambda x: x.detach().clone() if isinstance(x, torch.Tensor) else x, outputs))
+    now = len(run.returned) - 1
+    for i in range(now):
+        if i not in run.overwritten and not _identical(run.outputs[i], run.returned[i]):
+            run.overwritten[i] = now
+
+
+def _identical(a: Any, b: Any) -> bool:
+    """Whether two output trees hold the same values, bit for bit (NaN equal to NaN)."""
+    leaves_a, leaves_b = tree_leaves(a), tree_leaves(b)
+    return len(leaves_a) == len(leaves_b) and all(
+        x.shape == y.shape and x.dtype == y.dtype and torch.equal(_bits(x), _bits(y))
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) else x is y or x == y
+        for x, y in zip(leaves_a, leaves_b))
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    return x.detach().contiguous().view(-1).view(torch.uint8)
 
 
 def _buffers(model: nn.Module) -> dict[str, torch.Tensor]:
