@@ -149,6 +149,80 @@ def torchao_quant_lift_up(graph: fx.Graph) -> None:
     quant_lift_up(graph)
 
 
+# -- Inductor's and torchao's freezing passes (freezing_passes' pattern loop, config.freezing=True) ----------------
+
+
+def freezing_pattern_passes(library: str, *, replacements: bool = False) -> tuple[Any, ...]:
+    """The passes of Inductor's ``freezing_patterns.pass_patterns`` as torch.compile applies them, in order, each a fresh
+    ``PatternMatcherPass`` holding only the patterns ``library`` registered (``torch``, or ``torchao``: its x86
+    quantization passes, registered by ``_register_quantization_weight_pack_pass``, which importing its
+    X86InductorQuantizer calls), after Inductor's ``lazy_init`` has registered its own, as ``freezing_passes`` runs it;
+    with ``replacements``, only its ``register_replacement`` patterns (Inductor's: ``addmm_patterns_init``'s).
+
+    >>> [len(p.patterns) > 0 for p in freezing_pattern_passes("torch")][:3]
+    [True, True, True]
+    """
+    from torch._inductor.fx_passes import freezing_patterns
+    from torch._inductor.pattern_matcher import PatternMatcherPass, ReplacementPatternEntry
+
+    freezing_patterns.lazy_init()
+    if library == "torchao":
+        from torchao.quantization.pt2e.inductor_passes.x86 import _register_quantization_weight_pack_pass
+
+        _register_quantization_weight_pack_pass()
+    fresh = []
+    for registered in freezing_patterns.pass_patterns:
+        kept = PatternMatcherPass(pass_name=registered.pass_name)
+        for key, entries in registered.patterns.items():
+            own = [entry for entry in entries if _registrant(entry) == library
+                   and (not replacements or isinstance(entry, ReplacementPatternEntry))]
+            if own:
+                kept.patterns[key] = own
+        fresh.append(kept)
+    return tuple(fresh)
+
+
+def _registrant(entry: Any) -> str:
+    """The library that registered a pattern entry: its handler's top-level package (a replacement has none: torch)."""
+    handler = getattr(entry, "handler", None)
+    return getattr(handler, "__module__", "torch").partition(".")[0]
+
+
+@fxverify.contract(devices=("cpu",), keeps_opset=False, changes_parameters=True)
+def inductor_freezing_patterns(graph: fx.Graph) -> None:
+    """Inductor's own freezing patterns as freezing_passes applies them with the default config: mkldnn weight
+    packing of convolutions and linears (mkldnn._convolution_pointwise, _linear_pointwise on packed constants),
+    _recover_linear, the unnecessary dtype conversion; the concat-linear patterns are off on CPU
+    (config.cpp.enable_concat_linear). Its packed mkldnn constants cannot be pickled, and need not be: nothing
+    saves the frozen graph (torch.compile's cache keys frozen constants by their metadata)."""
+    for patterns in freezing_pattern_passes("torch"):
+        patterns.apply(graph)
+
+
+@fxverify.contract(keeps_opset=True, changes_parameters=True)
+def inductor_freezing_concat_linear(graph: fx.Graph) -> None:
+    """addmm_patterns_init's concat-linear replacements (in freezing_patterns.pass_patterns[0]) with
+    config.cpp.enable_concat_linear=True, which turns them on on CPU: two or three matmuls or addmms of one input by
+    constant weights of one shape become one over the concatenated weight, split after (the int8 weight-only one
+    also multiplies by the concatenated scales)."""
+    from torch._inductor import config
+
+    with config.patch({"cpp.enable_concat_linear": True}):
+        freezing_pattern_passes("torch", replacements=True)[0].apply(graph)
+
+
+@fxverify.contract(modes=("eval",), devices=("cpu",), keeps_opset=False, changes_parameters=True, range_tol=1e-2)
+def torchao_x86_freezing(graph: fx.Graph) -> None:
+    """torchao's x86 quantization passes (quantization/pt2e/inductor_passes/x86.py: dequant promotion, quantized
+    conv/linear weight prepacking into onednn.qconv_pointwise / qlinear_pointwise, their unary and binary post-op
+    fusions, concat dequant/quant), applied by pass number as freezing_passes applies them. For PT2E-quantized
+    models, which torchao's flow moves to eval mode (move_exported_model_to_eval). Within 1e-2 of the output range:
+    onednn accumulates the int8 GEMM exactly where the reference graph sums dequantized floats, so a value next to a
+    rounding boundary of the next quantization rounds one uint8 step (1/256 of its range) the other way."""
+    for patterns in freezing_pattern_passes("torchao"):
+        patterns.apply(graph)
+
+
 # -- a third-party backend (optional: installed only where its wheel is) ------------------------------------------
 
 
@@ -164,7 +238,8 @@ def openvino(gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
     return openvino_backend(gm, example_inputs, options=OPENVINO_OPTIONS)
 
 
-# -- torchao's own models (test/quantization/pt2e/test_x86inductor_fusion.py), quantized as its tests do -----------
+# -- torchao's own models (test/quantization/pt2e/test_x86inductor_fusion.py, test/prototype/inductor/
+# test_qsdpa_fusion.py), quantized as its tests do -------------------------------------------------------------------
 
 
 class QConv(nn.Module):
@@ -197,6 +272,32 @@ class QConvAdd(nn.Module):
         return self.relu2(torch.add(self.conv3(tmp), self.conv4(tmp)))
 
 
+class QConvUnary(nn.Module):
+    """_qconv2d_unary_test_helper's M with ReLU: convolution, relu, convolution, relu."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 128, kernel_size=3, stride=1)
+        self.unary_fn = nn.ReLU()
+        self.conv2 = nn.Conv2d(128, 128, kernel_size=3, stride=1)
+        self.unary_fn2 = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.unary_fn2(self.conv2(self.unary_fn(self.conv(x))))
+
+
+class QLinear(nn.Module):
+    """_qlinear_test_helper's M (bias, 2-D input): linear, linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+        self.linear2 = nn.Linear(3, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear2(self.linear(x))
+
+
 class QLinearUnary(nn.Module):
     """_qlinear_unary_test_helper's M with ReLU: linear, relu, linear, relu."""
 
@@ -211,9 +312,33 @@ class QLinearUnary(nn.Module):
         return self.unary_fn2(self.linear2(self.unary_fn(self.linear(x))))
 
 
+class MHA(nn.Module):
+    """test/prototype/inductor/test_qsdpa_fusion.py's MHAModule without a mask (has_mask=False: its forward ignores
+    it): q, k and v projections of one input, matmul attention scaled by 1/sqrt(input_dim), a dense projection."""
+
+    def __init__(self, input_dim: int = 256, heads: int = 4, head_size: int = 64) -> None:
+        super().__init__()
+        self.heads, self.head_size, self.scale = heads, head_size, input_dim ** 0.5
+        self.q_proj = nn.Linear(input_dim, input_dim, bias=False)
+        self.k_proj = nn.Linear(input_dim, input_dim, bias=False)
+        self.v_proj = nn.Linear(input_dim, input_dim, bias=False)
+        self.dense = nn.Linear(heads * head_size, heads * head_size)
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(x.size()[:-1] + (self.heads, self.head_size)).permute([0, 2, 1, 3])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (self._split(proj(x)) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        attention = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) / self.scale, dim=-1)
+        context = torch.matmul(attention, v).permute(0, 2, 1, 3).contiguous()
+        return self.dense(context.reshape(context.size()[:-2] + (self.heads * self.head_size,)))
+
+
 AO_MODELS: dict[str, tuple[type[nn.Module], tuple[int, ...]]] = {
-    "ao_qconv": (QConv, (1, 3, 8, 8)), "ao_qconv_add": (QConvAdd, (1, 3, 8, 8)),
-    "ao_qlinear_relu": (QLinearUnary, (2, 4))}
+    "ao_qconv": (QConv, (1, 3, 8, 8)), "ao_qconv_relu": (QConvUnary, (1, 3, 8, 8)),
+    "ao_qconv_add": (QConvAdd, (1, 3, 8, 8)), "ao_qlinear": (QLinear, (2, 4)),
+    "ao_qlinear_relu": (QLinearUnary, (2, 4)), "ao_mha": (MHA, (1, 100, 256))}
+MATMUL_QUANTIZED = ("ao_mha",)  # its test quantizes torch.matmul too, with the global config
 
 
 def ao_model(name: str) -> fx.GraphModule:
@@ -231,10 +356,12 @@ def ao_model(name: str) -> fx.GraphModule:
     torch.manual_seed(0)
     cls, shape = AO_MODELS[name]
     example = (torch.randn(shape),)
+    quantizer = xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config())
+    if name in MATMUL_QUANTIZED:
+        quantizer.set_function_type_qconfig(torch.matmul, quantizer.get_global_quantization_config())
     with torch.no_grad():
         exported = torch.export.export(cls().eval(), example, strict=True).module()
-        prepared = prepare_pt2e(exported, xiq.X86InductorQuantizer().set_global(
-            xiq.get_default_x86_inductor_quantization_config()))
+        prepared = prepare_pt2e(exported, quantizer)
         prepared(*example)
         move_exported_model_to_eval(prepared)
         converted = convert_pt2e(prepared)
@@ -274,6 +401,7 @@ def pytest_fxverify_models(config):
 # -- the passes ----------------------------------------------------------------------------------------------------
 
 POST_GRAD = ("inductor",)
+FREEZING = ("inductor_freezing",)
 JOINT = ("inductor_joint",)
 PRE_GRAD = ("inductor_pre_grad",)
 
@@ -324,6 +452,9 @@ PASSES = (
     RealPass("efficient_conv_bn_eval", "tests.pre_grad_passes:inductor_efficient_conv_bn_eval", "inductor",
              captures=PRE_GRAD),
     RealPass("quant_lift_up", f"{_HERE}:torchao_quant_lift_up", "torchao", captures=PRE_GRAD, needs="torchao"),
+    RealPass("freezing_patterns", f"{_HERE}:inductor_freezing_patterns", "inductor", captures=FREEZING),
+    RealPass("freezing_concat_linear", f"{_HERE}:inductor_freezing_concat_linear", "inductor", captures=FREEZING),
+    RealPass("x86_freezing", f"{_HERE}:torchao_x86_freezing", "torchao", captures=FREEZING, needs="torchao"),
     RealPass("aot_eager", "torch._dynamo.backends.debugging:aot_eager", "torch", kind="backend"),
     RealPass("openvino", f"{_HERE}:openvino", "openvino", kind="backend", needs="openvino"),
 )

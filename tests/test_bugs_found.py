@@ -577,6 +577,29 @@ def test_openvino_hands_back_outputs_its_next_call_overwrites(fresh_dynamo):
         assert not torch.allclose(first, linear(x1))
 
 
+class _LrasppHead(nn.Module):  # torchvision's LRASPPHead: the high branch upsampled to the low branch's size
+    def __init__(self) -> None:
+        super().__init__()
+        self.low, self.high = nn.Conv2d(3, 4, 3, stride=2, padding=1), nn.Conv2d(4, 4, 3, stride=2, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        low = self.low(x)
+        return F.interpolate(self.high(low), size=low.shape[-2:], mode="bilinear", align_corners=False)
+
+
+@pytest.mark.slow
+def test_openvino_hands_a_size_back_as_a_tensor_under_dynamic_shapes(fresh_dynamo):
+    openvino()
+    torch.manual_seed(0)
+    head, x = _LrasppHead().eval(), torch.randn(2, 3, 64, 64)
+    with torch.no_grad():  # AOTAutograd's graph takes the low branch's height as an int, aten.arange's end
+        torch.testing.assert_close(torch.compile(head, backend="aot_eager", dynamic=True)(x), head(x))
+        torch._dynamo.reset()
+        with pytest.raises(RuntimeError, match=r"aten::arange\(\) Expected a value of type 'number' for argument "
+                                               r"'end' but instead found type 'Tensor'"):
+            torch.compile(head, backend="openvino", options=OPENVINO_OPTIONS, dynamic=True)(x)
+
+
 def _gpt2_attention(query, key, value, causal_mask):  # _sfdp_pattern_18 as hf GPT-2 writes its attention
     query, key, value = (t.permute([0, 2, 1, 3]) for t in (query, key, value))
     weights = torch.matmul(query, key.permute(0, 1, 3, 2)).div(torch.full([], 4.0))

@@ -160,7 +160,7 @@ REGISTRY: tuple[CaptureSpec, ...] = (
                 "the inference graph at Inductor's freezing pattern loop (config.freezing=True), where "
                 "register_freezing_graph_pattern passes run: unmutated parameters and buffers frozen to constants "
                 "(no codegen)",
-                CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False,
+                CaptureTraits(carries_meta_val=True, opset="functional", pickles=False, moves_device=False,
                               differentiated=False)),
 )
 
