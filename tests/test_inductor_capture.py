@@ -627,3 +627,18 @@ def test_an_inference_hook_gets_parameters_and_buffers_as_placeholders_and_a_cou
             module(x)
             counts.append(int(model.count))
         assert counts[1:] == [counts[0] + 1, counts[0] + 2]
+
+
+class _Pooling(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.max_pool2d(x, 2)
+
+
+@pytest.mark.parametrize("capture", ["inductor_train", "inductor_train_joint"])
+def test_a_training_capture_of_a_model_nothing_requires_grad_in_skips_naming_the_inference_capture(capture):
+    v = _verification(inductor_passes.inductor_joint_patterns, _Pooling, (2, 3, 8, 8), capture)
+    for check in ("numerics", "lint"):
+        skipped = v.run(check)
+        assert skipped.outcome == SKIPPED, skipped.message
+        assert "nothing in the model requires grad" in skipped.message
+        assert f"the {capture.replace('_train', '')} capture gives" in skipped.message

@@ -77,6 +77,7 @@ from fxverify.capture.lifted_buffers import (
 from fxverify.capture.lowerings import replay
 from fxverify.core import captures
 from fxverify.core.graph_passes import at_joint_hook, training_graph
+from fxverify.core.results import Skip
 from fxverify.core.transform import Transform
 from fxverify.errors import TransformFailed
 
@@ -485,6 +486,11 @@ def _training_package(module: nn.Module, inputs: tuple[Any, ...], hook: str, pos
     names = list(state)
     count = len(inputs)
     kept: dict[str, fx.GraphModule] = {}
+    inference = Skip("nothing in the model requires grad (no parameter does, nor its inputs): torch.compile compiles "
+                     "its inference graph, which the "
+                     f"{'inductor_joint' if hook == 'joint' else 'inductor'} capture gives; there is no training graph")
+    if not any(parameter.requires_grad for parameter in parameters.values()):
+        raise inference
 
     def lifted(*flat: Any) -> Any:
         return torch.func.functional_call(module, dict(zip(names, flat[count:], strict=True)), tuple(flat[:count]))
@@ -493,8 +499,7 @@ def _training_package(module: nn.Module, inputs: tuple[Any, ...], hook: str, pos
         def compiler(gm: fx.GraphModule, example_inputs: Any) -> Any:
             kept[part] = gm
             if is_inference:
-                raise TransformFailed("nothing in the model requires grad: Inductor compiles no backward graph "
-                                      f"(use the {'inductor_joint' if hook == 'joint' else 'inductor'} capture)")
+                raise inference
             return make_boxed_func(gm.forward)
         return compiler
 

@@ -134,7 +134,7 @@ class Subject:
         self.uncopyable: dict[str, str] = {}  # "original" / "result" -> why copy.deepcopy of it raised
         self.fresh_copies: str | None = None  # why copies of the result are made anew (see renew_result_copies)
         # (mode, dtype, static) -> the capture copied for each use, when the capture keeps captures; or why it failed
-        self._captured: dict[tuple[str, str, bool], fx.GraphModule | CaptureFailed] = {}
+        self._captured: dict[tuple[str, str, bool], fx.GraphModule | CaptureFailed | Skip] = {}
         self.stash = Stash()  # what single checks keep per subject (fxverify.core.stash)
         self._changed_in: dict[str, list[str]] = {}  # another mode a check applied it in -> what it changed there
 
@@ -236,6 +236,9 @@ class Subject:
             try:
                 captured = self._retyped(mode, dtype, static) or \
                     self.case.captured(training=mode == "train", capture=capture, dtype=dtype)
+            except Skip as skip:  # the capture does not apply to the model: no check has a graph to run on
+                self._captured[key] = skip
+                raise
             except Exception as exc:
                 failed = CaptureFailed(self.case.name, capture.describe(), exc, mode)
                 self._captured[key] = failed
@@ -244,7 +247,7 @@ class Subject:
                 return captured
             self._captured[key] = captured
         kept = self._captured[key]
-        if isinstance(kept, CaptureFailed):
+        if isinstance(kept, (CaptureFailed, Skip)):
             raise kept
         return kept
 
