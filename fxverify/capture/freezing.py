@@ -58,7 +58,7 @@ from fxverify.core.graph_passes import at_joint_hook
 from fxverify.core.transform import Transform
 from fxverify.errors import TransformFailed
 
-HOOK = "freezing_passes' pattern loop (freezing_patterns.pass_patterns)"
+HOOK = "freezing_passes' pattern loop"  # for pattern in freezing_patterns.pass_patterns: pattern.apply(gm.graph)
 _OUTPUT_SPEC = "fxverify_output_spec"  # gm.meta key: the pytree spec of what the model returns
 
 
@@ -140,6 +140,7 @@ def at_loop(gm: fx.GraphModule, module: nn.Module) -> fx.GraphModule:
     from torch._inductor.fx_passes.post_grad import view_to_reshape
     from torch._inductor.graph import GraphLowering
 
+    _drop_unread_state(gm)
     lifted = gm.meta[LIFTED]
     state = [name for _, name in lifted if name is not None]
     example = [node.meta["val"] for node in gm.graph.find_nodes(op="placeholder")]
@@ -216,6 +217,20 @@ class _Reached(Exception):
 
 def _stop(graph: fx.Graph) -> None:
     raise _Reached
+
+
+def _drop_unread_state(gm: fx.GraphModule) -> None:
+    """The placeholders of ``gm`` (a :func:`lifted_graph`) holding a parameter or buffer the graph never reads
+    erased: Dynamo lifts only the state the model's forward reads (an eval-mode BatchNorm's ``num_batches_tracked``
+    is not), so AOTAutograd's graph has no placeholder for it and torch numbers its frozen constants without it."""
+    lifted = []
+    for node, (placeholder, name) in zip(gm.graph.find_nodes(op="placeholder"), gm.meta[LIFTED], strict=True):
+        if name is not None and not node.users:
+            gm.graph.erase_node(node)
+        else:
+            lifted.append((placeholder, name))
+    gm.meta[LIFTED] = tuple(lifted)
+    gm.recompile()
 
 
 def _state_tensor(module: nn.Module, name: str) -> torch.Tensor:
