@@ -122,3 +122,23 @@ def test_a_post_grad_pass_sees_the_fake_mode_torch_compile_sets() -> None:
         "inductor"))
     result = verification.run("numerics")
     assert result.ok, result.message
+
+
+@pytest.mark.slow  # Inductor's lazy_init traces its replacement patterns
+@pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="torchao is not installed")
+def test_each_freezing_pass_holds_the_patterns_its_library_registered_in_the_loops_order() -> None:
+    from torch._inductor.fx_passes import freezing_patterns
+    from torch._inductor.pattern_matcher import ReplacementPatternEntry
+
+    def entries(passes: tuple) -> list:
+        return [entry for patterns in passes for found in patterns.patterns.values() for entry in found]
+
+    torchao_passes = bench.freezing_pattern_passes("torchao")  # registers torchao's, up to pass_patterns[5]
+    torch_passes = bench.freezing_pattern_passes("torch")
+    assert len(torch_passes) == len(torchao_passes) == len(freezing_patterns.pass_patterns)
+    assert {bench._registrant(entry) for entry in entries(torch_passes)} == {"torch"}
+    assert {bench._registrant(entry) for entry in entries(torchao_passes)} == {"torchao"}
+    registered = entries(tuple(freezing_patterns.pass_patterns))
+    assert len(entries(torch_passes)) + len(entries(torchao_passes)) == len(registered)
+    concat = entries(bench.freezing_pattern_passes("torch", replacements=True)[:1])
+    assert len(concat) == 4 and all(isinstance(entry, ReplacementPatternEntry) for entry in concat)
