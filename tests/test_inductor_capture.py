@@ -634,7 +634,8 @@ class _Pooling(torch.nn.Module):
         return torch.nn.functional.max_pool2d(x, 2)
 
 
-@pytest.mark.parametrize("capture", ["inductor_train", "inductor_train_joint"])
+@pytest.mark.parametrize("capture", ["inductor_train", "inductor_train_post", "inductor_train_joint",
+                                     "inductor_train_joint_post"])
 def test_a_training_capture_of_a_model_nothing_requires_grad_in_skips_naming_the_inference_capture(capture):
     v = _verification(inductor_passes.inductor_joint_patterns, _Pooling, (2, 3, 8, 8), capture)
     for check in ("numerics", "lint"):

@@ -488,7 +488,7 @@ def _training_package(module: nn.Module, inputs: tuple[Any, ...], hook: str, pos
     kept: dict[str, fx.GraphModule] = {}
     inference = Skip("nothing in the model requires grad (no parameter does, nor its inputs): torch.compile compiles "
                      "its inference graph, which the "
-                     f"{'inductor_joint' if hook == 'joint' else 'inductor'} capture gives; there is no training graph")
+                     f"{Inductor(hook=hook, position=position).name} capture gives; there is no training graph")
     if not any(parameter.requires_grad for parameter in parameters.values()):
         raise inference
 
