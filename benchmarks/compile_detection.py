@@ -80,6 +80,7 @@ PASSES = (
     _backend("runs_on_copies", "backend-outputs"), _backend("identity"),
     _backend("specialize_sizes_in_place", "backend-input-unchanged"), _backend("specialize_sizes_with_fallback"),
     _backend("lowering_cached_by_shapes", "backend-dtypes"), _backend("lowering_cached_by_shapes_and_dtypes"),
+    _backend("reusing_output_buffers", "backend-dynamic-shapes"), _backend("copying_output_buffers"),
     _backend("lower_linear", "backend-gradients"), _backend("inference_linear"),
     _backend("torch._dynamo.backends.debugging:aot_eager"),
     # graph passes under the captures of their hook: fused kernels as custom ops without autograd
