@@ -549,6 +549,19 @@ def test_inductor_fails_to_compile_a_permuted_key_of_another_size(fresh_dynamo, 
         torch.compile(attention)(q, kt, v)
 
 
+@pytest.mark.slow
+def test_freezing_packs_a_float64_conv_which_onednn_refuses(fresh_dynamo):
+    from torch._inductor import config
+
+    conv, x = nn.Conv2d(3, 8, 3).double().eval(), torch.randn(1, 3, 8, 8, dtype=torch.float64)
+    with torch.no_grad():
+        torch.compile(conv)(x)  # without freezing it compiles
+        torch._dynamo.reset()
+        with config.patch(freezing=True), pytest.raises(torch._dynamo.exc.BackendCompilerFailed,
+                                                        match="itensor_view_from_dense.*Double"):
+            torch.compile(conv)(x)
+
+
 # -- OpenVINO's torch.compile backend -------------------------------------------------------------------------
 
 

@@ -208,11 +208,6 @@ def test_the_capture_needs_example_inputs_and_says_so() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="fxverify's numerics: on a model whose buffers change in forward, the float64 "
-                   "original is run once per input configuration (the reference of a float32 mismatch) and the float64 "
-                   "result once, then _float64_localisation compares the two cached copies with their buffers stepped "
-                   "apart (edge_buffer_written_through_view: max abs err 1.43e+03); fix: release both float64 copies "
-                   "there when applied().state_advanced, so module() makes a fresh pair")
 def test_a_stateful_models_float64_copies_are_compared_from_one_state() -> None:
     """Inductor's freezing patterns pack edge_buffer_written_through_view's linear (mkl._mkl_linear), whose float32
     rounding differs from addmm's: numerics runs the float64 reference, and must compare copies in one state."""

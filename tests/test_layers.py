@@ -145,6 +145,7 @@ HOMONYMS = {
     "fxverify/__init__.py": {"golden"},
     "fxverify/analysis/module_state.py": {"meta"},
     "fxverify/capture/copies.py": {"meta"},
+    "fxverify/capture/freezing.py": {"recompile", "lint"},  # torch's steps after the freezing pattern loop
     "fxverify/core/captures.py": {"opset"},
     "fxverify/core/contracts.py": {"cuda", "meta", "devices"},
     "fxverify/strategies/patterns.py": {"meta"},

@@ -51,7 +51,7 @@ from torch.utils import _pytree as pytree
 
 from fxverify.analysis.graph_text import canonical_text
 from fxverify.capture.base import Capture
-from fxverify.capture.inductor import FIRED, _check_placement, fired_in, ordering_problem
+from fxverify.capture.inductor import FIRED, check_placement, fired_in, ordering_problem
 from fxverify.capture.lifted_buffers import LIFTED, lifted_graph, state_as_attributes, state_as_placeholders
 from fxverify.core import captures
 from fxverify.core.graph_passes import at_joint_hook
@@ -113,7 +113,7 @@ class Freezing(Capture):
             gm.recompile()
         result = _registered_as(state_as_attributes(result, gm), result)
         result.meta[FIRED] = fired
-        _check_placement(transform, fired)
+        check_placement(transform, fired)
         return result, in_place
 
     def fired_in(self, result: nn.Module) -> tuple[str, ...] | None:

@@ -148,7 +148,7 @@ class Inductor(Capture):
                 result.meta[FIRED] = fired
             else:  # the module returned may run the graph it was given
                 read_state_as_attributes(given, gm)
-            _check_placement(transform, fired)
+            check_placement(transform, fired)
             return result, in_place
         changed: list[str] = []
         layout: _Layout = gm.meta[_LAYOUT]
@@ -171,7 +171,7 @@ class Inductor(Capture):
         gm.graph = _inlined(gm)
         gm.recompile()
         gm.meta[FIRED] = tuple(changed)
-        _check_placement(transform, tuple(changed))
+        check_placement(transform, tuple(changed))
         return gm, True
 
     def fired_in(self, result: nn.Module) -> tuple[str, ...] | None:
@@ -663,7 +663,7 @@ def _check_well_formed(transform: Transform, result: fx.GraphModule, graph: str)
                               f"would refuse it: {error}", f"malformed {graph} graph: {error}") from error
 
 
-def _check_placement(transform: Transform, fired: tuple[str, ...]) -> None:
+def check_placement(transform: Transform, fired: tuple[str, ...]) -> None:
     allowed = transform.contract.fires_in
     outside = [graph for graph in fired if allowed is not None and graph not in allowed]
     if outside:

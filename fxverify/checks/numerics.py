@@ -128,7 +128,12 @@ def _float64_input(subject: Subject) -> str:
 
 
 def _float64_localisation(subject: Subject) -> Localisation:
-    """Both modules run in float64 on the primary inputs, every kept node recorded."""
+    """Both modules run in float64 on the primary inputs, every kept node recorded: from one state, where the runs
+    before stepped a model's buffers apart (the float64 original is run once per input configuration, the result
+    once)."""
+    if subject.applied().state_advanced:
+        for which in ("original", "result"):
+            subject.release_copy(which, torch.float64)
     original, result = subject.module("original", torch.float64), subject.module("result", torch.float64)
     inputs = subject.primary.make(subject.case.seed, dtype=torch.float64)
     return localise(original, result, inputs, subject.float64_tolerance,
