@@ -50,8 +50,17 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from fxverify.analysis.graph_text import canonical_text
+from fxverify.analysis.module_state import resolve
 from fxverify.capture.base import Capture
-from fxverify.capture.inductor import FIRED, check_placement, fired_in, ordering_problem
+from fxverify.capture.inductor import (
+    FIRED,
+    HookReached,
+    check_placement,
+    fired_in,
+    graph_fake_mode,
+    ordering_problem,
+    stop_at_hook,
+)
 from fxverify.capture.lifted_buffers import LIFTED, lifted_graph, state_as_attributes, state_as_placeholders
 from fxverify.core import captures
 from fxverify.core.graph_passes import at_joint_hook
@@ -96,7 +105,7 @@ class Freezing(Capture):
             before = canonical_text(given.graph)
             example = [node.meta["val"] for node in given.graph.find_nodes(op="placeholder")]  # AOTAutograd's inputs
             with config.patch(fallback_random=True, freezing=True), torch.no_grad(), enter_freezing(), \
-                    _fake_mode(given), at_joint_hook():  # the loop calls pattern.apply(graph): the graph alone
+                    graph_fake_mode(given), at_joint_hook():  # the loop calls pattern.apply(graph): the graph alone
                 result, in_place = transform.apply(given, timeout=timeout)
                 if not isinstance(result, fx.GraphModule):
                     raise TransformFailed(f"transform {transform.spec} returned a {type(result).__name__}: the "
@@ -146,20 +155,20 @@ def at_loop(gm: fx.GraphModule, module: nn.Module) -> fx.GraphModule:
     example = [node.meta["val"] for node in gm.graph.find_nodes(op="placeholder")]
     gm = _recursive_joint_graph_passes(gm, input_device=next(iter(get_inputs_devices(example, gm)), None))
     gm.meta[LIFTED] = lifted
-    with _as_handed(gm), _fake_mode(gm), enter_freezing():
+    with _as_handed(gm), graph_fake_mode(gm), enter_freezing():
         if GraphLowering.decide_layout_opt(gm, is_inference=True):
             fake_tensor_prop(gm, example, True)
             convert_conv_weights_to_channels_last(gm)
         view_to_reshape(gm)
-        tensors = [_state_tensor(module, name) for name in state]
+        tensors = [resolve(module, name) for name in state]
         preserved = replace_params_with_constants(gm, tensors, _aot_metadata(gm, len(state)))
         gm.meta[LIFTED] = tuple(lifted[i] for i in preserved)
         gm.graph = fx_graph_cse(gm.graph)
         gm.recompile()
-        with unittest.mock.patch.object(freezing_patterns.pass_patterns[0], "apply", _stop):
+        with unittest.mock.patch.object(freezing_patterns.pass_patterns[0], "apply", stop_at_hook):
             try:
                 freezing_patterns.freezing_passes(gm, [example[i] for i in preserved])
-            except _Reached:
+            except HookReached:
                 return gm
     raise AssertionError("Inductor's freezing_passes did not reach its pattern loop")
 
@@ -211,14 +220,6 @@ class _Refused(Exception):
     """A graph ``stable_topological_sort`` cannot order, with what is wrong with it."""
 
 
-class _Reached(Exception):
-    """Raised by the stand-in for the loop's first pass, to stop ``freezing_passes`` where the loop begins."""
-
-
-def _stop(graph: fx.Graph) -> None:
-    raise _Reached
-
-
 def _drop_unread_state(gm: fx.GraphModule) -> None:
     """The placeholders of ``gm`` (a :func:`lifted_graph`) holding a parameter or buffer the graph never reads
     erased: Dynamo lifts only the state the model's forward reads (an eval-mode BatchNorm's ``num_batches_tracked``
@@ -231,13 +232,6 @@ def _drop_unread_state(gm: fx.GraphModule) -> None:
             lifted.append((placeholder, name))
     gm.meta[LIFTED] = tuple(lifted)
     gm.recompile()
-
-
-def _state_tensor(module: nn.Module, name: str) -> torch.Tensor:
-    """The model's own parameter or buffer ``name`` (Dynamo hands AOTAutograd the module's tensors themselves)."""
-    *path, field = name.split(".")
-    owner = module.get_submodule(".".join(path)) if path else module
-    return getattr(owner, field)
 
 
 def _aot_metadata(gm: fx.GraphModule, state: int) -> Any:
@@ -289,16 +283,6 @@ def _from_flat_output(gm: fx.GraphModule) -> None:
                               "changed the number of graph outputs")
     output.args = (pytree.tree_unflatten(list(flat), spec),)
     gm.recompile()
-
-
-def _fake_mode(gm: fx.GraphModule) -> contextlib.AbstractContextManager[Any]:
-    """``V.fake_mode`` set to the FakeTensorMode of ``gm``'s ``meta['val']``, as ``compile_fx`` sets it around
-    AOTAutograd and its compilers."""
-    from torch._guards import detect_fake_mode
-    from torch._inductor.virtualized import V
-
-    fake_mode = detect_fake_mode([node.meta.get("val") for node in gm.graph.nodes])
-    return contextlib.nullcontext() if fake_mode is None else V.set_fake_mode(fake_mode)
 
 
 def _registered_as(gm: fx.GraphModule, source: fx.GraphModule) -> fx.GraphModule:

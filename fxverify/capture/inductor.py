@@ -243,13 +243,10 @@ def at_custom_pass(gm: fx.GraphModule, *, is_inference: bool, position: str = "p
     """``gm`` (after the joint-graph passes) as ``post_grad_custom_<position>_pass`` receives it: ``view_to_reshape``,
     then ``post_grad_passes`` up to that hook, which stops it (the post hook comes after Inductor's own post-grad
     pattern passes)."""
-    from torch._guards import detect_fake_mode
     from torch._inductor.fx_passes.post_grad import post_grad_passes, view_to_reshape
-    from torch._inductor.virtualized import V
 
     view_to_reshape(gm)
-    fake_mode = detect_fake_mode([node.meta.get("val") for node in gm.graph.nodes])
-    with V.set_fake_mode(fake_mode):
+    with graph_fake_mode(gm):
         _stopped_at("post_grad", position, lambda: post_grad_passes(gm, is_inference))
     gm.recompile()
     return gm
@@ -276,21 +273,22 @@ def _stopped_at(hook: str, position: str, run: Callable[[], Any]) -> None:
     from torch._inductor import config
 
     name = f"{hook}_custom_{position}_pass"
-    with config.patch({f"{hook}_custom_{place}_pass": _stop if place == position else None
+    with config.patch({f"{hook}_custom_{place}_pass": stop_at_hook if place == position else None
                        for place in ("pre", "post")}):
         try:
             run()
-        except _Reached:
+        except HookReached:
             return
     raise AssertionError(f"Inductor's passes did not call {name}")
 
 
-class _Reached(Exception):
-    """Raised by the hook to stop Inductor's passes where a custom pass runs."""
+class HookReached(Exception):
+    """Raised by :func:`stop_at_hook` to stop Inductor's passes where a custom pass runs."""
 
 
-def _stop(graph: fx.Graph) -> None:
-    raise _Reached
+def stop_at_hook(graph: fx.Graph) -> None:
+    """A stand-in for the pass a hook runs, stopping Inductor's passes there (:class:`HookReached`)."""
+    raise HookReached
 
 
 # -- what torch does after a hook ------------------------------------------------------------------------
@@ -404,11 +402,16 @@ def _cycle(graph: fx.Graph) -> list[fx.Node]:
 def _fake_mode_at(gm: fx.GraphModule, hook: str) -> contextlib.AbstractContextManager[Any]:
     """``V.fake_mode`` as the hook's passes see it: at a post-grad hook the graph's FakeTensorMode, which
     ``compile_fx`` sets around ``post_grad_passes`` (Inductor's own ``reinplace_inplaceable_ops`` reads it)."""
+    return graph_fake_mode(gm) if hook == "post_grad" else contextlib.nullcontext()
+
+
+def graph_fake_mode(gm: fx.GraphModule) -> contextlib.AbstractContextManager[Any]:
+    """``V.fake_mode`` set to the FakeTensorMode of ``gm``'s ``meta['val']``, as ``compile_fx`` sets it around
+    AOTAutograd's compilers and Inductor's graph passes; nothing where ``gm`` has none."""
     from torch._guards import detect_fake_mode
     from torch._inductor.virtualized import V
 
-    fake_mode = detect_fake_mode([node.meta.get("val") for node in gm.graph.find_nodes(op="placeholder")]) \
-        if hook == "post_grad" else None
+    fake_mode = detect_fake_mode([node.meta.get("val") for node in gm.graph.nodes])
     return contextlib.nullcontext() if fake_mode is None else V.set_fake_mode(fake_mode)
 
 
@@ -506,7 +509,7 @@ def _training_package(module: nn.Module, inputs: tuple[Any, ...], hook: str, pos
     def joint_only(gm: fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
         kept["joint"] = gm  # changed in place by the joint-graph passes up to the hook, which stops them
         _stopped_at("joint", position, lambda: partition_fn(gm, joint_inputs, **kwargs))
-        raise _Reached  # no partitioning: the joint graph is the capture
+        raise HookReached  # no partitioning: the joint graph is the capture
 
     compiled = aot_function(lifted, fw_compiler=keep("forward", False), bw_compiler=keep("backward", False),
                             inference_compiler=keep("inference", True),
@@ -518,7 +521,7 @@ def _training_package(module: nn.Module, inputs: tuple[Any, ...], hook: str, pos
     if hook == "joint":
         try:
             compiled(*inputs, *copies)
-        except _Reached:
+        except HookReached:
             pass
         parts = {"joint": kept["joint"]}
         parts["joint"].recompile()

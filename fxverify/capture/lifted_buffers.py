@@ -31,7 +31,6 @@ tensor([1., 1., 1.])
 from __future__ import annotations
 
 import collections
-import operator
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -39,6 +38,7 @@ import torch
 from torch import fx, nn
 
 from fxverify.analysis.localise import written_arguments
+from fxverify.analysis.module_state import resolve
 
 __all__ = ["LIFTED", "REFUSED", "attach", "lifted_graph", "lifted_make_fx", "read_state_as_attributes",
            "refuses_buffer_update", "state_as_attributes", "state_as_placeholders", "writes_attributes", "write_backs"]
@@ -143,7 +143,7 @@ def state_as_attributes(gm: fx.GraphModule, owner: nn.Module) -> fx.GraphModule:
         if name is not None:
             env[node] = graph.get_attr(name)
             env[node].meta = dict(node.meta)
-    state = {name: operator.attrgetter(name)(owner) for name in lifted.values() if name is not None}
+    state = {name: resolve(owner, name) for name in lifted.values() if name is not None}
     result = _rebuilt(gm, graph, env, state)
     _attach_state(result, owner, state)
     return result
@@ -153,7 +153,7 @@ def read_state_as_attributes(gm: fx.GraphModule, owner: nn.Module) -> None:
     """``gm`` (a :func:`lifted_graph`) changed in place into what :func:`state_as_attributes` makes of it, for
     whatever holds ``gm`` itself."""
     gm.graph = state_as_attributes(gm, owner).graph
-    _attach_state(gm, owner, {name: operator.attrgetter(name)(owner) for _, name in gm.meta[LIFTED] if name})
+    _attach_state(gm, owner, {name: resolve(owner, name) for _, name in gm.meta[LIFTED] if name})
     gm.recompile()
 
 
@@ -196,7 +196,7 @@ def _rebuilt(gm: fx.GraphModule, graph: fx.Graph, env: dict[fx.Node, fx.Node],
             env[node] = graph.node_copy(node, env.__getitem__)
     held = held or {}
     read = {node.target for node in graph.nodes if node.op in ("get_attr", "call_module")}
-    result = fx.GraphModule({target: held[target] if target in held else operator.attrgetter(target)(gm)
+    result = fx.GraphModule({target: held[target] if target in held else resolve(gm, target)
                              for target in read}, graph)
     result.meta.update(gm.meta)
     return result.train(gm.training)

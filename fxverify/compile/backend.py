@@ -62,7 +62,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from fxverify.analysis.compare import Mismatch, Tolerance, compare_trees, compare_values
 from fxverify.analysis.graph_text import node_line
-from fxverify.analysis.module_state import Snapshot
+from fxverify.analysis.module_state import Snapshot, tensors_equal
 from fxverify.cases.case import ModelCase, load_case
 from fxverify.cases.inputs import InputConfig, with_batch, with_size
 from fxverify.checks.gradients import loss_gradients
@@ -777,16 +777,9 @@ def _note_returned(run: Run | Replay, outputs: Any) -> None:
 
 
 def _identical(a: Any, b: Any) -> bool:
-    """Whether two output trees hold the same values, bit for bit (NaN equal to NaN)."""
+    """Whether two output trees hold the same values (NaN equal to NaN)."""
     leaves_a, leaves_b = tree_leaves(a), tree_leaves(b)
-    return len(leaves_a) == len(leaves_b) and all(
-        x.shape == y.shape and x.dtype == y.dtype and torch.equal(_bits(x), _bits(y))
-        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) else x is y or x == y
-        for x, y in zip(leaves_a, leaves_b))
-
-
-def _bits(x: torch.Tensor) -> torch.Tensor:
-    return x.detach().contiguous().view(-1).view(torch.uint8)
+    return len(leaves_a) == len(leaves_b) and all(map(tensors_equal, leaves_a, leaves_b))
 
 
 def _buffers(model: nn.Module) -> dict[str, torch.Tensor]:
