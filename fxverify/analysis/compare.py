@@ -227,7 +227,7 @@ def compare_values(
         return Mismatch(path, f"dtype differs: expected {expected.dtype}, got {actual.dtype}")
     if actual.shape != expected.shape:
         return Mismatch(path, f"shape differs: expected {tuple(expected.shape)}, got {tuple(actual.shape)}")
-    a, e = actual.detach().cpu(), expected.detach().cpu()
+    a, e = (t.to_dense() if t.layout != torch.strided else t for t in (actual.detach().cpu(), expected.detach().cpu()))
     if not e.is_floating_point() and not e.is_complex():
         if torch.equal(a, e):
             return None

@@ -23,7 +23,7 @@ from torch import fx
 
 from fxverify.analysis.compare import compare_trees, compare_values
 from fxverify.analysis.localise import written_arguments
-from fxverify.analysis.module_state import tensor_state
+from fxverify.analysis.module_state import tensor_state, tensors_equal
 from fxverify.analysis.parameters import tensor_fates
 from fxverify.checks._outputs import finding_of
 from fxverify.core.contracts import Mode
@@ -53,7 +53,7 @@ def check(subject: Subject) -> dict[str, Any]:
         if found is not None:
             raise finding_of(found, where)
         before, after = dict(original.named_buffers()), tensor_state(result)
-        updated.update(name for name, t in before.items() if not torch.equal(t, initial[name]))
+        updated.update(name for name, t in before.items() if not tensors_equal(t, initial[name]))
         for name in sorted(updated):
             now = _held_as(name, after, moved)
             if now is None:
@@ -104,7 +104,7 @@ def _updates_buffers(subject: Subject, mode: Mode) -> bool:
     where = f"{subject.primary.describe()}, {subject.dtype}, {mode} mode, a first call to see whether its buffers change"
     with torch.no_grad():
         ModuleRaised.guard("original", where, functools.partial(original, *subject.primary.make(subject.case.seed)))
-    return any(not torch.equal(t, initial[name]) for name, t in original.named_buffers())
+    return any(not tensors_equal(t, initial[name]) for name, t in original.named_buffers())
 
 
 def _writers(module: torch.nn.Module, buffer: str) -> list[fx.Node]:
