@@ -257,6 +257,16 @@ def test_input_configs_and_large_set():
     assert torch.equal(case.configs[0].make(dtype=torch.float64)[0], small[0].double())
 
 
+def test_a_floating_input_declaring_its_domain_stays_in_it_in_the_large_set():
+    from fxverify.cases.inputs import input_configs
+
+    domain, free = fxverify.InputSpec((2, 8), low=-3.0, high=3.0), fxverify.InputSpec((2, 8))
+    assert [c.name for c in input_configs((domain,), (2,))] == ["b2-8"]  # a quantized model's calibration range
+    large = input_configs((domain, free), (2,))[-1]
+    bounded, scaled = large.make()
+    assert large.name == "b2-8-large" and bounded.abs().max() <= 3.0 and scaled.abs().max() > 100
+
+
 def test_fresh_builds_are_identical_and_state_is_randomised():
     case = fxverify.load_case("edge_conv_bn_head")
     a, b = case.build(), case.build()

@@ -68,7 +68,8 @@ RANDOM_GRAPH_TAG = "random_graph"  # the tag of drawn graphs (fxverify.strategie
 class InputSpec:
     """One positional input: its shape (batch first) and dtype.
 
-    ``low`` / ``high`` bound the values drawn (integer inputs need them).
+    ``low`` / ``high`` bound the values drawn (integer inputs need them). On a floating input they declare
+    the model's domain (a quantized model's calibration range): the large-magnitude input set leaves it as drawn.
     """
 
     shape: tuple[int, ...]

@@ -48,7 +48,8 @@ class InputConfig:
                     high = 3.0 if high is None else high
                 t = torch.testing.make_tensor(spec.shape, dtype=spec_dtype, device="cpu", low=low, high=high)
                 if t.is_floating_point():
-                    t = t * self.scale
+                    if _unbounded_floating(spec):
+                        t = t * self.scale
                     if dtype is not None:
                         t = t.to(dtype)
                 tensors.append(t.to(device))
@@ -71,11 +72,14 @@ def input_configs(
     dtype: str | None = None,
 ) -> list[InputConfig]:
     """The configurations a model is checked at: the primary one first, then other
-    batch sizes, other spatial sizes of the first input, and a large-magnitude set;
+    batch sizes, other spatial sizes of the first input, and a large-magnitude set (each floating
+    input without declared ``low``/``high`` scaled; none where every one declares them);
     with ``dtype`` (the model's), every floating input in that dtype.
 
     >>> input_configs((InputSpec((2, 4)), InputSpec((2,), "int64", 0, 3)), (2,), dtype="bfloat16")[0].describe()
     'b2-4 (x0: 2x4 bfloat16, x1: 2 int64)'
+    >>> [c.name for c in input_configs((InputSpec((2, 4), low=-3, high=3),), (2,))]  # a declared domain: no large set
+    ['b2-4']
     """
     primary = tuple(specs) if dtype is None else tuple(_in_dtype(s, dtype) for s in specs)
     configs = [_config(primary)]
@@ -88,9 +92,15 @@ def input_configs(
         if spatial != first.shape[-len(spatial):]:
             changed = dataclasses.replace(first, shape=first.shape[: -len(spatial)] + spatial)
             configs.append(_config((changed,) + primary[1:]))
-    if any(getattr(torch, s.dtype).is_floating_point for s in primary):
+    if any(_unbounded_floating(s) for s in primary):
         configs.append(InputConfig(f"{configs[0].name}-large", primary, LARGE_SCALE))
     return configs
+
+
+def _unbounded_floating(spec: InputSpec) -> bool:
+    """Whether ``spec`` is a floating input without declared bounds: one the large-magnitude set scales (bounds
+    declare the model's domain, such as the range a quantized model was calibrated on, which it stays in)."""
+    return getattr(torch, spec.dtype).is_floating_point and spec.low is None and spec.high is None
 
 
 def with_batch(config: InputConfig, batch: int) -> InputConfig:
