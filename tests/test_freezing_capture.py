@@ -19,6 +19,7 @@ from torch._inductor.pattern_matcher import CallFunction, KeywordArg, Match, Pat
 import fxverify
 from fxverify.capture.freezing import Freezing
 from fxverify.capture.inductor import fired_in
+from fxverify.capture.lowerings import is_lowering
 from fxverify.cases.case import ModelCase, case_from_module, load_case
 from fxverify.core.results import FAILED, PASSED, SKIPPED
 
@@ -214,3 +215,103 @@ def test_a_stateful_models_float64_copies_are_compared_from_one_state() -> None:
     found = _verification("benchmarks.real_compile_passes:inductor_freezing_patterns",
                           load_case("edge_buffer_written_through_view")).run("numerics")
     assert found.outcome == PASSED, found.message
+
+
+# -- inductor_freezing_post: the same frozen compile at post_grad_custom_post_pass, where torchao's quantized
+# concat-linear fusion runs on the qlinear lowering nodes its x86 lowerings left ------------------------------------
+def _target(node: fx.Node) -> str:
+    """A call's target as text, a lowering handler by its name (its text holds the match it is bound to)."""
+    return getattr(node.target, "__name__", "?") if is_lowering(node.target) else str(node.target)
+
+
+def _at_post_hook(graph: fx.Graph) -> dict[str, Any]:
+    return {"calls": [_target(node) for node in graph.nodes if node.op == "call_function"],
+            "placeholders": len(graph.find_nodes(op="placeholder"))}
+
+
+def _ao(name: str, shape: tuple[int, ...]) -> Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]:
+    def make() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+        from benchmarks.real_compile_passes import ao_model
+
+        torch.manual_seed(1)
+        return ao_model(name), (torch.randn(shape),)
+
+    return make
+
+
+def _ao_case(name: str) -> ModelCase:
+    from benchmarks.real_compile_passes import ao_entries
+
+    return ModelCase(next(entry for entry in ao_entries() if entry.name == name))
+
+
+def _post(transform: Any, case: ModelCase) -> fxverify.Verification:
+    return fxverify.Verification(transform, case, capture=case.capture_named("inductor_freezing_post"))
+
+
+@fxverify.contract(modes=("eval",), devices=("cpu",))
+def nothing_in_place(graph: fx.Graph) -> None:
+    """A post-grad pass that finds nothing to do: the graph, lowering nodes and their ``meta['val']`` as given (an
+    ``fx.Transformer`` rebuild drops that meta, which torch's FakeTensorUpdater then refuses for lowering nodes)."""
+
+
+@fxverify.contract(modes=("eval",), devices=("cpu",), keeps_opset=False, changes_parameters=True, range_tol=5e-2)
+def swapped_query_and_key(graph: fx.Graph) -> None:
+    """BUG (the split outputs handed to the wrong users): torchao's concat-linear fusion, then the first two outputs
+    of the split of its concatenated projection exchanged, so the query is computed with the key's weights (its
+    contract is torchao's pass's)."""
+    from benchmarks.real_compile_passes import torchao_quantized_concat_linear
+
+    torchao_quantized_concat_linear(graph)
+    for split in graph.find_nodes(op="call_function", target=aten.split_with_sizes.default):
+        first, second = (next(user for user in split.users if user.args[1] == index) for index in (0, 1))
+        first.args, second.args = second.args, first.args
+
+
+@pytest.mark.slow
+@needs_torchao
+@pytest.mark.parametrize(("name", "shape"), [("ao_qlinear", (2, 4)), ("ao_mha", (1, 100, 256))])
+def test_the_post_capture_is_the_graph_a_frozen_compile_hands_post_grad_custom_post_pass(
+        name: str, shape: tuple[int, ...]) -> None:
+    from torch._inductor import config
+
+    make, seen = _ao(name, shape), []
+    model, inputs = make()
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad(), config.patch(freezing=True, force_disable_caches=True, fallback_random=True,
+                                           post_grad_custom_post_pass=lambda graph: seen.append(_at_post_hook(graph))):
+            torch.compile(model)(*inputs)
+    finally:
+        torch._dynamo.reset()
+    gm = Freezing(position="post").capture(make()[0], training=False, inputs=inputs)
+    [received] = seen
+    assert _at_post_hook(gm.graph) == received
+    assert "qlinear" in received["calls"]  # torchao's x86 lowerings left lowering nodes, which the graph keeps
+    with torch.no_grad():  # and which run eagerly: the quantized model's own values
+        torch.testing.assert_close(gm(*inputs), make()[0](*inputs), atol=2e-2, rtol=0)
+
+
+@pytest.mark.slow
+@needs_torchao
+def test_a_pass_finding_nothing_at_the_post_hook_passes_every_check_that_applies() -> None:
+    verification = _post(nothing_in_place, _ao_case("ao_mha"))
+    outcomes = {check: verification.run(check).outcome for check in
+                ("lint", "numerics", "meta", "opset", "purity", "stateful", "determinism", "recompile", "interpreter")}
+    assert set(outcomes.values()) <= {PASSED, SKIPPED}, outcomes
+    assert [outcomes[check] for check in ("lint", "numerics", "meta", "opset", "purity")] == [PASSED] * 5
+
+
+@pytest.mark.slow
+@needs_torchao
+def test_torchaos_quantized_concat_linear_fires_and_passes_and_its_twin_swapping_query_and_key_fails() -> None:
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    verification = _post("benchmarks.real_compile_passes:torchao_quantized_concat_linear", _ao_case("ao_mha"))
+    assert [verification.run(check).outcome for check in ("numerics", "lint", "meta")] == [PASSED] * 3
+    assert counters["inductor"]["quantized_concat_linear_fusion"] == 1
+    assert fired_in(verification.subject.applied().result) == ("inference",)
+    found = _post(swapped_query_and_key, _ao_case("ao_mha")).run("numerics")
+    assert found.outcome == FAILED, found.message
+    assert "outputs differ" in found.message and "split_with_sizes" in found.message

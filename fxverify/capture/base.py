@@ -31,6 +31,12 @@ from fxverify.core.transform import Transform
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 
+def interpreted(self: fx.GraphModule, *args: Any) -> Any:
+    """A ``GraphModule``'s ``forward`` that runs its graph with ``torch.fx.Interpreter`` instead of its generated code
+    (where that code cannot run: a capture's module class sets it as its ``forward``)."""
+    return fx.Interpreter(self).run(*args)
+
+
 class Capture:
     """How a model becomes a graph a transform takes (``name`` shows in messages, reports and item ids)."""
 

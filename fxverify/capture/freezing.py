@@ -31,14 +31,27 @@ them, and each preserved parameter or buffer a ``get_attr`` of the model's own t
 what torch runs after the loop (:func:`after_loop`); where torch raises there, the transform fails, saying that
 ``torch.compile`` would refuse its graph.
 
+``inductor_freezing_post`` (``position="post"``, :func:`at_post_hook`) is the same compile further on, at
+``post_grad_custom_post_pass`` (where torchao's ``register_quantized_concat_linear_cpu_pass`` installs its quantized
+concat-linear fusion): that graph, then torch's whole pattern loop (its own patterns and whatever a library
+registered: torchao's x86 lowerings make ``onednn.qlinear_pointwise`` calls of prepacked weights) and the loop's tail,
+``_freeze``'s ``constant_fold``, ``fx_codegen_and_compile``'s ``view_to_reshape`` and ``fake_tensor_prop``, then
+``post_grad_passes(gm, is_inference=True)`` stopped at the post hook (its lowering patterns leave Inductor lowering
+nodes, the ``qlinear`` calls torchao's concat-linear fusion matches: the graph keeps them, and runs them eagerly,
+:func:`~fxverify.capture.lowerings.runnable`). The transform is called with the graph, then carried on as after the
+``inductor_post`` hook (:func:`~fxverify.capture.inductor.carried_on`).
+
 >>> capture = Freezing()
 >>> capture.name, capture.traits.opset, capture.traits.differentiated
 ('inductor_freezing', 'functional', False)
+>>> Freezing(position="post").name
+'inductor_freezing_post'
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import types
 import unittest.mock
@@ -55,6 +68,8 @@ from fxverify.capture.base import Capture
 from fxverify.capture.inductor import (
     FIRED,
     HookReached,
+    at_custom_pass,
+    carried_on,
     check_placement,
     fired_in,
     graph_fake_mode,
@@ -62,6 +77,7 @@ from fxverify.capture.inductor import (
     stop_at_hook,
 )
 from fxverify.capture.lifted_buffers import LIFTED, lifted_graph, state_as_attributes, state_as_placeholders
+from fxverify.capture.lowerings import runnable
 from fxverify.core import captures
 from fxverify.core.graph_passes import at_joint_hook
 from fxverify.core.transform import Transform
@@ -73,16 +89,22 @@ _OUTPUT_SPEC = "fxverify_output_spec"  # gm.meta key: the pytree spec of what th
 
 @dataclasses.dataclass(frozen=True)
 class Freezing(Capture):
-    """The inference graph at Inductor's freezing pattern loop (``config.freezing=True``), made offline."""
+    """The inference graph at Inductor's freezing pattern loop (``config.freezing=True``), made offline;
+    ``position="post"``: the same compile's graph at ``post_grad_custom_post_pass``."""
 
-    name = "inductor_freezing"
+    position: str = "loop"  # "loop": freezing's pattern loop; "post": the frozen compile's post_grad_custom_post_pass
     bakes_dtypes = True  # ATen nodes bake dtype=: a float64 copy is the float64 model captured again
     switches_mode = False  # the mode is traced in
     keeps_captures = True  # a capture costs tens of symbolic traces and constant folding
 
+    @property
+    def name(self) -> str:
+        return "inductor_freezing" + ("_post" if self.position == "post" else "")
+
     def capture(self, module: nn.Module, *, training: bool, inputs: tuple[Any, ...] = ()) -> fx.GraphModule:
         """A fresh graph of ``module`` in the given mode, compiled under ``torch.no_grad()`` on ``inputs`` (freezing
-        compiles inference graphs only; a model in train mode is frozen too), as the loop receives it."""
+        compiles inference graphs only; a model in train mode is frozen too), as the loop (``position="post"``: the post
+        hook) receives it."""
         from torch._inductor import config, lowering  # noqa: F401  Inductor's decompositions read its lowering
         from torch._inductor.decomposition import select_decomp_table
 
@@ -90,37 +112,49 @@ class Freezing(Capture):
             raise ValueError(f"the {self.name} capture needs example inputs")
         module.train(training)
         with config.patch(fallback_random=True, freezing=True), torch.no_grad():
-            gm = lifted_graph(module, inputs, select_decomp_table(), state_first=True)
-            gm = at_loop(gm, module)
-        return _registered_as(state_as_attributes(gm, module), gm)
+            gm = lifted_graph(_quant_lifted(module), inputs, select_decomp_table(), state_first=True)
+            gm = at_loop(gm, module) if self.position == "loop" else at_post_hook(gm, module)
+        return _registered_as(runnable(state_as_attributes(gm, module)), gm)
 
     def apply(self, transform: Transform, gm: fx.GraphModule, *, timeout: float | None) -> tuple[nn.Module, bool]:
         """``transform`` run on the graph as the loop runs a pass, then what torch runs after the loop
-        (:func:`after_loop`); where it changed the graph is recorded (``inference``: :func:`fired_in`)."""
+        (:func:`after_loop`); at the post hook, called as ``post_grad_passes`` calls it, then carried on as torch
+        carries it on (:func:`~fxverify.capture.inductor.carried_on`); its lowering nodes run eagerly too; where
+        it changed the graph is recorded (``inference``: :func:`fired_in`)."""
         from torch._inductor import config
         from torch._inductor.freezing_utils import enter_freezing
+        from torch._inductor.fx_utils import FakeTensorUpdater
 
         given = _registered_as(state_as_placeholders(gm), gm)  # preserved state as placeholders, as torch has them
+        loop = self.position == "loop"
         with _as_handed(given):
             before = canonical_text(given.graph)
             example = [node.meta["val"] for node in given.graph.find_nodes(op="placeholder")]  # AOTAutograd's inputs
-            with config.patch(fallback_random=True, freezing=True), torch.no_grad(), enter_freezing(), \
-                    graph_fake_mode(given), at_joint_hook():  # the loop calls pattern.apply(graph): the graph alone
+            updater = None if loop else FakeTensorUpdater(given)  # post_grad_passes makes it before its custom passes
+            told = at_joint_hook() if loop else contextlib.nullcontext()  # the loop calls pattern.apply(graph): the
+            # graph alone; post_grad_passes calls the post pass with the graph and, if inference-aware, is_inference
+            with config.patch(fallback_random=True, freezing=True), torch.no_grad(), \
+                    enter_freezing() if loop else contextlib.nullcontext(), graph_fake_mode(given), told:
                 result, in_place = transform.apply(given, timeout=timeout)
                 if not isinstance(result, fx.GraphModule):
                     raise TransformFailed(f"transform {transform.spec} returned a {type(result).__name__}: the "
-                                          "passes of freezing's pattern loop change the graph they are given")
+                                          f"passes at {self._hook()} change the graph they are given")
                 fired = ("inference",) if canonical_text(result.graph) != before else ()
                 given_changed = result is not given and canonical_text(given.graph) != before
                 if result is not given:
                     result.meta.update({key: given.meta[key] for key in (LIFTED, _OUTPUT_SPEC)})
-                after_loop(transform, result, example)
+                if loop:
+                    after_loop(transform, result, example)
+                else:
+                    carried_on(transform, result, graph="inference", hook="post_grad", position="post",
+                               updater=updater)
+                    _constants_faked(result)  # what runnable traces a lowering handler on
         if result is not given:
             _from_flat_output(result)
         if given_changed:  # it changed the graph it was given, too
             gm.graph = state_as_attributes(given, gm).graph
             gm.recompile()
-        result = _registered_as(state_as_attributes(result, gm), result)
+        result = _registered_as(runnable(state_as_attributes(result, gm)), result)
         result.meta[FIRED] = fired
         check_placement(transform, fired)
         return result, in_place
@@ -129,7 +163,10 @@ class Freezing(Capture):
         return fired_in(result)
 
     def describe(self) -> str:
-        return f"{self.name} (the inference graph at {HOOK}, config.freezing=True; static shapes)"
+        return f"{self.name} (the inference graph at {self._hook()}, config.freezing=True; static shapes)"
+
+    def _hook(self) -> str:
+        return HOOK if self.position == "loop" else "the frozen compile's post_grad_custom_post_pass"
 
 
 def for_model(facts: captures.ModelFacts) -> Freezing:
@@ -137,13 +174,23 @@ def for_model(facts: captures.ModelFacts) -> Freezing:
     return Freezing()
 
 
-def at_loop(gm: fx.GraphModule, module: nn.Module) -> fx.GraphModule:
+def post_for_model(facts: captures.ModelFacts) -> Freezing:
+    """The ``inductor_freezing_post`` capture of a model (the registry's factory): static shapes."""
+    return Freezing(position="post")
+
+
+def at_loop(gm: fx.GraphModule, module: nn.Module, *, through: bool = False) -> fx.GraphModule:
     """``gm`` (a :func:`lifted_graph` of ``module``, state first) as freezing's pattern loop receives it: torch's
     steps from ``fw_compiler_freezing`` up to the loop, the unmutated parameters and buffers frozen to constants,
-    ``gm.meta[LIFTED]`` naming the placeholders left."""
+    ``gm.meta[LIFTED]`` naming the placeholders left; ``through``: as ``_freeze`` returns it, the whole of
+    ``freezing_passes`` (the loop runs every registered pattern) and ``_freeze``'s ``constant_fold`` run."""
     from torch._functorch.compile_utils import fx_graph_cse
     from torch._inductor.compile_fx import _recursive_joint_graph_passes, fake_tensor_prop, get_inputs_devices
-    from torch._inductor.freezing import convert_conv_weights_to_channels_last, replace_params_with_constants
+    from torch._inductor.freezing import (
+        constant_fold,
+        convert_conv_weights_to_channels_last,
+        replace_params_with_constants,
+    )
     from torch._inductor.freezing_utils import enter_freezing
     from torch._inductor.fx_passes import freezing_patterns
     from torch._inductor.fx_passes.post_grad import view_to_reshape
@@ -165,12 +212,32 @@ def at_loop(gm: fx.GraphModule, module: nn.Module) -> fx.GraphModule:
         gm.meta[LIFTED] = tuple(lifted[i] for i in preserved)
         gm.graph = fx_graph_cse(gm.graph)
         gm.recompile()
+        if through:
+            freezing_patterns.freezing_passes(gm, [example[i] for i in preserved])
+            constant_fold(gm)
+            return gm
         with unittest.mock.patch.object(freezing_patterns.pass_patterns[0], "apply", stop_at_hook):
             try:
                 freezing_patterns.freezing_passes(gm, [example[i] for i in preserved])
             except HookReached:
                 return gm
     raise AssertionError("Inductor's freezing_passes did not reach its pattern loop")
+
+
+def at_post_hook(gm: fx.GraphModule, module: nn.Module) -> fx.GraphModule:
+    """``gm`` (a :func:`lifted_graph` of ``module``, state first) as the frozen compile's ``post_grad_custom_post_pass``
+    receives it: ``_freeze``'s graph (:func:`at_loop` ``through``), then ``fx_codegen_and_compile``'s ``view_to_reshape``
+    and ``fake_tensor_prop`` on AOTAutograd's inputs left, and ``post_grad_passes(gm, is_inference=True)`` up to the
+    post hook (:func:`~fxverify.capture.inductor.at_custom_pass`)."""
+    from torch._inductor.compile_fx import fake_tensor_prop
+    from torch._inductor.fx_passes.post_grad import view_to_reshape
+
+    gm = at_loop(gm, module, through=True)
+    example = [node.meta["val"] for node in gm.graph.find_nodes(op="placeholder")]
+    with _as_handed(gm), graph_fake_mode(gm):
+        view_to_reshape(gm)
+        fake_tensor_prop(gm, example, True)
+        return at_custom_pass(gm, is_inference=True, position="post")
 
 
 def after_loop(transform: Transform, gm: fx.GraphModule, example: list[Any]) -> None:
@@ -218,6 +285,26 @@ def after_loop(transform: Transform, gm: fx.GraphModule, example: list[Any]) -> 
 
 class _Refused(Exception):
     """A graph ``stable_topological_sort`` cannot order, with what is wrong with it."""
+
+
+def _quant_lifted(module: nn.Module) -> nn.Module:
+    """``module``, or where it is a ``GraphModule`` (a PT2E-quantized model) a copy of it with Inductor's
+    ``quant_lift_up`` run on its graph, as ``pre_grad_passes`` runs it on Dynamo's graph before AOTAutograd (a
+    ``quantize_per_tensor`` moved above the views it follows, so the qlinear lowerings fuse it as the qlinear's output
+    quantization). Inductor's other pre-grad passes do not run, as in the other Inductor captures."""
+    from torch._inductor.fx_passes.quantization import quant_lift_up
+
+    if not isinstance(module, fx.GraphModule):
+        return module
+    graph = fx.Graph()
+    graph._codegen = copy.copy(module.graph._codegen)  # an exported module's pytree calling convention
+    graph.output(graph.graph_copy(module.graph, {}))
+    lifted = fx.GraphModule(module, graph)  # the model's own tensors
+    lifted.train(module.training)
+    quant_lift_up(lifted)
+    lifted.graph.lint()
+    lifted.recompile()
+    return lifted
 
 
 def _drop_unread_state(gm: fx.GraphModule) -> None:
@@ -303,4 +390,42 @@ def _registered_as(gm: fx.GraphModule, source: fx.GraphModule) -> fx.GraphModule
             gm.register_buffer(name, tensor)
     if hasattr(source, "_frozen_param_count"):
         gm._frozen_param_count = source._frozen_param_count  # torch numbers its next constant from it
+    _copies_share_packed(gm)
     return gm
+
+
+def _constants_faked(gm: fx.GraphModule) -> None:
+    """Each ``get_attr`` of a tensor that has no ``meta['val']`` (a constant a post-grad pass added: torchao's
+    concat-linear fusion registers its concatenated weights so; Inductor's lowering reads the tensor itself, never
+    that meta) given its FakeTensor, which :func:`~fxverify.capture.lowerings.runnable` traces a lowering on."""
+    from torch._guards import detect_fake_mode
+
+    fake_mode = detect_fake_mode([node.meta.get("val") for node in gm.graph.nodes])
+    for node in gm.graph.find_nodes(op="get_attr"):
+        tensor = getattr(gm, str(node.target), None)
+        if fake_mode is not None and "val" not in node.meta and isinstance(tensor, torch.Tensor):
+            node.meta["val"] = fake_mode.from_tensor(tensor, static_shapes=True)
+
+
+def _copies_share_packed(gm: fx.GraphModule) -> None:
+    """``copy.deepcopy(gm)`` (and of its copies) sharing ``gm``'s mkldnn tensors (the weights ``_freeze``'s
+    ``constant_fold`` packed with ``onednn.qlinear_prepack`` / ``mkldnn._reorder_*``), which ``Tensor.__deepcopy__``
+    refuses (an ``OpaqueTensorImpl`` has no storage): frozen constants nobody writes, read by every copy as the
+    compiled model reads them. Set on ``gm``'s own class (``fx.GraphModule`` makes one for each instance) and on each
+    copy's."""
+    cls = type(gm)
+    if "__deepcopy__" in vars(cls) or not any(getattr(value, "is_mkldnn", False) for value in vars(gm).values()
+                                               if isinstance(value, torch.Tensor)) and not any(
+            tensor.is_mkldnn for tensor in (*gm._buffers.values(), *gm._parameters.values()) if tensor is not None):
+        return
+    copy_graph_module = fx.GraphModule.__deepcopy__
+
+    def deepcopy_sharing_packed(self: fx.GraphModule, memo: dict[int, Any]) -> fx.GraphModule:
+        for tensor in (*self._buffers.values(), *self._parameters.values(), *vars(self).values()):
+            if isinstance(tensor, torch.Tensor) and tensor.is_mkldnn:
+                memo[id(tensor)] = tensor
+        copied = copy_graph_module(self, memo)
+        _copies_share_packed(copied)
+        return copied
+
+    cls.__deepcopy__ = deepcopy_sharing_packed  # type: ignore[method-assign]

@@ -12,11 +12,20 @@ computes into ATen ops, and :func:`replay` puts them in the node's place, so the
 computes. A handler that builds Inductor IR (``post_grad.cat_slice_cat`` reads ``V.graph``'s size variables) cannot
 be traced: no check can judge that result eagerly, and :func:`replay` raises :class:`~fxverify.core.results.Skip`
 saying so (judge it by compiling with the pass installed).
+
+A graph handed over *with* lowering nodes (a hook after Inductor's lowering patterns ran: the frozen compile's
+``post_grad_custom_post_pass``, where torchao's quantized concat-linear fusion matches the ``qlinear`` lowerings
+torchao's x86 lowerings left) must keep them as they are for the pass, and still run for the checks:
+:func:`runnable` wraps each handler in an :class:`EagerLowering` (the same name, module and marks, so a pass
+recognises it; called on tensors it computes eagerly what its lowering computes) and returns the module as a
+:class:`LoweringModule`, which runs its graph node by node (its generated code names the handler by a qualified
+name no module holds).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import operator
 from collections.abc import Iterator
 from typing import Any
@@ -25,6 +34,7 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
+from fxverify.capture.base import interpreted
 from fxverify.core.results import Skip, exception_summary
 
 
@@ -71,6 +81,65 @@ def replay(gm: fx.GraphModule) -> None:
     if nodes:
         gm.graph.lint()
         gm.recompile()
+
+
+class EagerLowering:
+    """A lowering handler as a node's target that also runs on tensors: called with Inductor IR (``TensorBox``es,
+    as Inductor lowers the graph) it is the handler; called with tensors, the handler under :func:`eager_lowerings`.
+    It carries the handler's name, module and attributes (its ``_inductor_lowering_function`` mark), which passes
+    and torch read to recognise it.
+
+    >>> def handler(match, x):
+    ...     return x + 1
+    >>> handler._inductor_lowering_function = True
+    >>> wrapped = EagerLowering(handler)
+    >>> wrapped.__name__, is_lowering(wrapped), wrapped(None, torch.ones(1))
+    ('handler', True, tensor([2.]))
+    """
+
+    def __init__(self, handler: Any) -> None:
+        functools.update_wrapper(self, handler)
+        self.handler = handler
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from torch._inductor.ir import IRNode
+
+        if any(isinstance(leaf, IRNode) for leaf in pytree.tree_leaves((args, kwargs))):
+            return self.handler(*args, **kwargs)
+        with eager_lowerings():
+            return self.handler(*args, **kwargs)
+
+
+class LoweringModule(fx.GraphModule):
+    """A ``GraphModule`` that runs its graph with ``torch.fx.Interpreter`` while the graph holds lowering nodes
+    (:func:`runnable`), its generated code otherwise; the code is kept as text (``gm.code``) all the same."""
+
+    def recompile(self) -> Any:
+        found = super().recompile()
+        if lowering_nodes(self.graph):
+            type(self).forward = interpreted
+        return found
+
+
+def runnable(gm: fx.GraphModule) -> fx.GraphModule:
+    """``gm`` as a :class:`LoweringModule` (itself where it is one) whose lowering nodes call :class:`EagerLowering`
+    handlers, so that the graph, as a pass at a later hook receives it, also runs eagerly; raise :class:`Skip` where a
+    handler cannot run on tensors (it builds Inductor IR: :func:`replay` says so).
+
+    >>> runnable(fx.symbolic_trace(lambda x: x + 1))(torch.ones(1))
+    tensor([2.])
+    """
+    for node in lowering_nodes(gm.graph):
+        if not isinstance(node.target, EagerLowering):
+            _traced(node)  # the Skip where the handler does not run on tensors
+            node.target = EagerLowering(node.target)
+    if not isinstance(gm, LoweringModule):
+        module = LoweringModule(gm, gm.graph)
+        module.meta.update(gm.meta)
+        module.train(gm.training)
+        return module
+    gm.recompile()
+    return gm
 
 
 def _traced(node: fx.Node) -> fx.GraphModule:

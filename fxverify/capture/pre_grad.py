@@ -49,7 +49,7 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from fxverify.capture.base import Capture
+from fxverify.capture.base import Capture, interpreted
 from fxverify.capture.lifted_buffers import attach
 from fxverify.core import captures
 from fxverify.core.transform import Transform
@@ -295,14 +295,10 @@ class PreGradModule(fx.GraphModule):
             found = super().recompile()
         except SyntaxError as error:
             self.uncompiled = f"its generated code is no Python ({error.msg}, line {error.lineno})"
-            type(self).forward = _interpreted
+            type(self).forward = interpreted
             return None
         self.uncompiled = None
         return found
-
-
-def _interpreted(self: fx.GraphModule, *args: Any) -> Any:
-    return fx.Interpreter(self).run(*args)
 
 
 @dataclasses.dataclass(frozen=True)

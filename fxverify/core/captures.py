@@ -11,7 +11,7 @@ Adding a capture is one :class:`CaptureSpec` row below plus its module in ``fxve
 ('symbolic_trace', 'export', 'export_core', 'make_fx', 'inductor', 'inductor_post', 'inductor_train', 'inductor_train_post')
 >>> capture_names()[8:]  # doctest: +NORMALIZE_WHITESPACE
 ('inductor_joint', 'inductor_joint_post', 'inductor_train_joint', 'inductor_train_joint_post', 'inductor_pre_grad',
- 'inductor_freezing')
+ 'inductor_freezing', 'inductor_freezing_post')
 >>> spec("make_fx").traits.carries_meta_val, spec("make_fx").traits.has_program
 (True, False)
 >>> lacking(spec("symbolic_trace").traits, ("has_program",), "symbolic_trace")
@@ -160,6 +160,11 @@ REGISTRY: tuple[CaptureSpec, ...] = (
                 "the inference graph at Inductor's freezing pattern loop (config.freezing=True), where "
                 "register_freezing_graph_pattern passes run: unmutated parameters and buffers frozen to constants "
                 "(no codegen)",
+                CaptureTraits(carries_meta_val=True, opset="functional", pickles=False, moves_device=False,
+                              differentiated=False)),
+    CaptureSpec("inductor_freezing_post", "fxverify.capture.freezing", "post_for_model",
+                "the same frozen compile's inference graph where post_grad_custom_post_pass receives it: the "
+                "freezing patterns (torchao's x86 lowerings included) and Inductor's post-grad passes run (no codegen)",
                 CaptureTraits(carries_meta_val=True, opset="functional", pickles=False, moves_device=False,
                               differentiated=False)),
 )
