@@ -50,6 +50,7 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from fxverify.capture.base import Capture, interpreted
+from fxverify.capture.inductor import HookReached
 from fxverify.capture.lifted_buffers import attach
 from fxverify.core import captures
 from fxverify.core.transform import Transform
@@ -160,12 +161,12 @@ def _stopped_at_hook(gm: fx.GraphModule, example_inputs: list[Any]) -> fx.GraphM
 
     def stop(graph: fx.Graph) -> None:
         reached.append(graph)
-        raise _Reached
+        raise HookReached
 
     try:
         with config.patch({HOOK: stop, "pre_grad_pass_timing": "early"}):
             compile_fx(gm, example_inputs)
-    except _Reached:
+    except HookReached:
         pass
     if not reached:
         raise RuntimeError(f"Inductor never called {HOOK} (config.use_pre_grad_passes is "
@@ -177,10 +178,6 @@ def _stopped_at_hook(gm: fx.GraphModule, example_inputs: list[Any]) -> fx.GraphM
                                   f"{HOOK} first: capturing them is not built")
     assert isinstance(owner, fx.GraphModule), "the hook's graph belongs to a GraphModule"
     return owner
-
-
-class _Reached(Exception):
-    """Raised by the hook to stop Inductor where the custom pass runs."""
 
 
 @contextlib.contextmanager
