@@ -651,10 +651,10 @@ class _CatRelu(torch.nn.Module):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="known gap: the Inductor captures start from make_fx of the module, so Inductor's "
-                   "pre-grad passes, which a real torch.compile runs on Dynamo's graph first, are missing (here "
-                   "sink_cat_after_pointwise: torch.compile hands relu, relu, cat; the capture holds cat, relu)")
 def test_the_inference_capture_holds_what_inductors_pre_grad_passes_leave():
+    """The Inductor captures start from Dynamo's graph after Inductor's pre-grad passes, as AOTAutograd receives it
+    (here sink_cat_after_pointwise: torch.compile hands relu, relu, cat; a capture made from the module held cat,
+    relu)."""
     from torch._inductor import config
 
     from fxverify.capture.inductor import Inductor

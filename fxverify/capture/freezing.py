@@ -17,8 +17,9 @@ holding the model's own tensor; mutated ones stay placeholders), ``fx_graph_cse`
 weight-prepack calls a pattern inserts into packed constants), and ``fx_codegen_and_compile`` ``view_to_reshape``
 and ``fake_tensor_prop`` before the post-grad passes.
 
-The capture runs that path offline (``make_fx`` with Inductor's decompositions as the other Inductor captures,
-:func:`~fxverify.capture.lifted_buffers.lifted_graph`; torch's own functions for every step, under
+The capture runs that path offline (from Dynamo's graph after Inductor's pre-grad passes,
+:func:`~fxverify.capture.pre_grad.as_aot_receives`, ``make_fx`` with Inductor's decompositions as the other Inductor
+captures, :func:`~fxverify.capture.lifted_buffers.lifted_graph`; torch's own functions for every step, under
 ``V.fake_mode``, ``config.freezing`` and ``enter_freezing`` as ``compile_fx`` sets them), with
 ``pass_patterns[0].apply`` stopping it at the loop: neither Inductor's own freezing patterns nor what a library
 registered into them run, the transform takes their place. While torch's passes and the transform run the graph
@@ -51,7 +52,6 @@ nodes, the ``qlinear`` calls torchao's concat-linear fusion matches: the graph k
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import types
 import unittest.mock
@@ -65,19 +65,19 @@ from torch.utils import _pytree as pytree
 from fxverify.analysis.graph_text import canonical_text
 from fxverify.analysis.module_state import resolve
 from fxverify.capture.base import Capture
+from fxverify.capture.hook_stops import HookReached, stop_at_hook
 from fxverify.capture.inductor import (
     FIRED,
-    HookReached,
     at_custom_pass,
     carried_on,
     check_placement,
     fired_in,
     graph_fake_mode,
     ordering_problem,
-    stop_at_hook,
 )
 from fxverify.capture.lifted_buffers import LIFTED, lifted_graph, state_as_attributes, state_as_placeholders
 from fxverify.capture.lowerings import runnable
+from fxverify.capture.pre_grad import as_aot_receives
 from fxverify.core import captures
 from fxverify.core.graph_passes import at_joint_hook
 from fxverify.core.transform import Transform
@@ -110,11 +110,11 @@ class Freezing(Capture):
 
         if not inputs:
             raise ValueError(f"the {self.name} capture needs example inputs")
-        module.train(training)
         with config.patch(fallback_random=True, freezing=True), torch.no_grad():
-            gm = lifted_graph(_quant_lifted(module), inputs, select_decomp_table(), state_first=True)
-            gm = at_loop(gm, module) if self.position == "loop" else at_post_hook(gm, module)
-        return _registered_as(runnable(state_as_attributes(gm, module)), gm)
+            handed = as_aot_receives(module, inputs, training=training)  # after Inductor's pre-grad passes
+            gm = lifted_graph(handed, inputs, select_decomp_table(), state_first=True)
+            gm = at_loop(gm, handed) if self.position == "loop" else at_post_hook(gm, handed)
+        return _registered_as(runnable(state_as_attributes(gm, handed)), gm)
 
     def apply(self, transform: Transform, gm: fx.GraphModule, *, timeout: float | None) -> tuple[nn.Module, bool]:
         """``transform`` run on the graph as the loop runs a pass, then what torch runs after the loop
@@ -285,26 +285,6 @@ def after_loop(transform: Transform, gm: fx.GraphModule, example: list[Any]) -> 
 
 class _Refused(Exception):
     """A graph ``stable_topological_sort`` cannot order, with what is wrong with it."""
-
-
-def _quant_lifted(module: nn.Module) -> nn.Module:
-    """``module``, or where it is a ``GraphModule`` (a PT2E-quantized model) a copy of it with Inductor's
-    ``quant_lift_up`` run on its graph, as ``pre_grad_passes`` runs it on Dynamo's graph before AOTAutograd (a
-    ``quantize_per_tensor`` moved above the views it follows, so the qlinear lowerings fuse it as the qlinear's output
-    quantization). Inductor's other pre-grad passes do not run, as in the other Inductor captures."""
-    from torch._inductor.fx_passes.quantization import quant_lift_up
-
-    if not isinstance(module, fx.GraphModule):
-        return module
-    graph = fx.Graph()
-    graph._codegen = copy.copy(module.graph._codegen)  # an exported module's pytree calling convention
-    graph.output(graph.graph_copy(module.graph, {}))
-    lifted = fx.GraphModule(module, graph)  # the model's own tensors
-    lifted.train(module.training)
-    quant_lift_up(lifted)
-    lifted.graph.lint()
-    lifted.recompile()
-    return lifted
 
 
 def _drop_unread_state(gm: fx.GraphModule) -> None:

@@ -14,6 +14,10 @@ capture                       graphs                               hook
 ``inductor_train_joint_post`` training joint (before partitioning) ``joint_custom_post_pass``
 ============================  ===================================  ================================
 
+Each starts from what AOTAutograd receives (:func:`~fxverify.capture.pre_grad.as_aot_receives`): Dynamo's graph
+after Inductor's own pre-grad passes, reading the model's parameters and buffers (the model itself where Dynamo
+splits it into several graphs).
+
 Inference (as Inductor compiles a model run under ``torch.no_grad()``): ``make_fx`` of the functionalized
 model with its parameters and buffers lifted to inputs (as AOTAutograd lifts them) and Inductor's
 decomposition table (``select_decomp_table()``), then Inductor's ``joint_graph_passes`` (stopped at a joint
@@ -66,6 +70,7 @@ from torch.utils import _pytree as pytree
 
 from fxverify.analysis.graph_text import canonical_text
 from fxverify.capture.base import Capture
+from fxverify.capture.hook_stops import HookReached, stop_at_hook
 from fxverify.capture.lifted_buffers import (
     LIFTED,
     attach,
@@ -75,6 +80,7 @@ from fxverify.capture.lifted_buffers import (
     state_as_placeholders,
 )
 from fxverify.capture.lowerings import replay
+from fxverify.capture.pre_grad import as_aot_receives
 from fxverify.core import captures
 from fxverify.core.graph_passes import at_joint_hook, training_graph
 from fxverify.core.results import Skip
@@ -112,17 +118,17 @@ class Inductor(Capture):
 
         if not inputs:
             raise ValueError(f"the {self.name} capture needs example inputs")
-        module.train(training)
         with config.patch(fallback_random=True):  # random ops as eager draws them, not Inductor's own generator
+            handed = as_aot_receives(module, inputs, training=training)  # after Inductor's pre-grad passes
             if self.training_graphs:
-                return _training_package(module, inputs, self.hook, self.position)
+                return _training_package(handed, inputs, self.hook, self.position)
             with torch.no_grad():
-                gm = lifted_graph(module, inputs, select_decomp_table(), state_first=True)
+                gm = lifted_graph(handed, inputs, select_decomp_table(), state_first=True)
             if self.hook == "joint":
                 gm = at_joint_pass(gm, position=self.position)
             else:
                 gm = at_custom_pass(_joint_passes(gm), is_inference=True, position=self.position)
-            return state_as_attributes(gm, module)
+            return state_as_attributes(gm, handed)
 
     def apply(self, transform: Transform, gm: fx.GraphModule, *, timeout: float | None) -> tuple[nn.Module, bool]:
         """``transform`` run on the inference graph, or once on each training graph (an inference-aware pass told
@@ -280,15 +286,6 @@ def _stopped_at(hook: str, position: str, run: Callable[[], Any]) -> None:
         except HookReached:
             return
     raise AssertionError(f"Inductor's passes did not call {name}")
-
-
-class HookReached(Exception):
-    """Raised by :func:`stop_at_hook` to stop Inductor's passes where a custom pass runs."""
-
-
-def stop_at_hook(graph: fx.Graph) -> None:
-    """A stand-in for the pass a hook runs, stopping Inductor's passes there (:class:`HookReached`)."""
-    raise HookReached
 
 
 # -- what torch does after a hook ------------------------------------------------------------------------

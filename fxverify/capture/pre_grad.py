@@ -49,8 +49,9 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
+from fxverify.analysis.module_state import resolve
 from fxverify.capture.base import Capture, interpreted
-from fxverify.capture.inductor import HookReached
+from fxverify.capture.hook_stops import HookReached
 from fxverify.capture.lifted_buffers import attach
 from fxverify.core import captures
 from fxverify.core.transform import Transform
@@ -220,6 +221,9 @@ def as_model(handed: Handed, module: nn.Module, inputs: tuple[Any, ...]) -> fx.G
     env: dict[fx.Node, fx.Node] = {}
     placed: list[fx.Node] = []  # the model's inputs, in order
     for node in handed.gm.graph.nodes:
+        if node.op == "get_attr":  # a tensor Inductor's pre-grad passes made (fuse_conv_bn's under freezing)
+            value = resolve(handed.gm, str(node.target))
+            attach(root, handed.gm, str(node.target), value, parameter=isinstance(value, nn.Parameter))
         if node.op != "placeholder":
             env[node] = graph.node_copy(node, env.__getitem__)
         elif id(values[node]) in positions:
@@ -389,17 +393,41 @@ def _class_name(cls: type) -> str:
     return f"{_RETURNED}_{cls.__name__}"
 
 
+def as_aot_receives(module: nn.Module, inputs: tuple[Any, ...], *, training: bool) -> nn.Module:
+    """``module`` as ``torch.compile`` hands it to AOTAutograd, the start of the Inductor captures after the pre-grad
+    hook: Dynamo's graph after the whole of ``pre_grad_passes`` (Inductor's own pre-grad passes, no custom pass, then
+    :func:`_after_hook`'s steps), taking the model's inputs and returning its outputs, reading the model's own
+    parameters and buffers under their names. ``module`` itself where Dynamo splits it into several graphs (each
+    goes through the pre-grad passes on its own: the captures trace the model whole) or hands Inductor none."""
+    module.train(training)
+    try:
+        with torch.set_grad_enabled(training):
+            handed = at_hook(module, inputs)
+    except (NotImplementedError, RuntimeError):
+        return module
+    gm = as_model(handed, module, inputs)
+    _after_hook(gm)
+    gm.recompile()
+    return gm
+
+
+def _after_hook(gm: fx.GraphModule) -> None:
+    """What ``pre_grad_passes`` runs on the graph after the hook but ``recompile()``: ``stable_topological_sort``,
+    ``quant_lift_up`` and ``graph.lint()``."""
+    from torch._inductor.fx_passes.quantization import quant_lift_up
+    from torch._inductor.pattern_matcher import stable_topological_sort
+
+    stable_topological_sort(gm.graph)
+    quant_lift_up(gm)
+    gm.graph.lint()
+
+
 def after_hook(transform: Transform, gm: fx.GraphModule) -> None:
     """What ``pre_grad_passes`` does to the graph after the hook: ``stable_topological_sort``, ``quant_lift_up``,
     ``graph.lint()`` and ``recompile()``; TransformFailed where torch refuses the graph (a cycle, a node reading
     an erased one), as ``torch.compile`` fails there."""
-    from torch._inductor.fx_passes.quantization import quant_lift_up
-    from torch._inductor.pattern_matcher import stable_topological_sort
-
     try:
-        stable_topological_sort(gm.graph)
-        quant_lift_up(gm)
-        gm.graph.lint()
+        _after_hook(gm)
     except (AssertionError, RuntimeError) as error:
         raise TransformFailed(f"transform {transform.spec} left the graph malformed, as torch.compile would refuse "
                               f"it after {HOOK}: {error}", f"malformed graph: {error}") from error
