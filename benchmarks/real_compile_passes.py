@@ -11,9 +11,10 @@ a `pytest_fxverify_models` conftest written there), `--fxverify-patterns` for In
 `--fxverify-backend` over CORPUS for a library's backend. Failures are printed grouped by check and finding, with
 the models that show each: read each group as the pass's author would.
 
-torchao's int8 SDPA fusion (``prototype/inductor/fx_passes/qsdpa_fusion.py``) is not among them: it lowers to
-``torchao::qscaled_dot_product``, which has no CPU kernel in torchao 0.18.0 (its own test skips there, "cpp kernels
-not built"); ``tests/test_real_compile_passes.py`` says when that changes.
+torchao's int8 SDPA fusion (``prototype/inductor/fx_passes/qsdpa_fusion.py``) and its DA8W4 concat-linear fusion
+are not among them: the ops they lower to or fuse (``torchao::qscaled_dot_product``, ``torchao::da8w4_linear_cpu``)
+have no CPU kernel in torchao 0.18.0 (its own tests skip there, "cpp kernels not built");
+``tests/test_real_compile_passes.py`` says when that changes.
 """
 
 from __future__ import annotations

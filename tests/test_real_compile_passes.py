@@ -45,15 +45,17 @@ def test_each_pass_loads_and_names_captures_that_exist() -> None:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="torchao is not installed")
-def test_torchaos_int8_sdpa_fusion_has_no_cpu_kernel_to_run_in_the_pinned_torchao() -> None:
-    """Why the benchmark leaves out torchao's int8 SDPA fusion: the op it lowers to runs on no CPU in the pinned
-    torchao. A torchao that has the kernel fails this test: add the pass (``_qsdpa_init``, at
-    ``post_grad_custom_pre_pass`` of a frozen compile) with torchao's ``ao_mha``."""
+@pytest.mark.parametrize("op", ["qscaled_dot_product", "da8w4_linear_cpu"])
+def test_the_torchao_fusions_left_out_have_no_cpu_kernel_in_the_pinned_torchao(op: str) -> None:
+    """Why the benchmark leaves out torchao's int8 SDPA fusion (it lowers to ``qscaled_dot_product``) and its DA8W4
+    concat-linear fusion (it fuses ``da8w4_linear_cpu`` calls, and returns at once where that has no CPU kernel):
+    the op runs on no CPU in the pinned torchao. A torchao that has the kernel fails this test: add the pass with
+    torchao's own models (``ao_mha``; its test_da8w4_cpu.py model)."""
     import torchao
 
     if torchao.__version__.split("+")[0] != "0.18.0":
         pytest.skip(f"checked for the pinned torchao 0.18.0, this is {torchao.__version__}")
-    assert "CPU" not in torch._C._dispatch_dump("torchao::qscaled_dot_product")
+    assert "CPU" not in torch._C._dispatch_dump(f"torchao::{op}")
 
 
 def test_unknown_pass_names_are_a_usage_error(capsys, monkeypatch) -> None:
