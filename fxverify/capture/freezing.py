@@ -394,18 +394,20 @@ def _copies_share_packed(gm: fx.GraphModule) -> None:
     compiled model reads them. Set on ``gm``'s own class (``fx.GraphModule`` makes one for each instance) and on each
     copy's."""
     cls = type(gm)
-    if "__deepcopy__" in vars(cls) or not any(getattr(value, "is_mkldnn", False) for value in vars(gm).values()
-                                               if isinstance(value, torch.Tensor)) and not any(
-            tensor.is_mkldnn for tensor in (*gm._buffers.values(), *gm._parameters.values()) if tensor is not None):
+    if "__deepcopy__" in vars(cls) or not _packed(gm):
         return
     copy_graph_module = fx.GraphModule.__deepcopy__
 
     def deepcopy_sharing_packed(self: fx.GraphModule, memo: dict[int, Any]) -> fx.GraphModule:
-        for tensor in (*self._buffers.values(), *self._parameters.values(), *vars(self).values()):
-            if isinstance(tensor, torch.Tensor) and tensor.is_mkldnn:
-                memo[id(tensor)] = tensor
+        memo.update({id(tensor): tensor for tensor in _packed(self)})
         copied = copy_graph_module(self, memo)
         _copies_share_packed(copied)
         return copied
 
     cls.__deepcopy__ = deepcopy_sharing_packed  # type: ignore[method-assign]
+
+
+def _packed(gm: fx.GraphModule) -> list[torch.Tensor]:
+    """The mkldnn tensors ``gm`` holds itself: its buffers, parameters and plain tensor attributes."""
+    held = (*gm._buffers.values(), *gm._parameters.values(), *vars(gm).values())
+    return [tensor for tensor in held if isinstance(tensor, torch.Tensor) and tensor.is_mkldnn]
