@@ -221,9 +221,12 @@ def as_model(handed: Handed, module: nn.Module, inputs: tuple[Any, ...]) -> fx.G
     env: dict[fx.Node, fx.Node] = {}
     placed: list[fx.Node] = []  # the model's inputs, in order
     for node in handed.gm.graph.nodes:
-        if node.op == "get_attr":  # a tensor Inductor's pre-grad passes made (fuse_conv_bn's under freezing)
+        if node.op == "get_attr":  # what Inductor's pre-grad passes made (fuse_conv_bn's tensors under freezing)
             value = resolve(handed.gm, str(node.target))
-            attach(root, handed.gm, str(node.target), value, parameter=isinstance(value, nn.Parameter))
+            if isinstance(value, torch.Tensor):
+                attach(root, handed.gm, str(node.target), value, parameter=isinstance(value, nn.Parameter))
+            else:
+                setattr(root, str(node.target), value)
         if node.op != "placeholder":
             env[node] = graph.node_copy(node, env.__getitem__)
         elif id(values[node]) in positions:
