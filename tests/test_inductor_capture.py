@@ -667,3 +667,26 @@ def test_the_inference_capture_holds_what_inductors_pre_grad_passes_leave():
     torch._dynamo.reset()
     gm = Inductor().capture(_CatRelu().eval(), training=False, inputs=(x, y))
     assert handed == [_called(gm.graph)]
+
+
+class _TemperatureSoftmax(torch.nn.Module):
+    """edgenext's channel attention: the logits scaled by a learned per-head temperature, then softmax."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.temperature = torch.nn.Parameter(torch.full((4, 1, 1), 0.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(x * self.temperature, dim=-1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("capture", ["inductor_joint", "inductor_train_joint"])
+def test_a_joint_pattern_replacing_by_example_traces_under_the_graphs_fake_mode(capture: str) -> None:
+    """Inductor's mul_softmax_pattern builds its replacement with ``torch.scalar_tensor``: under ``V.fake_mode``,
+    which compile_fx sets around AOTAutograd, that is a FakeTensor; without it the replacement mixed a real tensor
+    with FakeTensors and the pass raised (a false alarm on edgenext_xx_small under inductor_train_joint)."""
+    verification = _verification(inductor_passes.inductor_joint_patterns, _TemperatureSoftmax, (2, 4, 8, 8), capture)
+    found = verification.run("numerics")
+    assert found.outcome == PASSED, found.message
+    assert fired_in(verification.subject.applied().result)  # the pattern replaced the scaled softmax

@@ -138,7 +138,7 @@ class Inductor(Capture):
             given = state_as_placeholders(gm)  # parameters and buffers as AOTAutograd hands them to Inductor
             before = canonical_text(given.graph)
             updater = _updater(given, self.hook)
-            with self._told(), _fake_mode_at(given, self.hook):
+            with self._told(), graph_fake_mode(given):  # as compile_fx sets it around AOTAutograd
                 result, in_place = transform.apply(given, timeout=timeout)
             graph_module = isinstance(result, fx.GraphModule)
             if graph_module:
@@ -163,7 +163,7 @@ class Inductor(Capture):
                 given = _part(gm, part.attribute)
                 before = canonical_text(given.graph)
                 updater = _updater(given, self.hook)
-                with _fake_mode_at(given, self.hook):
+                with graph_fake_mode(given):  # as compile_fx sets it around AOTAutograd
                     result, _ = transform.apply(given, timeout=timeout)
                 if not isinstance(result, fx.GraphModule):
                     raise TransformFailed(f"transform {transform.spec} returned a {type(result).__name__} for the "
@@ -396,15 +396,11 @@ def _cycle(graph: fx.Graph) -> list[fx.Node]:
     return []
 
 
-def _fake_mode_at(gm: fx.GraphModule, hook: str) -> contextlib.AbstractContextManager[Any]:
-    """``V.fake_mode`` as the hook's passes see it: at a post-grad hook the graph's FakeTensorMode, which
-    ``compile_fx`` sets around ``post_grad_passes`` (Inductor's own ``reinplace_inplaceable_ops`` reads it)."""
-    return graph_fake_mode(gm) if hook == "post_grad" else contextlib.nullcontext()
-
-
 def graph_fake_mode(gm: fx.GraphModule) -> contextlib.AbstractContextManager[Any]:
     """``V.fake_mode`` set to the FakeTensorMode of ``gm``'s ``meta['val']``, as ``compile_fx`` sets it around
-    AOTAutograd's compilers and Inductor's graph passes; nothing where ``gm`` has none."""
+    AOTAutograd, so around Inductor's joint-graph and post-grad passes and every hook's pass (a pattern's
+    ``replace_by_example`` traces its replacement in it: ``torch.scalar_tensor`` in ``mul_softmax_pattern`` makes a
+    FakeTensor there, a real tensor otherwise); nothing where ``gm`` has none."""
     from torch._guards import detect_fake_mode
     from torch._inductor.virtualized import V
 
