@@ -200,7 +200,8 @@ def at_loop(gm: fx.GraphModule, module: nn.Module, *, through: bool = False) -> 
     lifted = gm.meta[LIFTED]
     state = [name for _, name in lifted if name is not None]
     example = [node.meta["val"] for node in gm.graph.find_nodes(op="placeholder")]
-    gm = _recursive_joint_graph_passes(gm, input_device=next(iter(get_inputs_devices(example, gm)), None))
+    with graph_fake_mode(gm):  # as compile_fx sets it around AOTAutograd
+        gm = _recursive_joint_graph_passes(gm, input_device=next(iter(get_inputs_devices(example, gm)), None))
     gm.meta[LIFTED] = lifted
     with _as_handed(gm), graph_fake_mode(gm), enter_freezing():
         if GraphLowering.decide_layout_opt(gm, is_inference=True):

@@ -124,10 +124,11 @@ class Inductor(Capture):
                 return _training_package(handed, inputs, self.hook, self.position)
             with torch.no_grad():
                 gm = lifted_graph(handed, inputs, select_decomp_table(), state_first=True)
-            if self.hook == "joint":
-                gm = at_joint_pass(gm, position=self.position)
-            else:
-                gm = at_custom_pass(_joint_passes(gm), is_inference=True, position=self.position)
+            with graph_fake_mode(gm):  # as compile_fx sets it around AOTAutograd
+                if self.hook == "joint":
+                    gm = at_joint_pass(gm, position=self.position)
+                else:
+                    gm = at_custom_pass(_joint_passes(gm), is_inference=True, position=self.position)
             return state_as_attributes(gm, handed)
 
     def apply(self, transform: Transform, gm: fx.GraphModule, *, timeout: float | None) -> tuple[nn.Module, bool]:
@@ -505,14 +506,18 @@ def _training_package(module: nn.Module, inputs: tuple[Any, ...], hook: str, pos
             return make_boxed_func(gm.forward)
         return compiler
 
+    def partitioned(gm: fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
+        with graph_fake_mode(gm):  # as compile_fx sets it around AOTAutograd
+            return partition_fn(gm, joint_inputs, **kwargs)
+
     def joint_only(gm: fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
         kept["joint"] = gm  # changed in place by the joint-graph passes up to the hook, which stops them
-        _stopped_at("joint", position, lambda: partition_fn(gm, joint_inputs, **kwargs))
+        _stopped_at("joint", position, lambda: partitioned(gm, joint_inputs, **kwargs))
         raise HookReached  # no partitioning: the joint graph is the capture
 
     compiled = aot_function(lifted, fw_compiler=keep("forward", False), bw_compiler=keep("backward", False),
                             inference_compiler=keep("inference", True),
-                            partition_fn=joint_only if hook == "joint" else partition_fn,
+                            partition_fn=joint_only if hook == "joint" else partitioned,
                             decompositions=select_decomp_table())
     copies = [t.detach().clone().requires_grad_(name in parameters and t.requires_grad)  # the model untouched
               for name, t in state.items()]
