@@ -436,15 +436,15 @@ def _update_fake_tensors(transform: Transform, result: fx.GraphModule, updater: 
     except Exception as error:  # whatever a node's FakeTensor computation raises
         summary = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         lowering = "_inductor_lowering_function" in summary  # torch cannot compute a lowering node's FakeTensor
+        advice = ((", except a lowering node's (the call of an Inductor lowering handler, which takes Inductor IR): "
+                   "it must keep the meta['val'] it had, and its inputs theirs. A pass that rebuilds or copies the "
+                   "graph (fx.Transformer, a graph copy) drops that meta: copy each node's meta along, or change the "
+                   "graph in place") if lowering else
+                  "; give each new node's target a FakeTensor implementation (torch.library.register_fake for a "
+                  "custom op)")
         raise _refused(transform, graph, where, f"Inductor's FakeTensorUpdater raised {type(error).__name__}: {summary}",
                        "post_grad_passes computes the FakeTensor of each node the pass added or changed "
-                       "(FakeTensorUpdater.incremental_update), except a lowering node's (the call of an Inductor "
-                       "lowering handler, which takes Inductor IR): it must keep the meta['val'] it had, and its "
-                       "inputs theirs. A pass that rebuilds or copies the graph (fx.Transformer, a graph copy) "
-                       "drops that meta: copy each node's meta along, or change the graph in place" if lowering
-                       else "post_grad_passes computes the FakeTensor of each node the pass added or changed "
-                       "(FakeTensorUpdater.incremental_update); give each new node's target a FakeTensor "
-                       "implementation (torch.library.register_fake for a custom op)") from error
+                       f"(FakeTensorUpdater.incremental_update){advice}") from error
 
 
 def _refused(transform: Transform, graph: str, where: str, problem: str, why: str) -> TransformFailed:
