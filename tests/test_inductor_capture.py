@@ -14,6 +14,7 @@ from torch._inductor.pattern_matcher import PatternMatcherPass
 
 import fxverify
 from fxverify.capture.inductor import fired_in
+from fxverify.capture.lifted_buffers import state_as_placeholders
 from fxverify.core.graph_passes import graph_pass, pattern_passes
 from fxverify.core.results import FAILED, PASSED, SKIPPED
 from fxverify.core.transform import Transform
@@ -222,6 +223,73 @@ def test_the_joint_captures_are_the_graph_torch_compile_hands_the_joint_hook(pos
     gm = capture.capture(_Gated(), training=training, inputs=(x,))
     assert hook.graphs == [_called(gm.get_submodule("joint_graph").graph if training else gm.graph)]
     assert f"joint_custom_{position}_pass" in capture.describe()
+
+
+class _Decomposed(torch.nn.Module):
+    """Ops whose decompositions ``make_fx(functionalize(f))`` leaves other than AOTAutograd does: BatchNorm (dead
+    outputs, a running-statistics update), a circular convolution (a padded copy), bilinear upsampling, RMSNorm
+    (``add_``); it returns a dict, which AOTAutograd's graph returns as a flat tuple."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1, padding_mode="circular")
+        self.bn = torch.nn.BatchNorm2d(4)
+        self.norm = torch.nn.RMSNorm(16)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        h = torch.nn.functional.interpolate(self.bn(self.conv(x)), scale_factor=2, mode="bilinear")
+        return {"out": self.norm(h)}
+
+
+class _Received(CustomGraphPass):
+    """A hook that records what it receives (placeholder shapes, the output node, the call targets) and stops the
+    compile there."""
+
+    def __init__(self) -> None:
+        self.graphs: list[list[str]] = []
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        self.graphs.append(_received(graph))
+        raise _Stop
+
+    def uuid(self) -> None:
+        return None
+
+
+class _Stop(Exception):
+    pass
+
+
+def _received(graph: torch.fx.Graph) -> list[str]:
+    shapes = [tuple(node.meta["val"].shape) for node in graph.find_nodes(op="placeholder")]
+    return [str(shapes), graph.output_node().format_node(), *_called(graph)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("hook", ["post_grad", "joint"])
+@pytest.mark.parametrize("position", ["pre", "post"])
+def test_the_inference_capture_is_the_graph_torch_compile_hands_the_hook(position, hook, training):
+    """Placeholders, output and every call as a real ``torch.compile`` hands them (a capture made with
+    ``make_fx(functionalize(f))`` had BatchNorm's dead ``empty``, RMSNorm's ``add_``, the padded ``copy_``, no
+    decomposed upsampling, the dict as the graph's output), and the captured module still returns the dict."""
+    from torch._inductor import config
+
+    from fxverify.capture.inductor import Inductor
+
+    x, hook_pass = torch.randn(2, 3, 8, 8), _Received()
+    torch._dynamo.reset()
+    with config.patch({f"{hook}_custom_{position}_pass": hook_pass, "force_disable_caches": True}), \
+            torch.no_grad(), pytest.raises(Exception, match="_Stop"):
+        torch.compile(_Decomposed().train(training))(x)
+    torch._dynamo.reset()
+    model = _Decomposed().train(training)
+    gm = Inductor(hook=hook, position=position).capture(model, training=training, inputs=(x,))
+    assert hook_pass.graphs == [_received(state_as_placeholders(gm).graph)]
+    expected = _Decomposed().train(training)
+    expected.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(gm(x), expected(x))
 
 
 @pytest.mark.slow

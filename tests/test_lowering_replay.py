@@ -73,7 +73,7 @@ def test_inductors_post_grad_patterns_pass_where_they_lower_and_skip_where_no_ch
     case = _case("split_cat", "SplitCat", (2, 8))
     results = fxverify.Verification(POST_GRAD_PATTERNS, case, capture=case.capture_named("inductor")).run_all()
     assert not [r for r in results if r.outcome.value in ("failed", "error")], [r.message for r in results if not r.ok]
-    assert {r.check for r in results if r.outcome.value == "passed"} >= {"numerics", "lint", "opset", "pickle"}
+    assert {r.check for r in results if r.outcome.value == "passed"} >= {"numerics", "lint", "opset"}
 
     case = _case("cat_slice_cat", "CatSliceCat", (2, 8), (2, 8))
     results = fxverify.Verification(POST_GRAD_PATTERNS, case, capture=case.capture_named("inductor")).run_all()

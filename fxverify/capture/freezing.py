@@ -18,8 +18,9 @@ weight-prepack calls a pattern inserts into packed constants), and ``fx_codegen_
 and ``fake_tensor_prop`` before the post-grad passes.
 
 The capture runs that path offline (from Dynamo's graph after Inductor's pre-grad passes,
-:func:`~fxverify.capture.pre_grad.as_aot_receives`, ``make_fx`` with Inductor's decompositions as the other Inductor
-captures, :func:`~fxverify.capture.lifted_buffers.lifted_graph`; torch's own functions for every step, under
+:func:`~fxverify.capture.pre_grad.as_aot_receives`, AOTAutograd's inference graph with Inductor's decompositions as
+the other inference Inductor captures, :func:`~fxverify.capture.aot_inference.aot_inference_graph`; torch's own
+functions for every step, under
 ``V.fake_mode``, ``config.freezing`` and ``enter_freezing`` as ``compile_fx`` sets them), with
 ``pass_patterns[0].apply`` stopping it at the loop: neither Inductor's own freezing patterns nor what a library
 registered into them run, the transform takes their place. While torch's passes and the transform run the graph
@@ -55,7 +56,6 @@ import contextlib
 import dataclasses
 import types
 import unittest.mock
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -64,6 +64,7 @@ from torch.utils import _pytree as pytree
 
 from fxverify.analysis.graph_text import canonical_text
 from fxverify.analysis.module_state import resolve
+from fxverify.capture.aot_inference import aot_inference_graph, returns_as_handed
 from fxverify.capture.base import Capture
 from fxverify.capture.hook_stops import HookReached, stop_at_hook
 from fxverify.capture.inductor import (
@@ -75,7 +76,7 @@ from fxverify.capture.inductor import (
     graph_fake_mode,
     ordering_problem,
 )
-from fxverify.capture.lifted_buffers import LIFTED, lifted_graph, state_as_attributes, state_as_placeholders
+from fxverify.capture.lifted_buffers import LIFTED, state_as_attributes, state_as_placeholders
 from fxverify.capture.lowerings import runnable
 from fxverify.capture.pre_grad import as_aot_receives
 from fxverify.core import captures
@@ -84,7 +85,6 @@ from fxverify.core.transform import Transform
 from fxverify.errors import TransformFailed
 
 HOOK = "freezing_passes' pattern loop"  # for pattern in freezing_patterns.pass_patterns: pattern.apply(gm.graph)
-_OUTPUT_SPEC = "fxverify_output_spec"  # gm.meta key: the pytree spec of what the model returns
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,8 +112,10 @@ class Freezing(Capture):
             raise ValueError(f"the {self.name} capture needs example inputs")
         with config.patch(fallback_random=True, freezing=True), torch.no_grad():
             handed = as_aot_receives(module, inputs, training=training)  # after Inductor's pre-grad passes
-            gm = lifted_graph(handed, inputs, select_decomp_table(), state_first=True)
+            gm = aot_inference_graph(handed, inputs, select_decomp_table(), state_first=True)  # under freezing
+            codegen, count = gm.graph._codegen, len(gm.graph.output_node().args[0])  # type: ignore[arg-type]
             gm = at_loop(gm, handed) if self.position == "loop" else at_post_hook(gm, handed)
+        returns_as_handed(gm, codegen, count)  # torch's steps made the graph anew
         return _registered_as(runnable(state_as_attributes(gm, handed)), gm)
 
     def apply(self, transform: Transform, gm: fx.GraphModule, *, timeout: float | None) -> tuple[nn.Module, bool]:
@@ -127,31 +129,31 @@ class Freezing(Capture):
 
         given = _registered_as(state_as_placeholders(gm), gm)  # preserved state as placeholders, as torch has them
         loop = self.position == "loop"
-        with _as_handed(given):
-            before = canonical_text(given.graph)
-            example = [node.meta["val"] for node in given.graph.find_nodes(op="placeholder")]  # AOTAutograd's inputs
-            updater = None if loop else FakeTensorUpdater(given)  # post_grad_passes makes it before its custom passes
-            told = at_joint_hook() if loop else contextlib.nullcontext()  # the loop calls pattern.apply(graph): the
-            # graph alone; post_grad_passes calls the post pass with the graph and, if inference-aware, is_inference
-            with config.patch(fallback_random=True, freezing=True), torch.no_grad(), \
-                    enter_freezing() if loop else contextlib.nullcontext(), graph_fake_mode(given), told:
-                result, in_place = transform.apply(given, timeout=timeout)
-                if not isinstance(result, fx.GraphModule):
-                    raise TransformFailed(f"transform {transform.spec} returned a {type(result).__name__}: the "
-                                          f"passes at {self._hook()} change the graph they are given")
-                fired = ("inference",) if canonical_text(result.graph) != before else ()
-                given_changed = result is not given and canonical_text(given.graph) != before
-                if result is not given:
-                    result.meta.update({key: given.meta[key] for key in (LIFTED, _OUTPUT_SPEC)})
-                if loop:
-                    after_loop(transform, result, example)
-                else:
-                    carried_on(transform, result, graph="inference", hook="post_grad", position="post",
-                               updater=updater)
-                    _constants_faked(result)  # what runnable traces a lowering handler on
-        if result is not given:
-            _from_flat_output(result)
+        codegen, count = given.graph._codegen, len(given.graph.output_node().args[0])  # type: ignore[arg-type]
+        before = canonical_text(given.graph)
+        example = [node.meta["val"] for node in given.graph.find_nodes(op="placeholder")]  # AOTAutograd's inputs
+        updater = None if loop else FakeTensorUpdater(given)  # post_grad_passes makes it before its custom passes
+        told = at_joint_hook() if loop else contextlib.nullcontext()  # the loop calls pattern.apply(graph): the
+        # graph alone; post_grad_passes calls the post pass with the graph and, if inference-aware, is_inference
+        with config.patch(fallback_random=True, freezing=True), torch.no_grad(), \
+                enter_freezing() if loop else contextlib.nullcontext(), graph_fake_mode(given), told:
+            result, in_place = transform.apply(given, timeout=timeout)
+            if not isinstance(result, fx.GraphModule):
+                raise TransformFailed(f"transform {transform.spec} returned a {type(result).__name__}: the "
+                                      f"passes at {self._hook()} change the graph they are given")
+            fired = ("inference",) if canonical_text(result.graph) != before else ()
+            given_changed = result is not given and canonical_text(given.graph) != before
+            if result is not given:
+                result.meta[LIFTED] = given.meta[LIFTED]
+            if loop:
+                after_loop(transform, result, example)
+            else:
+                carried_on(transform, result, graph="inference", hook="post_grad", position="post",
+                           updater=updater)
+                _constants_faked(result)  # what runnable traces a lowering handler on
+        returns_as_handed(result, codegen, count)
         if given_changed:  # it changed the graph it was given, too
+            returns_as_handed(given, codegen, count)
             gm.graph = state_as_attributes(given, gm).graph
             gm.recompile()
         result = _registered_as(runnable(state_as_attributes(result, gm)), result)
@@ -180,7 +182,7 @@ def post_for_model(facts: captures.ModelFacts) -> Freezing:
 
 
 def at_loop(gm: fx.GraphModule, module: nn.Module, *, through: bool = False) -> fx.GraphModule:
-    """``gm`` (a :func:`lifted_graph` of ``module``, state first) as freezing's pattern loop receives it: torch's
+    """``gm`` (an :func:`aot_inference_graph` of ``module``) as freezing's pattern loop receives it: torch's
     steps from ``fw_compiler_freezing`` up to the loop, the unmutated parameters and buffers frozen to constants,
     ``gm.meta[LIFTED]`` naming the placeholders left; ``through``: as ``_freeze`` returns it, the whole of
     ``freezing_passes`` (the loop runs every registered pattern) and ``_freeze``'s ``constant_fold`` run."""
@@ -203,7 +205,7 @@ def at_loop(gm: fx.GraphModule, module: nn.Module, *, through: bool = False) -> 
     with graph_fake_mode(gm):  # as compile_fx sets it around AOTAutograd
         gm = _recursive_joint_graph_passes(gm, input_device=next(iter(get_inputs_devices(example, gm)), None))
     gm.meta[LIFTED] = lifted
-    with _as_handed(gm), graph_fake_mode(gm), enter_freezing():
+    with graph_fake_mode(gm), enter_freezing():
         if GraphLowering.decide_layout_opt(gm, is_inference=True):
             fake_tensor_prop(gm, example, True)
             convert_conv_weights_to_channels_last(gm)
@@ -226,7 +228,7 @@ def at_loop(gm: fx.GraphModule, module: nn.Module, *, through: bool = False) -> 
 
 
 def at_post_hook(gm: fx.GraphModule, module: nn.Module) -> fx.GraphModule:
-    """``gm`` (a :func:`lifted_graph` of ``module``, state first) as the frozen compile's ``post_grad_custom_post_pass``
+    """``gm`` (an :func:`aot_inference_graph` of ``module``) as the frozen compile's ``post_grad_custom_post_pass``
     receives it: ``_freeze``'s graph (:func:`at_loop` ``through``), then ``fx_codegen_and_compile``'s ``view_to_reshape``
     and ``fake_tensor_prop`` on AOTAutograd's inputs left, and ``post_grad_passes(gm, is_inference=True)`` up to the
     post hook (:func:`~fxverify.capture.inductor.at_custom_pass`)."""
@@ -235,7 +237,7 @@ def at_post_hook(gm: fx.GraphModule, module: nn.Module) -> fx.GraphModule:
 
     gm = at_loop(gm, module, through=True)
     example = [node.meta["val"] for node in gm.graph.find_nodes(op="placeholder")]
-    with _as_handed(gm), graph_fake_mode(gm):
+    with graph_fake_mode(gm):
         view_to_reshape(gm)
         fake_tensor_prop(gm, example, True)
         return at_custom_pass(gm, is_inference=True, position="post")
@@ -289,8 +291,8 @@ class _Refused(Exception):
 
 
 def _drop_unread_state(gm: fx.GraphModule) -> None:
-    """The placeholders of ``gm`` (a :func:`lifted_graph`) holding a parameter or buffer the graph never reads
-    erased: Dynamo lifts only the state the model's forward reads (an eval-mode BatchNorm's ``num_batches_tracked``
+    """The placeholders of ``gm`` (an :func:`aot_inference_graph`) holding a parameter or buffer the graph never
+    reads erased: Dynamo lifts only the state the model's forward reads (an eval-mode BatchNorm's ``num_batches_tracked``
     is not), so AOTAutograd's graph has no placeholder for it and torch numbers its frozen constants without it."""
     lifted = []
     for node, (placeholder, name) in zip(gm.graph.find_nodes(op="placeholder"), gm.meta[LIFTED], strict=True):
@@ -321,36 +323,6 @@ def _aot_metadata(gm: fx.GraphModule, state: int) -> Any:
         input_info=[types.SimpleNamespace(mutation_type=MutationType.MUTATED_IN_GRAPH if node in written
                                           else MutationType.NOT_MUTATED) for node in placeholders],
         output_info=[types.SimpleNamespace(base_idx=base) for base in bases], static_input_indices=[])
-
-
-@contextlib.contextmanager
-def _as_handed(gm: fx.GraphModule) -> Iterator[None]:
-    """Inside the block ``gm`` returns a flat tuple, as AOTAutograd's graph does (Inductor's freezing steps read the
-    output node's argument as that tuple); what the model returns after it."""
-    output = gm.graph.output_node()
-    flat, spec = pytree.tree_flatten(output.args[0])
-    output.args = (tuple(flat),)
-    gm.meta[_OUTPUT_SPEC] = spec
-    try:
-        yield
-    finally:
-        _from_flat_output(gm)
-
-
-def _from_flat_output(gm: fx.GraphModule) -> None:
-    """``gm``'s flat output tuple returned as the model returns it (a transform that changed the number of outputs
-    fails: AOTAutograd's runtime wrappers read as many as the model returns)."""
-    output = gm.graph.output_node()
-    spec = gm.meta[_OUTPUT_SPEC]
-    flat = output.args[0]
-    if not isinstance(flat, (tuple, list)):
-        return  # already restored
-    if len(flat) != spec.num_leaves:
-        raise TransformFailed(f"the graph returns {len(flat)} values where AOTAutograd's graph returned "
-                              f"{spec.num_leaves}: torch.compile's runtime wrappers read as many as the model returns",
-                              "changed the number of graph outputs")
-    output.args = (pytree.tree_unflatten(list(flat), spec),)
-    gm.recompile()
 
 
 def _registered_as(gm: fx.GraphModule, source: fx.GraphModule) -> fx.GraphModule:

@@ -18,9 +18,9 @@ Each starts from what AOTAutograd receives (:func:`~fxverify.capture.pre_grad.as
 after Inductor's own pre-grad passes, reading the model's parameters and buffers (the model itself where Dynamo
 splits it into several graphs).
 
-Inference (as Inductor compiles a model run under ``torch.no_grad()``): ``make_fx`` of the functionalized
-model with its parameters and buffers lifted to inputs (as AOTAutograd lifts them) and Inductor's
-decomposition table (``select_decomp_table()``), then Inductor's ``joint_graph_passes`` (stopped at a joint
+Inference (as Inductor compiles a model run under ``torch.no_grad()``): AOTAutograd's inference graph, its
+parameters and buffers lifted to inputs, with Inductor's decomposition table
+(:func:`~fxverify.capture.aot_inference.aot_inference_graph`), then Inductor's ``joint_graph_passes`` (stopped at a joint
 hook: the pre hook comes after ``canonicalize_aten_ir_passes``, the post hook after Inductor's own joint-graph
 pattern passes), then ``view_to_reshape`` and ``post_grad_passes(gm, is_inference=True)`` up to a post-grad
 hook (the pre hook after dead-code elimination and ``reorder_for_locality``, the post hook after Inductor's own
@@ -69,12 +69,12 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from fxverify.analysis.graph_text import canonical_text
+from fxverify.capture.aot_inference import aot_inference_graph, returns_as_handed
 from fxverify.capture.base import Capture
 from fxverify.capture.hook_stops import HookReached, stop_at_hook
 from fxverify.capture.lifted_buffers import (
     LIFTED,
     attach,
-    lifted_graph,
     read_state_as_attributes,
     state_as_attributes,
     state_as_placeholders,
@@ -122,13 +122,14 @@ class Inductor(Capture):
             handed = as_aot_receives(module, inputs, training=training)  # after Inductor's pre-grad passes
             if self.training_graphs:
                 return _training_package(handed, inputs, self.hook, self.position)
-            with torch.no_grad():
-                gm = lifted_graph(handed, inputs, select_decomp_table(), state_first=True)
+            gm = aot_inference_graph(handed, inputs, select_decomp_table())
+            codegen, count = gm.graph._codegen, len(gm.graph.output_node().args[0])  # type: ignore[arg-type]
             with graph_fake_mode(gm):  # as compile_fx sets it around AOTAutograd
                 if self.hook == "joint":
                     gm = at_joint_pass(gm, position=self.position)
                 else:
                     gm = at_custom_pass(_joint_passes(gm), is_inference=True, position=self.position)
+            returns_as_handed(gm, codegen, count)  # where torch's passes made the graph anew
             return state_as_attributes(gm, handed)
 
     def apply(self, transform: Transform, gm: fx.GraphModule, *, timeout: float | None) -> tuple[nn.Module, bool]:
@@ -138,6 +139,7 @@ class Inductor(Capture):
         if not self.training_graphs:
             given = state_as_placeholders(gm)  # parameters and buffers as AOTAutograd hands them to Inductor
             before = canonical_text(given.graph)
+            codegen, count = given.graph._codegen, len(given.graph.output_node().args[0])  # type: ignore[arg-type]
             updater = _updater(given, self.hook)
             with self._told(), graph_fake_mode(given):  # as compile_fx sets it around AOTAutograd
                 result, in_place = transform.apply(given, timeout=timeout)
@@ -147,9 +149,11 @@ class Inductor(Capture):
                 replay(result)  # lowering-pattern nodes as the ATen ops they compute, or a skip saying why not
             fired = ("inference",) if not graph_module or canonical_text(result.graph) != before else ()
             if not in_place and canonical_text(given.graph) != before:  # it changed the graph it was given, too
+                returns_as_handed(given, codegen, count)
                 gm.graph = state_as_attributes(given, gm).graph
                 gm.recompile()
             if graph_module:  # another module holds no meta: fired_in says None for it
+                returns_as_handed(result, codegen, count)
                 result.meta.setdefault(LIFTED, given.meta[LIFTED])  # a GraphModule made anew holds no meta
                 result = state_as_attributes(result, gm)
                 result.meta[FIRED] = fired

@@ -95,16 +95,14 @@ def lifted_make_fx(module: nn.Module, inputs: tuple[Any, ...],
 
 
 def lifted_graph(module: nn.Module, inputs: tuple[Any, ...],
-                 decompositions: Mapping[Any, Callable[..., Any]] | None = None, *,
-                 state_first: bool = False) -> fx.GraphModule:
+                 decompositions: Mapping[Any, Callable[..., Any]] | None = None) -> fx.GraphModule:
     """:func:`lifted_make_fx`'s trace before the state is read back: every parameter and buffer of ``module`` a
-    placeholder (after the inputs; before them with ``state_first``, the order AOTAutograd lifts them in, as
-    Inductor's passes receive them), its updates written back with ``aten.copy_``. ``gm.meta[LIFTED]`` names the
+    placeholder after the inputs, its updates written back with ``aten.copy_``. ``gm.meta[LIFTED]`` names the
     state each placeholder holds (:func:`state_as_attributes`, :func:`state_as_placeholders`).
 
-    >>> gm = lifted_graph(torch.nn.Linear(3, 2), (torch.ones(1, 3),), state_first=True)
+    >>> gm = lifted_graph(torch.nn.Linear(3, 2), (torch.ones(1, 3),))
     >>> gm.meta[LIFTED]
-    (('arg0_1', 'weight'), ('arg1_1', 'bias'), ('arg2_1', None))
+    (('arg0_1', None), ('arg1_1', 'weight'), ('arg2_1', 'bias'))
     """
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -112,18 +110,18 @@ def lifted_graph(module: nn.Module, inputs: tuple[Any, ...],
     names, count = list(state), len(inputs)
 
     def lifted(*flat: Any) -> Any:
-        given, tensors = (flat[len(names):], flat[:len(names)]) if state_first else (flat[:count], flat[count:])
+        given, tensors = flat[:count], flat[count:]
         return torch.func.functional_call(module, dict(zip(names, tensors, strict=True)), tuple(given))
 
     traced = make_fx(torch.func.functionalize(lifted), decomposition_table=decompositions, tracing_mode="fake",
                      _allow_non_fake_inputs=True)
-    flat = (*state.values(), *inputs) if state_first else (*inputs, *state.values())
+    flat = (*inputs, *state.values())
     gm: fx.GraphModule = traced(*flat)
     placeholders = [node.name for node in gm.graph.find_nodes(op="placeholder")]
     if len(placeholders) != count + len(names):  # an input that is not one tensor: not built
         raise NotImplementedError(f"lifting the buffers of a model traced from {len(placeholders) - len(names)} "
                                   f"graph inputs for {count} inputs is not built")
-    held = [*names, *[None] * count] if state_first else [*[None] * count, *names]
+    held = [*[None] * count, *names]
     gm.meta[LIFTED] = tuple(zip(placeholders, held, strict=True))
     return gm
 
@@ -167,7 +165,7 @@ def state_as_placeholders(gm: fx.GraphModule) -> fx.GraphModule:
     placeholders again, in the order they were lifted: the form Inductor's passes receive them in.
 
     >>> linear = torch.nn.Linear(3, 2)
-    >>> gm = state_as_attributes(lifted_graph(linear, (torch.ones(1, 3),), state_first=True), linear)
+    >>> gm = state_as_attributes(lifted_graph(linear, (torch.ones(1, 3),)), linear)
     >>> [n.op for n in gm.graph.nodes][:3], [n.op for n in state_as_placeholders(gm).graph.nodes][:3]
     (['placeholder', 'get_attr', 'get_attr'], ['placeholder', 'placeholder', 'placeholder'])
     """
@@ -190,7 +188,9 @@ def state_as_placeholders(gm: fx.GraphModule) -> fx.GraphModule:
 def _rebuilt(gm: fx.GraphModule, graph: fx.Graph, env: dict[fx.Node, fx.Node],
              held: Mapping[str, torch.Tensor] | None = None) -> fx.GraphModule:
     """A ``GraphModule`` over ``graph``, whose first nodes ``env`` maps, with ``gm``'s other nodes copied after them
-    in order; what its nodes read is ``held``'s where it has it, else ``gm``'s; its meta and mode ``gm``'s."""
+    in order; what its nodes read is ``held``'s where it has it, else ``gm``'s; its meta, mode and generated code's
+    return (``gm``'s code generator) ``gm``'s."""
+    graph.set_codegen(gm.graph._codegen)
     for node in gm.graph.nodes:
         if node not in env:
             env[node] = graph.node_copy(node, env.__getitem__)

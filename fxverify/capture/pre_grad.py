@@ -359,6 +359,24 @@ class _ModelReturn(fx.graph.CodeGen):
                 f"return {_source(self.spec, iter(self.leaves))}")
 
 
+def returning(value: Any) -> tuple[tuple[torch.Tensor, ...], fx.graph.CodeGen | None]:
+    """The tensors of ``value`` (what a model returns) as a flat tuple, and the code generator returning ``value``
+    from a graph that returns that tuple (None where ``value`` is that tuple).
+
+    >>> tensors, codegen = returning({"logits": torch.ones(1), "aux": None})
+    >>> len(tensors), codegen.process_outputs(tensors)
+    (1, {'logits': tensor([1.]), 'aux': None})
+    """
+    leaves, spec = pytree.tree_flatten(value)
+    tensors = tuple(leaf for leaf in leaves if isinstance(leaf, torch.Tensor))
+    if spec == pytree.tree_flatten(tensors)[1]:
+        return tensors, None
+    index = iter(range(len(tensors)))
+    mapped = tuple(_Output(next(index)) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves)
+    _source(spec, iter(mapped))  # raises for what the generated code cannot build
+    return tensors, _ModelReturn(spec, mapped)
+
+
 def _source(spec: pytree.TreeSpec, leaves: Iterator[Any]) -> str:
     """Python source building the value of ``spec`` from the graph's output tuple and constant ``leaves``."""
     if spec.is_leaf():

@@ -1,0 +1,144 @@
+"""AOTAutograd's inference graph of a model, as ``torch.compile`` hands it to Inductor: the start of the inference
+Inductor captures (``inductor``, ``inductor_joint``, their post hooks, ``inductor_freezing``).
+
+Made by torch's own ``aot_function`` with the options ``compile_fx`` passes (Inductor's decomposition table,
+``keep_inference_input_mutations=True``), stopped where AOTAutograd hands the graph to its inference compiler.
+So the graph holds what Inductor's hooks receive, and nothing ``make_fx(functionalize(f))`` leaves that
+AOTAutograd does not: in-place ops made by a decomposition (RMSNorm's ``add_``) or an in-place update mid-graph
+(a padded copy's ``copy_``) where AOTAutograd has functional ones (``add``, ``slice_scatter``), the dead outputs of
+a decomposition (BatchNorm's ``empty``, ``full``), an op a decomposition reached only under AOTAutograd's
+functionalization (``upsample_bilinear2d``), the model's outputs where AOTAutograd returns a flat tuple.
+
+>>> gm = aot_inference_graph(torch.nn.Linear(3, 2), (torch.ones(1, 3),))
+>>> gm.meta[LIFTED], gm.graph.output_node().format_node()
+((('arg0_1', 'weight'), ('arg1_1', 'bias'), ('arg2_1', None)), 'return (addmm,)')
+>>> gm(torch.ones(2, 3), torch.ones(2), torch.ones(1, 3))  # the model's output, not the tuple
+tensor([[4., 4.]])
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.nn.utils.stateless import _reparametrize_module
+
+from fxverify.analysis.module_state import resolve
+from fxverify.capture.lifted_buffers import LIFTED
+from fxverify.capture.pre_grad import returning
+from fxverify.errors import TransformFailed
+
+__all__ = ["aot_inference_graph", "returns_as_handed"]
+
+
+class _Handed(Exception):
+    """Raised by the inference compiler once AOTAutograd handed it the graph: nothing is compiled or run."""
+
+
+def aot_inference_graph(module: nn.Module, inputs: tuple[Any, ...],
+                        decompositions: dict[Any, Callable[..., Any]] | None = None, *,
+                        state_first: bool = False) -> fx.GraphModule:
+    """AOTAutograd's inference graph of ``module`` on ``inputs`` (traced in fake mode: the module's tensors are
+    not changed), its parameters and buffers placeholders as Inductor receives them, the buffers the model updates
+    written back with ``aten.copy_`` at the end. The graph returns AOTAutograd's flat tuple; the module's generated
+    code returns what ``module`` returns. ``gm.meta[LIFTED]`` names the state each placeholder holds
+    (:func:`~fxverify.capture.lifted_buffers.state_as_attributes`).
+
+    A ``GraphModule`` (Dynamo's graph, as :func:`~fxverify.capture.pre_grad.as_aot_receives` gives it) is run node
+    by node, as AOTAutograd runs Dynamo's graph, its first reads (Dynamo's placeholders) the graph's inputs in their
+    order: each parameter, buffer and tensor attribute it reads and the model's inputs. ``state_first`` (Dynamo under
+    ``config.freezing`` and ``no_grad``, which makes parameters and buffers graph attributes that AOTAutograd lifts
+    first), or a module that is no graph: every parameter and buffer first, then the inputs."""
+    from torch._functorch.aot_autograd import aot_function
+
+    if state_first or not isinstance(module, fx.GraphModule):
+        state = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+        held: list[str | None] = [*state, *[None] * len(inputs)]
+        flat = (*state.values(), *inputs)
+        run = _called(module, list(state))
+    else:
+        reads = _first_reads(module)
+        given = iter(inputs)
+        held = [str(node.target) if node.op == "get_attr" else None for node in reads]
+        flat = tuple(resolve(module, name) if name is not None else next(given) for name in held)
+        run = _interpreted(module, reads)
+    kept: list[fx.GraphModule] = []
+
+    def handed(gm: fx.GraphModule, example_inputs: Any) -> Any:
+        kept.append(gm)
+        raise _Handed
+
+    def training(gm: fx.GraphModule, example_inputs: Any) -> Any:
+        raise NotImplementedError("AOTAutograd traced a training graph under torch.no_grad(): an output of the model "
+                                  "requires grad without autograd; the inference captures cannot take it")
+
+    compiled = aot_function(run, fw_compiler=training, inference_compiler=handed, decompositions=decompositions,
+                            keep_inference_input_mutations=True)
+    try:
+        with torch.no_grad():
+            compiled(*flat)
+    except _Handed:
+        pass
+    gm = kept[0]
+    placeholders = [node.name for node in gm.graph.find_nodes(op="placeholder")]
+    if len(placeholders) != len(held):  # an input that is not one tensor: not built
+        raise NotImplementedError(f"AOTAutograd's graph of a model called with {len(inputs)} inputs and "
+                                  f"{len(held) - len(inputs)} parameters and buffers has {len(placeholders)} "
+                                  "inputs: not built")
+    gm.meta[LIFTED] = tuple(zip(placeholders, held, strict=True))
+    codegen = getattr(run, "codegen", None)
+    if codegen is not None:
+        gm.graph.set_codegen(codegen)
+        gm.recompile()
+    return gm
+
+
+def _first_reads(gm: fx.GraphModule) -> list[fx.Node]:
+    """The placeholders and ``get_attr`` nodes ``gm``'s graph starts with: Dynamo's placeholders."""
+    return list(itertools.takewhile(lambda node: node.op in ("placeholder", "get_attr"), gm.graph.nodes))
+
+
+def _called(module: nn.Module, names: list[str]) -> Callable[..., Any]:
+    """``module`` called with its parameters and buffers ``names`` the first inputs, the model's inputs after."""
+    def run(*flat: Any) -> Any:
+        with _reparametrize_module(module, dict(zip(names, flat[:len(names)], strict=True))):
+            tensors, codegen = returning(module(*flat[len(names):]))
+        run.codegen = codegen  # type: ignore[attr-defined]
+        return tensors
+    return run
+
+
+def _interpreted(gm: fx.GraphModule, reads: list[fx.Node]) -> Callable[..., Any]:
+    """``gm``'s graph run node by node on one value for each of ``reads``, returning its output node's tuple."""
+    def run(*flat: Any) -> Any:
+        attributes = {node: value for node, value in zip(reads, flat, strict=True) if node.op == "get_attr"}
+        given = [value for node, value in zip(reads, flat, strict=True) if node.op == "placeholder"]
+        return fx.Interpreter(gm).run(*given, initial_env=attributes, enable_io_processing=False)
+    run.codegen = gm.graph._codegen  # type: ignore[attr-defined]
+    return run
+
+
+def returns_as_handed(result: fx.GraphModule, codegen: fx.graph.CodeGen, count: int) -> None:
+    """``result``, what a transform made of an :func:`aot_inference_graph` that returned ``count`` values, returning
+    what the model returns again: ``codegen`` (the graph's code generator before the transform) where the transform
+    built the graph anew, as ``torch.compile``'s runtime wrappers build the model's output from the graph's flat
+    tuple whatever code the graph has. :class:`TransformFailed` where the graph returns another number of values:
+    the wrappers read as many as AOTAutograd's graph returned.
+
+    >>> gm = aot_inference_graph(torch.nn.Linear(3, 2), (torch.ones(1, 3),))
+    >>> returns_as_handed(gm, gm.graph._codegen, 2)
+    Traceback (most recent call last):
+    fxverify.errors.TransformFailed: the graph returns 1 values where AOTAutograd's graph returned 2: ...
+    """
+    returned = result.graph.output_node().args[0]
+    found = len(returned) if isinstance(returned, (tuple, list)) else "not a tuple of"
+    if found != count:
+        raise TransformFailed(f"the graph returns {found} values where AOTAutograd's graph returned {count}: "
+                              "torch.compile's runtime wrappers read as many as AOTAutograd's graph returned",
+                              "changed the number of graph outputs")
+    if result.graph._codegen is not codegen:
+        result.graph.set_codegen(codegen)
+        result.recompile()
