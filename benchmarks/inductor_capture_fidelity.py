@@ -1,0 +1,108 @@
+"""Whether the inference Inductor captures hand a pass what ``torch.compile`` hands it: for each model, mode
+and hook, a real ``torch.compile`` with a recording pass at the hook (stopped there: no code generation) beside
+the capture, compared in placeholder shapes, the output node and every call target, in order.
+
+    python benchmarks/inductor_capture_fidelity.py [--corpus smoke,edge,layers] [--captures inductor,...]
+
+Prints one line per differing graph (the first lines of the difference) and the count of graphs that are the
+same. A capture that raises is printed with its error (an expected failure of the corpus says why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+from pathlib import Path
+
+import torch
+from torch import fx
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from fxverify.capture.lifted_buffers import state_as_placeholders
+from fxverify.cases.case import load_case
+from fxverify.cases.catalogue import choose
+from fxverify.core.captures import for_model
+
+HOOKS = {"inductor": "post_grad_custom_pre_pass", "inductor_post": "post_grad_custom_post_pass",
+         "inductor_joint": "joint_custom_pre_pass", "inductor_joint_post": "joint_custom_post_pass"}
+
+
+class _Stop(Exception):
+    """Raised by the recording pass: the compile stops at the hook."""
+
+
+class _Recording(CustomGraphPass):
+    def __init__(self) -> None:
+        self.graph: list[str] | None = None
+
+    def __call__(self, graph: fx.Graph) -> None:
+        self.graph = described(graph)
+        raise _Stop
+
+    def uuid(self) -> None:
+        return None
+
+
+def described(graph: fx.Graph) -> list[str]:
+    """Placeholder shapes, the output node and each call target, in order."""
+    shapes = [tuple(node.meta["val"].shape) for node in graph.find_nodes(op="placeholder")]
+    return [str(shapes), graph.output_node().format_node(),
+            *[str(node.target) for node in graph.nodes if node.op == "call_function"]]
+
+
+def compiled(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], capture: str) -> list[str] | None:
+    """What ``torch.compile`` hands the hook of ``capture`` (None: it calls no hook)."""
+    from torch._inductor import config
+
+    recording = _Recording()
+    torch._dynamo.reset()
+    try:
+        with config.patch({HOOKS[capture]: recording, "force_disable_caches": True, "fallback_random": True}), \
+                torch.no_grad():
+            torch.compile(module)(*inputs)
+    except Exception:  # the recording pass stops the compile
+        if recording.graph is None:
+            raise
+    finally:
+        torch._dynamo.reset()
+    return recording.graph
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--corpus", default="smoke,edge,layers")
+    parser.add_argument("--captures", default=",".join(HOOKS))
+    args = parser.parse_args()
+    same = total = 0
+    for entry in choose(args.corpus):
+        case = load_case(entry.name)
+        for training in (False, True):
+            for capture in args.captures.split(","):
+                total += 1
+                where = f"{entry.name} {'train' if training else 'eval'} {capture}"
+                inputs = case.example_inputs()
+                try:
+                    real = compiled(case.build(training=training), inputs, capture)
+                    gm = for_model(capture, case.facts).capture(case.build(training=training), training=training,
+                                                                inputs=inputs)
+                except Exception as error:  # printed, as the corpus says why a capture fails
+                    print(f"{where}: raised {type(error).__name__}: {str(error).splitlines()[0][:150]}", flush=True)
+                    continue
+                if real is None:
+                    print(f"{where}: torch.compile calls no hook (the graph has no op)", flush=True)
+                    continue
+                mine = described(state_as_placeholders(gm).graph)
+                if mine == real:
+                    same += 1
+                    continue
+                diff = [line for line in difflib.unified_diff(real, mine, lineterm="", n=0)
+                        if line[:1] in "+-" and line[:3] not in ("+++", "---")]
+                print(f"{where}: differs (- torch.compile, + capture): {diff[:4]}", flush=True)
+    print(f"{same} of {total} graphs the same as torch.compile's")
+
+
+if __name__ == "__main__":
+    main()
