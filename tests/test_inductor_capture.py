@@ -292,6 +292,29 @@ def test_the_inference_capture_is_the_graph_torch_compile_hands_the_hook(positio
         torch.testing.assert_close(gm(x), expected(x))
 
 
+def _rebuilt_anew(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A correct pass that copies the graph into a new ``fx.Graph`` (the generated code's return is lost)."""
+    graph = torch.fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    return torch.fx.GraphModule(gm, graph)
+
+
+def _adds_an_output(graph: torch.fx.Graph) -> None:
+    """BUG: returns one more value than AOTAutograd's graph."""
+    output = graph.output_node()
+    output.args = ((*output.args[0], output.args[0][0]),)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("capture", ["inductor", "inductor_joint"])
+def test_a_pass_building_the_graph_anew_still_returns_the_models_dict_and_one_adding_an_output_fails(capture):
+    correct = _verification(_rebuilt_anew, _Decomposed, (2, 3, 8, 8), capture)
+    assert [correct.run(check).outcome for check in ("numerics", "lint")] == [PASSED] * 2
+    assert isinstance(correct.subject.applied().result(torch.randn(2, 3, 8, 8)), dict)
+    found = _verification(_adds_an_output, _Decomposed, (2, 3, 8, 8), capture).run("lint")
+    assert found.outcome == FAILED and "the graph returns 2 values where AOTAutograd's graph returned 1" in found.message
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("hook", ["post_grad", "joint"])
 @pytest.mark.parametrize("position", ["pre", "post"])
