@@ -241,30 +241,6 @@ class _Decomposed(torch.nn.Module):
         return {"out": self.norm(h)}
 
 
-class _Received(CustomGraphPass):
-    """A hook that records what it receives (placeholder shapes, the output node, the call targets) and stops the
-    compile there."""
-
-    def __init__(self) -> None:
-        self.graphs: list[list[str]] = []
-
-    def __call__(self, graph: torch.fx.Graph) -> None:
-        self.graphs.append(_received(graph))
-        raise _Stop
-
-    def uuid(self) -> None:
-        return None
-
-
-class _Stop(Exception):
-    pass
-
-
-def _received(graph: torch.fx.Graph) -> list[str]:
-    shapes = [tuple(node.meta["val"].shape) for node in graph.find_nodes(op="placeholder")]
-    return [str(shapes), graph.output_node().format_node(), *_called(graph)]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
 @pytest.mark.parametrize("hook", ["post_grad", "joint"])
@@ -273,19 +249,14 @@ def test_the_inference_capture_is_the_graph_torch_compile_hands_the_hook(positio
     """Placeholders, output and every call as a real ``torch.compile`` hands them (a capture made with
     ``make_fx(functionalize(f))`` had BatchNorm's dead ``empty``, RMSNorm's ``add_``, the padded ``copy_``, no
     decomposed upsampling, the dict as the graph's output), and the captured module still returns the dict."""
-    from torch._inductor import config
-
+    from benchmarks.inductor_capture_fidelity import compiled, described
     from fxverify.capture.inductor import Inductor
 
-    x, hook_pass = torch.randn(2, 3, 8, 8), _Received()
-    torch._dynamo.reset()
-    with config.patch({f"{hook}_custom_{position}_pass": hook_pass, "force_disable_caches": True}), \
-            torch.no_grad(), pytest.raises(Exception, match="_Stop"):
-        torch.compile(_Decomposed().train(training))(x)
-    torch._dynamo.reset()
+    x, capture = torch.randn(2, 3, 8, 8), Inductor(hook=hook, position=position)
+    received = compiled(_Decomposed().train(training), (x,), capture.name)
     model = _Decomposed().train(training)
-    gm = Inductor(hook=hook, position=position).capture(model, training=training, inputs=(x,))
-    assert hook_pass.graphs == [_received(state_as_placeholders(gm).graph)]
+    gm = capture.capture(model, training=training, inputs=(x,))
+    assert received == described(state_as_placeholders(gm).graph)
     expected = _Decomposed().train(training)
     expected.load_state_dict(model.state_dict())
     with torch.no_grad():

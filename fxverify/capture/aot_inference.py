@@ -18,6 +18,7 @@ tensor([[4., 4.]])
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable
 from typing import Any
@@ -31,7 +32,7 @@ from fxverify.capture.lifted_buffers import LIFTED
 from fxverify.capture.pre_grad import returning
 from fxverify.errors import TransformFailed
 
-__all__ = ["aot_inference_graph", "returns_as_handed"]
+__all__ = ["HandedReturn", "aot_inference_graph"]
 
 
 class _Handed(Exception):
@@ -121,24 +122,36 @@ def _interpreted(gm: fx.GraphModule, reads: list[fx.Node]) -> Callable[..., Any]
     return run
 
 
-def returns_as_handed(result: fx.GraphModule, codegen: fx.graph.CodeGen, count: int) -> None:
-    """``result``, what a transform made of an :func:`aot_inference_graph` that returned ``count`` values, returning
-    what the model returns again: ``codegen`` (the graph's code generator before the transform) where the transform
-    built the graph anew, as ``torch.compile``'s runtime wrappers build the model's output from the graph's flat
-    tuple whatever code the graph has. :class:`TransformFailed` where the graph returns another number of values:
-    the wrappers read as many as AOTAutograd's graph returned.
+@dataclasses.dataclass(frozen=True)
+class HandedReturn:
+    """How an :func:`aot_inference_graph` returns, taken before torch's passes or a transform change it: its code
+    generator (the model's output from the graph's flat tuple) and how many values the tuple holds.
 
     >>> gm = aot_inference_graph(torch.nn.Linear(3, 2), (torch.ones(1, 3),))
-    >>> returns_as_handed(gm, gm.graph._codegen, 2)
+    >>> HandedReturn(gm.graph._codegen, 2).restore(gm)
     Traceback (most recent call last):
     fxverify.errors.TransformFailed: the graph returns 1 values where AOTAutograd's graph returned 2: ...
     """
-    returned = result.graph.output_node().args[0]
-    found = len(returned) if isinstance(returned, (tuple, list)) else "not a tuple of"
-    if found != count:
-        raise TransformFailed(f"the graph returns {found} values where AOTAutograd's graph returned {count}: "
-                              "torch.compile's runtime wrappers read as many as AOTAutograd's graph returned",
-                              "changed the number of graph outputs")
-    if result.graph._codegen is not codegen:
-        result.graph.set_codegen(codegen)
-        result.recompile()
+
+    codegen: fx.graph.CodeGen
+    count: int
+
+    @classmethod
+    def of(cls, gm: fx.GraphModule) -> HandedReturn:
+        """How ``gm`` returns now."""
+        return cls(gm.graph._codegen, len(gm.graph.output_node().args[0]))  # type: ignore[arg-type]
+
+    def restore(self, result: fx.GraphModule) -> None:
+        """``result`` (what torch's passes or a transform made of the graph) returning what the model returns again:
+        the code generator set back where the graph was built anew, as ``torch.compile``'s runtime wrappers build
+        the model's output from the graph's flat tuple whatever code the graph has. :class:`TransformFailed` where
+        the graph returns another number of values: the wrappers read as many as AOTAutograd's graph returned."""
+        returned = result.graph.output_node().args[0]
+        found = len(returned) if isinstance(returned, (tuple, list)) else "not a tuple of"
+        if found != self.count:
+            raise TransformFailed(f"the graph returns {found} values where AOTAutograd's graph returned {self.count}: "
+                                  "torch.compile's runtime wrappers read as many as AOTAutograd's graph returned",
+                                  "changed the number of graph outputs")
+        if result.graph._codegen is not self.codegen:
+            result.graph.set_codegen(self.codegen)
+            result.recompile()

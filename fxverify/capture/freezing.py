@@ -64,7 +64,7 @@ from torch.utils import _pytree as pytree
 
 from fxverify.analysis.graph_text import canonical_text
 from fxverify.analysis.module_state import resolve
-from fxverify.capture.aot_inference import aot_inference_graph, returns_as_handed
+from fxverify.capture.aot_inference import HandedReturn, aot_inference_graph
 from fxverify.capture.base import Capture
 from fxverify.capture.hook_stops import HookReached, stop_at_hook
 from fxverify.capture.inductor import (
@@ -113,9 +113,9 @@ class Freezing(Capture):
         with config.patch(fallback_random=True, freezing=True), torch.no_grad():
             handed = as_aot_receives(module, inputs, training=training)  # after Inductor's pre-grad passes
             gm = aot_inference_graph(handed, inputs, select_decomp_table(), state_first=True)  # under freezing
-            codegen, count = gm.graph._codegen, len(gm.graph.output_node().args[0])  # type: ignore[arg-type]
+            returned = HandedReturn.of(gm)
             gm = at_loop(gm, handed) if self.position == "loop" else at_post_hook(gm, handed)
-        returns_as_handed(gm, codegen, count)  # torch's steps made the graph anew
+        returned.restore(gm)  # torch's steps made the graph anew
         return _registered_as(runnable(state_as_attributes(gm, handed)), gm)
 
     def apply(self, transform: Transform, gm: fx.GraphModule, *, timeout: float | None) -> tuple[nn.Module, bool]:
@@ -129,7 +129,7 @@ class Freezing(Capture):
 
         given = _registered_as(state_as_placeholders(gm), gm)  # preserved state as placeholders, as torch has them
         loop = self.position == "loop"
-        codegen, count = given.graph._codegen, len(given.graph.output_node().args[0])  # type: ignore[arg-type]
+        returned = HandedReturn.of(given)
         before = canonical_text(given.graph)
         example = [node.meta["val"] for node in given.graph.find_nodes(op="placeholder")]  # AOTAutograd's inputs
         updater = None if loop else FakeTensorUpdater(given)  # post_grad_passes makes it before its custom passes
@@ -151,9 +151,9 @@ class Freezing(Capture):
                 carried_on(transform, result, graph="inference", hook="post_grad", position="post",
                            updater=updater)
                 _constants_faked(result)  # what runnable traces a lowering handler on
-        returns_as_handed(result, codegen, count)
+        returned.restore(result)
         if given_changed:  # it changed the graph it was given, too
-            returns_as_handed(given, codegen, count)
+            returned.restore(given)
             gm.graph = state_as_attributes(given, gm).graph
             gm.recompile()
         result = _registered_as(runnable(state_as_attributes(result, gm)), result)

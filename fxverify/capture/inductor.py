@@ -69,7 +69,7 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from fxverify.analysis.graph_text import canonical_text
-from fxverify.capture.aot_inference import aot_inference_graph, returns_as_handed
+from fxverify.capture.aot_inference import HandedReturn, aot_inference_graph
 from fxverify.capture.base import Capture
 from fxverify.capture.hook_stops import HookReached, stop_at_hook
 from fxverify.capture.lifted_buffers import (
@@ -123,13 +123,13 @@ class Inductor(Capture):
             if self.training_graphs:
                 return _training_package(handed, inputs, self.hook, self.position)
             gm = aot_inference_graph(handed, inputs, select_decomp_table())
-            codegen, count = gm.graph._codegen, len(gm.graph.output_node().args[0])  # type: ignore[arg-type]
+            returned = HandedReturn.of(gm)
             with graph_fake_mode(gm):  # as compile_fx sets it around AOTAutograd
                 if self.hook == "joint":
                     gm = at_joint_pass(gm, position=self.position)
                 else:
                     gm = at_custom_pass(_joint_passes(gm), is_inference=True, position=self.position)
-            returns_as_handed(gm, codegen, count)  # where torch's passes made the graph anew
+            returned.restore(gm)  # where torch's passes made the graph anew
             return state_as_attributes(gm, handed)
 
     def apply(self, transform: Transform, gm: fx.GraphModule, *, timeout: float | None) -> tuple[nn.Module, bool]:
@@ -139,7 +139,7 @@ class Inductor(Capture):
         if not self.training_graphs:
             given = state_as_placeholders(gm)  # parameters and buffers as AOTAutograd hands them to Inductor
             before = canonical_text(given.graph)
-            codegen, count = given.graph._codegen, len(given.graph.output_node().args[0])  # type: ignore[arg-type]
+            returned = HandedReturn.of(given)
             updater = _updater(given, self.hook)
             with self._told(), graph_fake_mode(given):  # as compile_fx sets it around AOTAutograd
                 result, in_place = transform.apply(given, timeout=timeout)
@@ -149,11 +149,11 @@ class Inductor(Capture):
                 replay(result)  # lowering-pattern nodes as the ATen ops they compute, or a skip saying why not
             fired = ("inference",) if not graph_module or canonical_text(result.graph) != before else ()
             if not in_place and canonical_text(given.graph) != before:  # it changed the graph it was given, too
-                returns_as_handed(given, codegen, count)
+                returned.restore(given)
                 gm.graph = state_as_attributes(given, gm).graph
                 gm.recompile()
             if graph_module:  # another module holds no meta: fired_in says None for it
-                returns_as_handed(result, codegen, count)
+                returned.restore(result)
                 result.meta.setdefault(LIFTED, given.meta[LIFTED])  # a GraphModule made anew holds no meta
                 result = state_as_attributes(result, gm)
                 result.meta[FIRED] = fired
