@@ -1,6 +1,8 @@
-"""Whether the inference Inductor captures hand a pass what ``torch.compile`` hands it: for each model, mode
-and hook, a real ``torch.compile`` with a recording pass at the hook (stopped there: no code generation) beside
-the capture, compared in placeholder shapes, the output node and every call target, in order.
+"""Whether the Inductor captures hand a pass what ``torch.compile`` hands it: for each model, mode and hook, a
+real ``torch.compile`` with a recording pass at the hook beside the capture, compared in placeholder shapes, the
+output node and every call target, in order. An inference capture is one graph (the compile stops at the hook: no
+code generation); a training capture is the joint graph, or the forward and the backward graph (the compile
+generates the forward's code, then stops at the backward's hook).
 
     python benchmarks/inductor_capture_fidelity.py [--corpus smoke,edge,layers] [--captures inductor,...]
 
@@ -18,6 +20,7 @@ from pathlib import Path
 import torch
 from torch import fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
+from torch.utils import _pytree as pytree
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -27,7 +30,9 @@ from fxverify.cases.catalogue import choose
 from fxverify.core.captures import for_model
 
 HOOKS = {"inductor": "post_grad_custom_pre_pass", "inductor_post": "post_grad_custom_post_pass",
-         "inductor_joint": "joint_custom_pre_pass", "inductor_joint_post": "joint_custom_post_pass"}
+         "inductor_joint": "joint_custom_pre_pass", "inductor_joint_post": "joint_custom_post_pass",
+         "inductor_train": "post_grad_custom_pre_pass", "inductor_train_post": "post_grad_custom_post_pass",
+         "inductor_train_joint": "joint_custom_pre_pass", "inductor_train_joint_post": "joint_custom_post_pass"}
 
 
 class _Stop(Exception):
@@ -35,12 +40,14 @@ class _Stop(Exception):
 
 
 class _Recording(CustomGraphPass):
-    def __init__(self) -> None:
-        self.graph: list[str] | None = None
+    def __init__(self, count: int) -> None:
+        self.graphs: list[list[str]] = []
+        self.count = count  # the graphs to record before stopping the compile
 
     def __call__(self, graph: fx.Graph) -> None:
-        self.graph = described(graph)
-        raise _Stop
+        self.graphs.append(described(graph))
+        if len(self.graphs) == self.count:
+            raise _Stop
 
     def uuid(self) -> None:
         return None
@@ -53,22 +60,41 @@ def described(graph: fx.Graph) -> list[str]:
             *[str(node.target) for node in graph.nodes if node.op == "call_function"]]
 
 
-def compiled(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], capture: str) -> list[str] | None:
-    """What ``torch.compile`` hands the hook of ``capture`` (None: it calls no hook)."""
+def compiled(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], capture: str) -> list[list[str]]:
+    """What ``torch.compile`` hands the hook of ``capture``, graph by graph (none: it calls no hook): the inference
+    graph under ``no_grad``, else the training graphs (the backward's compiled by a backward on zero gradients)."""
     from torch._inductor import config
 
-    recording = _Recording()
+    training = "_train" in capture
+    recording = _Recording(len(parts(capture)))
     torch._dynamo.reset()
     try:
         with config.patch({HOOKS[capture]: recording, "force_disable_caches": True, "fallback_random": True}), \
-                torch.no_grad():
-            torch.compile(module)(*inputs)
+                torch.set_grad_enabled(training):
+            outputs = torch.compile(module)(*inputs)
+            if training:
+                leaves = [out for out in pytree.tree_leaves(outputs) if isinstance(out, torch.Tensor) and out.requires_grad]
+                torch.autograd.backward(leaves, [torch.zeros_like(out) for out in leaves])
     except Exception:  # the recording pass stops the compile
-        if recording.graph is None:
+        if len(recording.graphs) < recording.count:
             raise
     finally:
         torch._dynamo.reset()
-    return recording.graph
+    return recording.graphs
+
+
+def captured(gm: fx.GraphModule, capture: str) -> list[list[str]]:
+    """The graphs ``gm`` (made by the capture ``capture``) hands a pass, each as :func:`described` gives it."""
+    if "_train" not in capture:
+        return [described(state_as_placeholders(gm).graph)]
+    return [described(gm.get_submodule(part).graph) for part in parts(capture)]
+
+
+def parts(capture: str) -> tuple[str, ...]:
+    """The graphs ``capture`` hands a pass: the inference graph, the joint graph, or the forward and backward."""
+    if "_train" not in capture:
+        return ("inference",)
+    return ("joint_graph",) if "joint" in capture else ("forward_graph", "backward_graph")
 
 
 def main() -> None:
@@ -81,7 +107,7 @@ def main() -> None:
         case = load_case(entry.name)
         for training in (False, True):
             for capture in args.captures.split(","):
-                total += 1
+                total += len(parts(capture))
                 where = f"{entry.name} {'train' if training else 'eval'} {capture}"
                 inputs = case.example_inputs()
                 try:
@@ -91,16 +117,16 @@ def main() -> None:
                 except Exception as error:  # printed, as the corpus says why a capture fails
                     print(f"{where}: raised {type(error).__name__}: {str(error).splitlines()[0][:150]}", flush=True)
                     continue
-                if real is None:
+                if not real:
                     print(f"{where}: torch.compile calls no hook (the graph has no op)", flush=True)
                     continue
-                mine = described(state_as_placeholders(gm).graph)
-                if mine == real:
-                    same += 1
-                    continue
-                diff = [line for line in difflib.unified_diff(real, mine, lineterm="", n=0)
-                        if line[:1] in "+-" and line[:3] not in ("+++", "---")]
-                print(f"{where}: differs (- torch.compile, + capture): {diff[:4]}", flush=True)
+                for index, (theirs, mine) in enumerate(zip(real, captured(gm, capture), strict=True)):
+                    if mine == theirs:
+                        same += 1
+                        continue
+                    diff = [line for line in difflib.unified_diff(theirs, mine, lineterm="", n=0)
+                            if line[:1] in "+-" and line[:3] not in ("+++", "---")]
+                    print(f"{where} graph {index}: differs (- torch.compile, + capture): {diff[:4]}", flush=True)
     print(f"{same} of {total} graphs the same as torch.compile's")
 
 

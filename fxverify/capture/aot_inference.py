@@ -19,17 +19,14 @@ tensor([[4., 4.]])
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import fx, nn
-from torch.nn.utils.stateless import _reparametrize_module
 
-from fxverify.analysis.module_state import resolve
+from fxverify.capture.aot_call import aot_call
 from fxverify.capture.lifted_buffers import LIFTED
-from fxverify.capture.pre_grad import returning
 from fxverify.errors import TransformFailed
 
 __all__ = ["HandedReturn", "aot_inference_graph"]
@@ -48,24 +45,11 @@ def aot_inference_graph(module: nn.Module, inputs: tuple[Any, ...],
     code returns what ``module`` returns. ``gm.meta[LIFTED]`` names the state each placeholder holds
     (:func:`~fxverify.capture.lifted_buffers.state_as_attributes`).
 
-    A ``GraphModule`` (Dynamo's graph, as :func:`~fxverify.capture.pre_grad.as_aot_receives` gives it) is run node
-    by node, as AOTAutograd runs Dynamo's graph, its first reads (Dynamo's placeholders) the graph's inputs in their
-    order: each parameter, buffer and tensor attribute it reads and the model's inputs. ``state_first`` (Dynamo under
-    ``config.freezing`` and ``no_grad``, which makes parameters and buffers graph attributes that AOTAutograd lifts
-    first), or a module that is no graph: every parameter and buffer first, then the inputs."""
+    Its inputs are those :func:`~fxverify.capture.aot_call.aot_call` gives, in that order (``state_first``: every
+    parameter and buffer first, as under ``config.freezing``)."""
     from torch._functorch.aot_autograd import aot_function
 
-    if state_first or not isinstance(module, fx.GraphModule):
-        state = {**dict(module.named_parameters()), **dict(module.named_buffers())}
-        held: list[str | None] = [*state, *[None] * len(inputs)]
-        flat = (*state.values(), *inputs)
-        run = _called(module, list(state))
-    else:
-        reads = _first_reads(module)
-        given = iter(inputs)
-        held = [str(node.target) if node.op == "get_attr" else None for node in reads]
-        flat = tuple(resolve(module, name) if name is not None else next(given) for name in held)
-        run = _interpreted(module, reads)
+    call = aot_call(module, inputs, state_first=state_first)
     kept: list[fx.GraphModule] = []
 
     def handed(gm: fx.GraphModule, example_inputs: Any) -> Any:
@@ -76,50 +60,25 @@ def aot_inference_graph(module: nn.Module, inputs: tuple[Any, ...],
         raise NotImplementedError("AOTAutograd traced a training graph under torch.no_grad(): an output of the model "
                                   "requires grad without autograd; the inference captures cannot take it")
 
-    compiled = aot_function(run, fw_compiler=training, inference_compiler=handed, decompositions=decompositions,
+    compiled = aot_function(call.run, fw_compiler=training, inference_compiler=handed, decompositions=decompositions,
                             keep_inference_input_mutations=True)
     try:
         with torch.no_grad():
-            compiled(*flat)
+            compiled(*call.flat)
     except _Handed:
         pass
     gm = kept[0]
     placeholders = [node.name for node in gm.graph.find_nodes(op="placeholder")]
-    if len(placeholders) != len(held):  # an input that is not one tensor: not built
+    if len(placeholders) != len(call.held):  # an input that is not one tensor: not built
         raise NotImplementedError(f"AOTAutograd's graph of a model called with {len(inputs)} inputs and "
-                                  f"{len(held) - len(inputs)} parameters and buffers has {len(placeholders)} "
+                                  f"{len(call.held) - len(inputs)} parameters and buffers has {len(placeholders)} "
                                   "inputs: not built")
-    gm.meta[LIFTED] = tuple(zip(placeholders, held, strict=True))
-    codegen = getattr(run, "codegen", None)
+    gm.meta[LIFTED] = tuple(zip(placeholders, call.held, strict=True))
+    codegen = call.codegen()
     if codegen is not None:
         gm.graph.set_codegen(codegen)
         gm.recompile()
     return gm
-
-
-def _first_reads(gm: fx.GraphModule) -> list[fx.Node]:
-    """The placeholders and ``get_attr`` nodes ``gm``'s graph starts with: Dynamo's placeholders."""
-    return list(itertools.takewhile(lambda node: node.op in ("placeholder", "get_attr"), gm.graph.nodes))
-
-
-def _called(module: nn.Module, names: list[str]) -> Callable[..., Any]:
-    """``module`` called with its parameters and buffers ``names`` the first inputs, the model's inputs after."""
-    def run(*flat: Any) -> Any:
-        with _reparametrize_module(module, dict(zip(names, flat[:len(names)], strict=True))):
-            tensors, codegen = returning(module(*flat[len(names):]))
-        run.codegen = codegen  # type: ignore[attr-defined]
-        return tensors
-    return run
-
-
-def _interpreted(gm: fx.GraphModule, reads: list[fx.Node]) -> Callable[..., Any]:
-    """``gm``'s graph run node by node on one value for each of ``reads``, returning its output node's tuple."""
-    def run(*flat: Any) -> Any:
-        attributes = {node: value for node, value in zip(reads, flat, strict=True) if node.op == "get_attr"}
-        given = [value for node, value in zip(reads, flat, strict=True) if node.op == "placeholder"]
-        return fx.Interpreter(gm).run(*given, initial_env=attributes, enable_io_processing=False)
-    run.codegen = gm.graph._codegen  # type: ignore[attr-defined]
-    return run
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,32 +20,30 @@ splits it into several graphs).
 
 Inference (as Inductor compiles a model run under ``torch.no_grad()``): AOTAutograd's inference graph, its
 parameters and buffers lifted to inputs, with Inductor's decomposition table
-(:func:`~fxverify.capture.aot_inference.aot_inference_graph`), then Inductor's ``joint_graph_passes`` (stopped at a joint
-hook: the pre hook comes after ``canonicalize_aten_ir_passes``, the post hook after Inductor's own joint-graph
-pattern passes), then ``view_to_reshape`` and ``post_grad_passes(gm, is_inference=True)`` up to a post-grad
-hook (the pre hook after dead-code elimination and ``reorder_for_locality``, the post hook after Inductor's own
-post-grad pattern passes). Parameters and buffers are placeholders while torch's passes and the transform run,
-before the model's inputs, as AOTAutograd lifts them (Inductor's constant folders fold ``get_attr`` tensors:
-a counter's update would be folded); the captured ``GraphModule`` reads them as ``get_attr`` nodes of the
-module's own tensors under their own names, so it takes the model's inputs and returns its outputs.
+(:func:`~fxverify.capture.aot_inference.aot_inference_graph`), then Inductor's ``joint_graph_passes`` (stopped at
+a joint hook: the pre hook comes after ``canonicalize_aten_ir_passes``, the post hook after Inductor's own
+joint-graph pattern passes), then ``view_to_reshape`` and ``post_grad_passes(gm, is_inference=True)`` up to a
+post-grad hook (the pre hook after dead-code elimination and ``reorder_for_locality``, the post hook after
+Inductor's own post-grad pattern passes). Parameters and buffers are placeholders while torch's passes and the
+transform run, among the model's inputs in Dynamo's order (:func:`~fxverify.capture.aot_call.aot_call`), as
+AOTAutograd receives them (Inductor's constant folders fold ``get_attr`` tensors: a counter's update would be
+folded); the captured ``GraphModule`` reads them as ``get_attr`` nodes of the module's own tensors under their own
+names, so it takes the model's inputs and returns its outputs.
 
 Training (as Inductor compiles a model whose parameters require grad): AOTAutograd's joint graph (primals and
-tangents to forward outputs and gradients) with Inductor's decompositions, handed to Inductor's own
-``partition_fn``. At a joint hook the joint graph is taken where ``joint_graph_passes`` calls it, before
-partitioning: the submodule ``joint_graph``. At a post-grad hook it is partitioned (the joint-graph passes, then
-the min-cut partitioner) into a forward and a backward graph, each taken where
-``post_grad_passes(gm, is_inference=False)`` calls the hook: the submodules ``forward_graph`` and
+tangents to forward outputs and gradients) traced as ``compile_fx`` calls AOTAutograd (the flat inputs in
+Dynamo's order; Inductor's decompositions; ``keep_inference_input_mutations``, so a BatchNorm's running
+statistics are written back in the forward graph with ``copy_``), handed to Inductor's own ``partition_fn``, told
+that the parameters and buffers are static inputs, as Dynamo marks them. At a joint hook the joint graph is taken
+where ``joint_graph_passes`` calls it, before partitioning: the submodule ``joint_graph``. At a post-grad hook it
+is partitioned (the joint-graph passes, then the min-cut partitioner) into a forward and a backward graph, each
+taken where ``post_grad_passes(gm, is_inference=False)`` calls the hook: the submodules ``forward_graph`` and
 ``backward_graph``. Parameters are placeholders there, as Inductor has them. The submodules are inlined into one
 graph that runs them on fixed tangents (buffers ``tangent_<i>``, drawn from a fixed seed), writes back the
 buffers the model updates, and returns ``{"outputs": (...), "grads": {name: gradient}}``: every check of
 outputs (numerics against float64, determinism, devices...) then judges gradients too, and names the first
 divergent node (backward nodes are named ``backward_<name>``). :meth:`Inductor.apply` runs the transform once
 on each submodule's graph, as torch runs a pass once per graph, and inlines them again.
-
-Each graph a transform returns is carried on as torch carries it on after the hook (:func:`carried_on`): sorted
-topologically (and linted, at a joint hook), its new and changed nodes' ``meta['val']`` computed again at a
-post-grad hook; what torch cannot repair (a cycle, a read of an erased node, a graph out of order at
-``joint_custom_pre_pass``, a FakeTensor nothing can compute) fails as the transform's, every check saying so.
 
 Where the transform changed a graph is :func:`fired_in` of its result (``inference``, ``forward``,
 ``backward``, ``joint``); a contract with ``fires_in`` fails a transform that changes another graph.
@@ -69,6 +67,7 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from fxverify.analysis.graph_text import canonical_text
+from fxverify.capture.aot_call import AotCall, aot_call
 from fxverify.capture.aot_inference import HandedReturn, aot_inference_graph
 from fxverify.capture.base import Capture
 from fxverify.capture.hook_stops import HookReached, stop_at_hook
@@ -477,30 +476,27 @@ class _Part:
 class _Layout:
     """The training graphs of a package, run in order, and what the flat inputs are."""
 
-    inputs: int  # the model's own inputs, before the lifted parameters and buffers
-    state: tuple[str, ...]  # the lifted parameters and buffers, in order
+    call: AotCall  # the flat inputs: the state each holds (None: an input of the model), in Dynamo's order
     parts: tuple[_Part, ...]
 
 
 def _training_package(module: nn.Module, inputs: tuple[Any, ...], hook: str, position: str) -> fx.GraphModule:
-    """The training graphs of ``module`` at ``<hook>_custom_<position>_pass``, inlined into one module."""
+    """The training graphs of ``module`` at ``<hook>_custom_<position>_pass``, inlined into one module. AOTAutograd
+    traces them as ``compile_fx`` calls it: the flat inputs in Dynamo's order (:func:`aot_call`), Inductor's
+    decompositions, ``keep_inference_input_mutations`` (a buffer's update stays in the forward graph as ``copy_``),
+    and Inductor's partitioner told Dynamo's static inputs (the parameters and buffers, kept alive, not saved)."""
     from torch._functorch.aot_autograd import aot_function, make_boxed_func
     from torch._inductor.compile_fx import partition_fn
     from torch._inductor.decomposition import select_decomp_table
 
     parameters = dict(module.named_parameters())
-    state = {**parameters, **dict(module.named_buffers())}
-    names = list(state)
-    count = len(inputs)
+    call = aot_call(module, inputs)
     kept: dict[str, fx.GraphModule] = {}
     inference = Skip("nothing in the model requires grad (no parameter does, nor its inputs): torch.compile compiles "
                      "its inference graph, which the "
                      f"{Inductor(hook=hook, position=position).name} capture gives; there is no training graph")
     if not any(parameter.requires_grad for parameter in parameters.values()):
         raise inference
-
-    def lifted(*flat: Any) -> Any:
-        return torch.func.functional_call(module, dict(zip(names, flat[count:], strict=True)), tuple(flat[:count]))
 
     def keep(part: str, is_inference: bool) -> Callable[..., Any]:
         def compiler(gm: fx.GraphModule, example_inputs: Any) -> Any:
@@ -511,6 +507,7 @@ def _training_package(module: nn.Module, inputs: tuple[Any, ...], hook: str, pos
         return compiler
 
     def partitioned(gm: fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
+        kwargs["static_lifetime_input_indices"] = list(call.static)  # as Dynamo marks them (aot_function cannot)
         with graph_fake_mode(gm):  # as compile_fx sets it around AOTAutograd
             return partition_fn(gm, joint_inputs, **kwargs)
 
@@ -519,29 +516,30 @@ def _training_package(module: nn.Module, inputs: tuple[Any, ...], hook: str, pos
         _stopped_at("joint", position, lambda: partitioned(gm, joint_inputs, **kwargs))
         raise HookReached  # no partitioning: the joint graph is the capture
 
-    compiled = aot_function(lifted, fw_compiler=keep("forward", False), bw_compiler=keep("backward", False),
+    compiled = aot_function(call.run, fw_compiler=keep("forward", False), bw_compiler=keep("backward", False),
                             inference_compiler=keep("inference", True),
                             partition_fn=joint_only if hook == "joint" else partitioned,
-                            decompositions=select_decomp_table())
-    copies = [t.detach().clone().requires_grad_(name in parameters and t.requires_grad)  # the model untouched
-              for name, t in state.items()]
+                            decompositions=select_decomp_table(), keep_inference_input_mutations=True)
+    copies = [value.detach().clone().requires_grad_(name in parameters and value.requires_grad)  # the model untouched
+              if name is not None else value for name, value in zip(call.held, call.flat, strict=True)]
     package = fx.GraphModule(nn.Module(), fx.Graph())
     if hook == "joint":
         try:
-            compiled(*inputs, *copies)
+            compiled(*copies)
         except HookReached:
             pass
         parts = {"joint": kept["joint"]}
         parts["joint"].recompile()
     else:
-        outputs = [out for out in pytree.tree_leaves(compiled(*inputs, *copies))
+        outputs = [out for out in pytree.tree_leaves(compiled(*copies))
                    if isinstance(out, torch.Tensor) and out.requires_grad]
         torch.autograd.backward(outputs, [torch.zeros_like(out) for out in outputs])  # compiles the backward
         parts = {part: at_custom_pass(kept[part], is_inference=False, position=position)
                  for part in ("forward", "backward")}
-    for name, tensor in state.items():
-        attach(package, module, name, tensor, parameter=name in parameters)
-    layout = _Layout(count, tuple(names), tuple(_part_of(graph, f"{graph}_graph", gm) for graph, gm in parts.items()))
+    for name, value in zip(call.held, call.flat, strict=True):
+        if name is not None:
+            attach(package, module, name, value, parameter=name in parameters)
+    layout = _Layout(call, tuple(_part_of(graph, f"{graph}_graph", gm) for graph, gm in parts.items()))
     generator = torch.Generator().manual_seed(_TANGENT_SEED)
     for part in layout.parts:
         setattr(package, part.attribute, parts[part.graph])
@@ -618,8 +616,9 @@ def _inlined(package: fx.GraphModule) -> fx.Graph:
             if kind == "flat" and index in reads:
                 env[node] = reads[index]
                 continue
+            held = layout.call.held[index] if kind == "flat" else None
             new = (graph.get_attr(f"tangent_{index}") if kind == "tangent" else graph.placeholder(node.name)
-                   if index < layout.inputs else graph.get_attr(layout.state[index - layout.inputs]))
+                   if held is None else graph.get_attr(held))
             new.meta.update(node.meta)
             env[node] = new
             if kind == "flat":
@@ -627,7 +626,7 @@ def _inlined(package: fx.GraphModule) -> fx.Graph:
         for (kind, index), value in zip(part.gives, _copy_body(graph, part.attribute, given, env, prefix=part.prefix),
                                         strict=True):
             found[kind].append((index, value))
-    grads = {_input_name(layout, index): grad for index, grad in found["grad"] if isinstance(grad, fx.Node)}
+    grads = {layout.call.input_name(index): grad for index, grad in found["grad"] if isinstance(grad, fx.Node)}
     for index, value in found["mutation"]:
         graph.call_function(torch.ops.aten.copy_.default, (reads[index], value))
     graph.output({"outputs": tuple(value for _, value in sorted(found["output"], key=lambda pair: pair[0])),
@@ -657,10 +656,6 @@ def _part(package: fx.GraphModule, name: str) -> fx.GraphModule:
 
 def _body(part: fx.GraphModule) -> Iterator[fx.Node]:
     return (node for node in part.graph.nodes if node.op not in ("placeholder", "output"))
-
-
-def _input_name(layout: _Layout, index: int) -> str:
-    return layout.state[index - layout.inputs] if index >= layout.inputs else f"input_{index}"
 
 
 def _check_well_formed(transform: Transform, result: fx.GraphModule, graph: str) -> None:
