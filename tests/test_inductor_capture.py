@@ -6,6 +6,7 @@ training)."""
 from __future__ import annotations
 
 import copy
+import pickle
 
 import pytest
 import torch
@@ -169,6 +170,7 @@ def test_the_training_capture_runs_forward_then_backward_and_returns_outputs_and
         torch.testing.assert_close(found["grads"][name], parameter.grad)
     graphs = {"joint_graph"} if hook == "joint" else {"forward_graph", "backward_graph"}
     assert {name for name, _ in gm.named_children() if name.endswith("_graph")} == graphs
+    torch.testing.assert_close(pickle.loads(pickle.dumps(gm))(x), found)  # the package holds nothing local
 
 
 @pytest.mark.slow

@@ -45,11 +45,6 @@ class AotCall:
         model returns one flat tuple of tensors already)."""
         return getattr(self.run, "codegen", None)
 
-    def input_name(self, index: int) -> str:
-        """What flat input ``index`` is called: its state's name, ``input_<i>`` for the model's i-th input."""
-        name = self.held[index]
-        return name if name is not None else f"input_{self.held[:index].count(None)}"
-
 
 def aot_call(module: nn.Module, inputs: tuple[Any, ...], *, state_first: bool = False) -> AotCall:
     """How ``torch.compile`` calls AOTAutograd on ``module`` (Dynamo's graph, or a model Dynamo splits) and its

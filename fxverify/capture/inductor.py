@@ -67,7 +67,7 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from fxverify.analysis.graph_text import canonical_text
-from fxverify.capture.aot_call import AotCall, aot_call
+from fxverify.capture.aot_call import aot_call
 from fxverify.capture.aot_inference import HandedReturn, aot_inference_graph
 from fxverify.capture.base import Capture
 from fxverify.capture.hook_stops import HookReached, stop_at_hook
@@ -476,8 +476,13 @@ class _Part:
 class _Layout:
     """The training graphs of a package, run in order, and what the flat inputs are."""
 
-    call: AotCall  # the flat inputs: the state each holds (None: an input of the model), in Dynamo's order
+    held: tuple[str | None, ...]  # the flat inputs in Dynamo's order: the state each holds (None: a model input)
     parts: tuple[_Part, ...]
+
+    def input_name(self, index: int) -> str:
+        """What flat input ``index`` is called: its state's name, ``input_<i>`` for the model's i-th input."""
+        name = self.held[index]
+        return name if name is not None else f"input_{self.held[:index].count(None)}"
 
 
 def _training_package(module: nn.Module, inputs: tuple[Any, ...], hook: str, position: str) -> fx.GraphModule:
@@ -539,7 +544,7 @@ def _training_package(module: nn.Module, inputs: tuple[Any, ...], hook: str, pos
     for name, value in zip(call.held, call.flat, strict=True):
         if name is not None:
             attach(package, module, name, value, parameter=name in parameters)
-    layout = _Layout(call, tuple(_part_of(graph, f"{graph}_graph", gm) for graph, gm in parts.items()))
+    layout = _Layout(call.held, tuple(_part_of(graph, f"{graph}_graph", gm) for graph, gm in parts.items()))
     generator = torch.Generator().manual_seed(_TANGENT_SEED)
     for part in layout.parts:
         setattr(package, part.attribute, parts[part.graph])
@@ -616,7 +621,7 @@ def _inlined(package: fx.GraphModule) -> fx.Graph:
             if kind == "flat" and index in reads:
                 env[node] = reads[index]
                 continue
-            held = layout.call.held[index] if kind == "flat" else None
+            held = layout.held[index] if kind == "flat" else None
             new = (graph.get_attr(f"tangent_{index}") if kind == "tangent" else graph.placeholder(node.name)
                    if held is None else graph.get_attr(held))
             new.meta.update(node.meta)
@@ -626,7 +631,7 @@ def _inlined(package: fx.GraphModule) -> fx.Graph:
         for (kind, index), value in zip(part.gives, _copy_body(graph, part.attribute, given, env, prefix=part.prefix),
                                         strict=True):
             found[kind].append((index, value))
-    grads = {layout.call.input_name(index): grad for index, grad in found["grad"] if isinstance(grad, fx.Node)}
+    grads = {layout.input_name(index): grad for index, grad in found["grad"] if isinstance(grad, fx.Node)}
     for index, value in found["mutation"]:
         graph.call_function(torch.ops.aten.copy_.default, (reads[index], value))
     graph.output({"outputs": tuple(value for _, value in sorted(found["output"], key=lambda pair: pair[0])),
