@@ -5,6 +5,7 @@ code generation); a training capture is the joint graph, or the forward and the 
 generates the forward's code, then stops at the backward's hook).
 
     python benchmarks/inductor_capture_fidelity.py [--corpus smoke,edge,layers] [--captures inductor,...]
+        [--modes eval,train]
 
 Prints one line per differing graph (the first lines of the difference) and the count of graphs that are the
 same. A capture that raises is printed with its error (an expected failure of the corpus says why).
@@ -101,11 +102,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", default="smoke,edge,layers")
     parser.add_argument("--captures", default=",".join(HOOKS))
+    parser.add_argument("--modes", default="eval,train", help="the modes the model is built in")
     args = parser.parse_args()
     same = total = 0
     for entry in choose(args.corpus):
         case = load_case(entry.name)
-        for training in (False, True):
+        for training in [mode == "train" for mode in args.modes.split(",")]:
             for capture in args.captures.split(","):
                 total += len(parts(capture))
                 where = f"{entry.name} {'train' if training else 'eval'} {capture}"
