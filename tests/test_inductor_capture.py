@@ -15,6 +15,7 @@ from torch._inductor.pattern_matcher import PatternMatcherPass
 
 import fxverify
 from fxverify.capture.inductor import fired_in
+from fxverify.cases.case import load_case
 from fxverify.core.graph_passes import graph_pass, pattern_passes
 from fxverify.core.results import FAILED, PASSED, SKIPPED
 from fxverify.core.transform import Transform
@@ -146,8 +147,6 @@ def _verification(transform, factory, shape, capture: str) -> fxverify.Verificat
 
 
 def _on_entry(transform, name: str, capture: str) -> fxverify.Verification:
-    from fxverify.cases.case import load_case
-
     case = load_case(name)
     return fxverify.Verification(transform, case, capture=case.capture_named(capture))
 
@@ -284,6 +283,22 @@ def test_the_training_capture_is_the_graphs_torch_compile_hands_the_hook(positio
     assert any(line.endswith("aten.copy_.default") for graph in received for line in graph)
     torch.testing.assert_close(gm(x)["outputs"], (expected(x)["out"].detach(),))
     torch.testing.assert_close(gm.get_buffer("bn.running_var"), expected.bn.running_var)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("capture", ["inductor", "inductor_train_joint"])
+def test_inputs_read_between_parameters_keep_dynamos_order(capture):
+    """``edge_integer_inputs`` reads its tokens, the embedding, then ``x``: Dynamo's graph inputs interleave the
+    model's inputs and parameters in that order, and so must the capture's (it had both inputs first)."""
+    from benchmarks.inductor_capture_fidelity import captured, compiled
+    from fxverify.core.captures import for_model
+
+    case = load_case("edge_integer_inputs")
+    inputs = case.example_inputs()
+    received = compiled(case.build(training=True), inputs, capture)
+    gm = for_model(capture, case.facts).capture(case.build(training=True), training=True, inputs=inputs)
+    assert received == captured(gm, capture)
+    assert received[0][0].startswith("[(8, 4), (2, 5), (1, 4), (1,), (2, 8)")  # embedding, tokens, fc, x
 
 
 def _rebuilt_anew(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

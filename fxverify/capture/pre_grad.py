@@ -210,16 +210,19 @@ def as_model(handed: Handed, module: nn.Module, inputs: tuple[Any, ...]) -> fx.G
     """The hook's graph as a ``GraphModule`` taking ``module``'s ``inputs`` and returning its outputs: each
     placeholder of a parameter or buffer a ``get_attr`` of it under its own name (the node keeping its name and
     meta), another tensor Dynamo lifted (a plain tensor attribute, a global) a plain attribute, the model's inputs
-    placeholders in its order where Dynamo read the first, the output node as Dynamo made it."""
+    placeholders in its order, each where Dynamo read it (all where Dynamo read the first, where it read them in
+    another order), the output node as Dynamo made it."""
     state = {id(tensor): name for name, tensor in [*module.named_parameters(), *module.named_buffers()]}
     positions = {id(value): index for index, value in reversed(list(enumerate(inputs)))}
     handed_placeholders = list(handed.gm.graph.find_nodes(op="placeholder"))
     values = dict(zip(handed_placeholders, handed.example_inputs, strict=True))
     read_inputs = {positions[id(value)]: node for node, value in values.items() if id(value) in positions}
+    in_order = list(read_inputs) == sorted(read_inputs)  # Dynamo read the model's inputs in the model's order
     root = PreGradModule(nn.Module(), fx.Graph(), class_name=type(module).__name__)
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     placed: list[fx.Node] = []  # the model's inputs, in order
+    names = _input_names(module, len(inputs))
     for node in handed.gm.graph.nodes:
         if node.op == "get_attr":  # what Inductor's pre-grad passes made (fuse_conv_bn's tensors under freezing)
             value = resolve(handed.gm, str(node.target))
@@ -230,14 +233,16 @@ def as_model(handed: Handed, module: nn.Module, inputs: tuple[Any, ...]) -> fx.G
         if node.op != "placeholder":
             env[node] = graph.node_copy(node, env.__getitem__)
         elif id(values[node]) in positions:
-            if not placed:  # every input of the model, in its order, where Dynamo read the first
-                placed.extend(_placeholders(graph, module, len(inputs), read_inputs))
-            env[node] = placed[positions[id(values[node])]]
+            index = positions[id(values[node])]
+            until = index + 1 if in_order else len(inputs)  # and those before it Dynamo never read
+            placed.extend(_placeholder(graph, names, at, read_inputs) for at in range(len(placed), until))
+            env[node] = placed[index]
         else:
             env[node] = _attribute(graph, root, module, node, values[node], state)
-    if not placed:
-        with graph.inserting_before(None):  # at the start: the graph reads no input (it returns constants)
-            placed.extend(_placeholders(graph, module, len(inputs), read_inputs))
+    if len(placed) < len(inputs):  # inputs Dynamo never read: after the others, or first where it read none
+        with graph.inserting_after(placed[-1]) if placed else graph.inserting_before(None):
+            made = [_placeholder(graph, names, at, read_inputs) for at in reversed(range(len(placed), len(inputs)))]
+        placed.extend(reversed(made))  # each was inserted before the one made before it
     codegen = _ModelReturn.of(handed, graph.output_node(), placed, positions)
     if codegen is not None:
         graph.set_codegen(codegen)
@@ -246,12 +251,10 @@ def as_model(handed: Handed, module: nn.Module, inputs: tuple[Any, ...]) -> fx.G
     return root.train(module.training)
 
 
-def _placeholders(graph: fx.Graph, module: nn.Module, count: int, read: dict[int, fx.Node]) -> list[fx.Node]:
-    """A placeholder for each of the model's ``count`` inputs, in order: Dynamo's where it ``read`` the input (name,
-    target and meta kept), the others named after the forward's parameters."""
-    names = _input_names(module, count)
-    return [graph.node_copy(read[index]) if index in read else graph.placeholder(names[index])
-            for index in range(count)]
+def _placeholder(graph: fx.Graph, names: list[str], index: int, read: dict[int, fx.Node]) -> fx.Node:
+    """The placeholder of the model's input ``index``: Dynamo's where it ``read`` the input (name, target and meta
+    kept), else one named after the forward's parameter (``names``)."""
+    return graph.node_copy(read[index]) if index in read else graph.placeholder(names[index])
 
 
 def _input_names(module: nn.Module, count: int) -> list[str]:
