@@ -45,6 +45,11 @@ outputs (numerics against float64, determinism, devices...) then judges gradient
 divergent node (backward nodes are named ``backward_<name>``). :meth:`Inductor.apply` runs the transform once
 on each submodule's graph, as torch runs a pass once per graph, and inlines them again.
 
+Each graph a transform returns is carried on as torch carries it on after the hook (:func:`carried_on`): sorted
+topologically (and linted, at a joint hook), its new and changed nodes' ``meta['val']`` computed again at a
+post-grad hook; what torch cannot repair (a cycle, a read of an erased node, a graph out of order at
+``joint_custom_pre_pass``, a FakeTensor nothing can compute) fails as the transform's, every check saying so.
+
 Where the transform changed a graph is :func:`fired_in` of its result (``inference``, ``forward``,
 ``backward``, ``joint``); a contract with ``fires_in`` fails a transform that changes another graph.
 
