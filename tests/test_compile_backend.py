@@ -163,6 +163,24 @@ def test_the_sizes_varied_are_those_eager_runs_at_one_dimension_at_a_time():
     assert varied("layer_linear_layernorm") == ["the batch: 2 -> 3", "the batch (the entry's other batch size): 2 -> 1"]
 
 
+@pytest.mark.slow
+def test_under_dynamic_true_the_dimensions_no_call_varies_are_static():
+    # symbolic where no call varies them, maxvit_t's 224 x 224 kept dynamo's shape reasoning busy over 30 minutes
+    symbolic = []
+
+    def recording(gm, example_inputs):
+        fakes = [node.meta["example_value"] for node in gm.graph.find_nodes(op="placeholder")]
+        symbolic.extend(tuple(isinstance(n, torch.SymInt) for n in fake.shape) for fake in fakes
+                        if isinstance(fake, torch.Tensor) and fake.dim() == 3)  # the input; parameters are static
+        return gm.forward
+
+    results = check_backend(recording, "edge_tiny_decoder_block", aspects=["backend-dynamic-shapes"])
+    assert results[0].outcome is PASSED
+    # the batch and the sequence symbolic, the width the norm weights fix static; then batch 1, which dynamo
+    # specialises
+    assert symbolic == [(True, True, False), (False, True, False)]
+
+
 def test_a_contract_on_an_aot_autograd_backend_keeps_it_observed_and_named():
     declared = fxverify.contract(modes=("eval",))(backends.boxed_aot)
     assert Recorder(declared, "declared").made_by_aot_autograd

@@ -26,7 +26,10 @@ eager model run in float64 may be a small multiple of eager's own. The aspects, 
   the outputs agree;
 - ``backend-dynamic-shapes``: ``torch.compile(dynamic=True)`` called at every size the model's inputs allow, one
   dimension at a time (:meth:`Trial.variations`: each size of the primary input eager also runs at, such as a
-  sequence length, then the batch at a size dynamo keeps symbolic, then the entry's other batch size);
+  sequence length, then the batch at a size dynamo keeps symbolic, then the entry's other batch size). The
+  dimensions no call varies are marked static (``torch._dynamo.mark_static``): eager runs at no other size of
+  them, so no call could show a backend wrong there, and symbolic they can cost dynamo more than the whole check
+  (maxvit_t's 224 x 224 windows: over 30 minutes of shape reasoning on 2 cores, 10 s with them static);
 - ``backend-gradients``: gradients of ``sum(outputs * fixed random weights)`` with respect to the inputs and
   parameters, in eval mode (no dropout mask or batch statistics to match);
 - ``backend-backward-graph``: for a backend made by ``aot_autograd``, its ``bw_compiler`` got the backward graph.
@@ -558,6 +561,7 @@ class Trial:
                   backend: tuple[Backend, str] | None = None) -> Run:
         run = Run(Recorder(*(backend or (self.backend, self.name))), calls, dynamic, backward)
         graphs, breaks = counters["stats"]["unique_graphs"], dict(counters["graph_break"])
+        fixed = _fixed_dimensions(calls) if dynamic else set()
 
         def compile_and_run() -> None:
             torch._dynamo.reset()
@@ -573,6 +577,8 @@ class Trial:
                     compiled[call.dtype] = model, optimized
                 model, optimized = compiled[call.dtype]
                 inputs = call.config.make(self.case.seed, dtype=call.dtype)
+                for i, d in fixed:
+                    torch._dynamo.mark_static(inputs[i], d)
                 if backward:
                     params = {name: f"_orig_mod.{name}" for name, _ in model.named_parameters()}
                     outputs = loss_gradients(optimized, inputs, self.case.seed, params, lambda m: m.eval())
@@ -785,6 +791,19 @@ def _identical(a: Any, b: Any) -> bool:
 def _buffers(model: nn.Module) -> dict[str, torch.Tensor]:
     """A copy of ``model``'s buffers, by name."""
     return {name: buffer.detach().clone() for name, buffer in model.named_buffers()}
+
+
+def _fixed_dimensions(calls: Sequence[Call]) -> set[tuple[int, int]]:
+    """The dimensions ``(input, dim)`` of the inputs that no call of ``calls`` gives another size than the first.
+
+    >>> from fxverify.cases.case import load_case
+    >>> first = load_case("edge_conv_bn_head").configs[0]
+    >>> sorted(_fixed_dimensions([Call(first, torch.float32), Call(with_batch(first, 3), torch.float32)]))
+    [(0, 1), (0, 2), (0, 3)]
+    """
+    first = calls[0].config.specs
+    return {(i, d) for i, spec in enumerate(first) for d, n in enumerate(spec.shape)
+            if all(call.config.specs[i].shape[d] == n for call in calls)}
 
 
 def _another_size(size: int, taken: set[int]) -> int:
