@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 from torch import fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
-from torch.utils import _pytree as pytree
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from fxverify.capture.inductor import backward_on_zeros
 from fxverify.capture.lifted_buffers import state_as_placeholders
 from fxverify.cases.case import load_case
 from fxverify.cases.catalogue import choose
@@ -74,8 +74,7 @@ def compiled(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], capture:
                 torch.set_grad_enabled(training):
             outputs = torch.compile(module)(*inputs)
             if training:
-                leaves = [out for out in pytree.tree_leaves(outputs) if isinstance(out, torch.Tensor) and out.requires_grad]
-                torch.autograd.backward(leaves, [torch.zeros_like(out) for out in leaves])
+                backward_on_zeros(outputs)
     except Exception:  # the recording pass stops the compile
         if len(recording.graphs) < recording.count:
             raise

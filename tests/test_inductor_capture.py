@@ -10,7 +10,6 @@ import pickle
 
 import pytest
 import torch
-from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.pattern_matcher import PatternMatcherPass
 
 import fxverify
@@ -184,44 +183,17 @@ def test_the_training_joint_capture_writes_back_the_buffers_the_model_updates():
     assert int(gm.get_buffer("1.num_batches_tracked")) == int(model[1].num_batches_tracked) == 1
 
 
-class _Recorded(CustomGraphPass):
-    """A hook that records the call targets of each graph it receives and changes nothing."""
-
-    def __init__(self) -> None:
-        self.graphs: list[list[str]] = []
-
-    def __call__(self, graph: torch.fx.Graph) -> None:
-        self.graphs.append(_called(graph))
-
-    def uuid(self) -> None:
-        return None
-
-
-def _called(graph: torch.fx.Graph) -> list[str]:
-    return [str(node.target) for node in graph.nodes if node.op == "call_function"]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
 @pytest.mark.parametrize("position", ["pre", "post"])
 def test_the_joint_captures_are_the_graph_torch_compile_hands_the_joint_hook(position, training):
-    from torch._inductor import config
-
+    from benchmarks.inductor_capture_fidelity import captured, compiled
     from fxverify.capture.inductor import Inductor
 
-    x, hook = torch.randn(3, 6), _Recorded()
-    torch._dynamo.reset()
-    with config.patch({f"joint_custom_{position}_pass": hook, "force_disable_caches": True, "fallback_random": True}):
-        compiled = torch.compile(_Gated().train(training))
-        if training:
-            compiled(x).sum().backward()
-        else:
-            with torch.no_grad():
-                compiled(x)
-    torch._dynamo.reset()
-    capture = Inductor(training_graphs=training, hook="joint", position=position)
+    x, capture = torch.randn(3, 6), Inductor(training_graphs=training, hook="joint", position=position)
+    received = compiled(_Gated().train(training), (x,), capture.name)
     gm = capture.capture(_Gated(), training=training, inputs=(x,))
-    assert hook.graphs == [_called(gm.get_submodule("joint_graph").graph if training else gm.graph)]
+    assert received == captured(gm, capture.name)
     assert f"joint_custom_{position}_pass" in capture.describe()
 
 
@@ -755,18 +727,13 @@ def test_the_inference_capture_holds_what_inductors_pre_grad_passes_leave():
     """The Inductor captures start from Dynamo's graph after Inductor's pre-grad passes, as AOTAutograd receives it
     (here sink_cat_after_pointwise: torch.compile hands relu, relu, cat; a capture made from the module held cat,
     relu)."""
-    from torch._inductor import config
-
+    from benchmarks.inductor_capture_fidelity import captured, compiled
     from fxverify.capture.inductor import Inductor
 
-    x, y, handed = torch.randn(2, 3), torch.randn(2, 3), []
-    torch._dynamo.reset()
-    with config.patch({"post_grad_custom_pre_pass": lambda graph: handed.append(_called(graph)),
-                       "force_disable_caches": True}), torch.no_grad():
-        torch.compile(_CatRelu())(x, y)
-    torch._dynamo.reset()
-    gm = Inductor().capture(_CatRelu().eval(), training=False, inputs=(x, y))
-    assert handed == [_called(gm.graph)]
+    x, y = torch.randn(2, 3), torch.randn(2, 3)
+    received = compiled(_CatRelu().eval(), (x, y), "inductor")
+    assert received == captured(Inductor().capture(_CatRelu().eval(), training=False, inputs=(x, y)), "inductor")
+    assert received[0][2:] == ["aten.relu.default", "aten.relu.default", "aten.cat.default"]
 
 
 class _TemperatureSoftmax(torch.nn.Module):

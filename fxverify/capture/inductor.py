@@ -405,6 +405,19 @@ def _cycle(graph: fx.Graph) -> list[fx.Node]:
     return []
 
 
+def backward_on_zeros(outputs: Any) -> None:
+    """Backward from zero gradients of the tensors among ``outputs`` that require grad: what makes AOTAutograd
+    compile the backward graph of a training compile (its compilers run at the first backward), leaving no
+    gradient but zeros.
+
+    >>> w = torch.ones(2, requires_grad=True)
+    >>> backward_on_zeros({"y": w * 3, "n": 1}); w.grad
+    tensor([0., 0.])
+    """
+    leaves = [out for out in pytree.tree_leaves(outputs) if isinstance(out, torch.Tensor) and out.requires_grad]
+    torch.autograd.backward(leaves, [torch.zeros_like(out) for out in leaves])
+
+
 def graph_fake_mode(gm: fx.GraphModule) -> contextlib.AbstractContextManager[Any]:
     """``V.fake_mode`` set to the FakeTensorMode of ``gm``'s ``meta['val']``, as ``compile_fx`` sets it around
     AOTAutograd, so around Inductor's joint-graph and post-grad passes and every hook's pass (a pattern's
@@ -541,9 +554,7 @@ def _training_package(module: nn.Module, inputs: tuple[Any, ...], hook: str, pos
         parts = {"joint": kept["joint"]}
         parts["joint"].recompile()
     else:
-        outputs = [out for out in pytree.tree_leaves(compiled(*copies))
-                   if isinstance(out, torch.Tensor) and out.requires_grad]
-        torch.autograd.backward(outputs, [torch.zeros_like(out) for out in outputs])  # compiles the backward
+        backward_on_zeros(compiled(*copies))
         parts = {part: at_custom_pass(kept[part], is_inference=False, position=position)
                  for part in ("forward", "backward")}
     for name, value in zip(call.held, call.flat, strict=True):
