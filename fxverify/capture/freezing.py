@@ -72,6 +72,7 @@ from fxverify.capture.inductor import (
     at_custom_pass,
     carried_on,
     check_placement,
+    fake_mode_of,
     fired_in,
     graph_fake_mode,
     ordering_problem,
@@ -351,9 +352,7 @@ def _constants_faked(gm: fx.GraphModule) -> None:
     """Each ``get_attr`` of a tensor that has no ``meta['val']`` (a constant a post-grad pass added: torchao's
     concat-linear fusion registers its concatenated weights so; Inductor's lowering reads the tensor itself, never
     that meta) given its FakeTensor, which :func:`~fxverify.capture.lowerings.runnable` traces a lowering on."""
-    from torch._guards import detect_fake_mode
-
-    fake_mode = detect_fake_mode([node.meta.get("val") for node in gm.graph.nodes])
+    fake_mode = fake_mode_of(gm)
     for node in gm.graph.find_nodes(op="get_attr"):
         tensor = getattr(gm, str(node.target), None)
         if fake_mode is not None and "val" not in node.meta and isinstance(tensor, torch.Tensor):

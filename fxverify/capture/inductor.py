@@ -423,11 +423,23 @@ def graph_fake_mode(gm: fx.GraphModule) -> contextlib.AbstractContextManager[Any
     AOTAutograd, so around Inductor's joint-graph and post-grad passes and every hook's pass (a pattern's
     ``replace_by_example`` traces its replacement in it: ``torch.scalar_tensor`` in ``mul_softmax_pattern`` makes a
     FakeTensor there, a real tensor otherwise); nothing where ``gm`` has none."""
-    from torch._guards import detect_fake_mode
     from torch._inductor.virtualized import V
 
-    fake_mode = detect_fake_mode([node.meta.get("val") for node in gm.graph.nodes])
+    fake_mode = fake_mode_of(gm)
     return contextlib.nullcontext() if fake_mode is None else V.set_fake_mode(fake_mode)
+
+
+def fake_mode_of(gm: fx.GraphModule) -> Any:
+    """The FakeTensorMode of the FakeTensors in ``gm``'s ``meta['val']``, None where it holds none.
+
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> traced = make_fx(torch.relu, tracing_mode="fake")(torch.ones(2))
+    >>> fake_mode_of(fx.symbolic_trace(nn.ReLU())) is None, type(fake_mode_of(traced)).__name__
+    (True, 'FakeTensorMode')
+    """
+    from torch._guards import detect_fake_mode
+
+    return detect_fake_mode([node.meta.get("val") for node in gm.graph.nodes])
 
 
 def _updater(gm: fx.GraphModule, hook: str) -> Any:
@@ -443,11 +455,9 @@ def _updater(gm: fx.GraphModule, hook: str) -> Any:
 def _update_fake_tensors(transform: Transform, result: fx.GraphModule, updater: Any, graph: str, where: str) -> None:
     """``updater.incremental_update()`` on ``result`` in the fake mode of its ``meta['val']``, as ``post_grad_passes``
     runs it; :class:`TransformFailed` where it raises (a new node's target has no FakeTensor implementation...)."""
-    from torch._guards import detect_fake_mode
     from torch._inductor.virtualized import V
 
-    fake_mode = detect_fake_mode([node.meta.get("val") for node in result.graph.find_nodes(op="placeholder")]
-                                 + [node.meta.get("val") for node in result.graph.nodes])
+    fake_mode = fake_mode_of(result)
     if fake_mode is None:
         return
     updater.gm = result  # the graph a pass returning another GraphModule made: each of its nodes is new to it
