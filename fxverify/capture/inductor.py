@@ -65,7 +65,7 @@ import contextlib
 import dataclasses
 import itertools
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import fx, nn
@@ -90,6 +90,9 @@ from fxverify.core.graph_passes import at_joint_hook, training_graph
 from fxverify.core.results import Skip
 from fxverify.core.transform import Transform
 from fxverify.errors import TransformFailed
+
+if TYPE_CHECKING:
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
 FIRED = "fxverify_fired"  # gm.meta key: the graphs the transform changed, in order
 
@@ -429,7 +432,7 @@ def graph_fake_mode(gm: fx.GraphModule) -> contextlib.AbstractContextManager[Any
     return contextlib.nullcontext() if fake_mode is None else V.set_fake_mode(fake_mode)
 
 
-def fake_mode_of(gm: fx.GraphModule) -> Any:
+def fake_mode_of(gm: fx.GraphModule) -> FakeTensorMode | None:
     """The FakeTensorMode of the FakeTensors in ``gm``'s ``meta['val']``, None where it holds none.
 
     >>> from torch.fx.experimental.proxy_tensor import make_fx
