@@ -370,6 +370,10 @@ def ao_model(name: str) -> fx.GraphModule:
     (export, prepare_pt2e, one calibration call, convert_pt2e), in a plain GraphModule (``export(...).module()``
     refuses ``.eval()``, which fxverify's captures call).
 
+    torchao's default config quantizes activations to the full uint8 range: on a CPU without VNNI or AMX oneDNN's
+    int8 GEMM overflows its 16-bit pair sums, and the frozen program computes otherwise than its q/dq program
+    (docs/bugs-found.md row 35); numerics then says so, naming the CPU (:mod:`fxverify.analysis.cpu_kernels`).
+
     >>> [n.target for n in ao_model("ao_qlinear_relu").graph.nodes].count(torch.ops.aten.linear.default)
     2
     """

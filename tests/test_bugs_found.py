@@ -550,6 +550,7 @@ def test_inductor_fails_to_compile_a_permuted_key_of_another_size(fresh_dynamo, 
 
 
 @pytest.mark.slow
+@pytest.mark.cpu_kernels
 def test_freezing_packs_a_float64_conv_which_onednn_refuses(fresh_dynamo):
     from torch._inductor import config
 
@@ -560,6 +561,45 @@ def test_freezing_packs_a_float64_conv_which_onednn_refuses(fresh_dynamo):
         with config.patch(freezing=True), pytest.raises(torch._dynamo.exc.BackendCompilerFailed,
                                                         match="itensor_view_from_dense.*Double"):
             torch.compile(conv)(x)
+
+
+def _quantized_mlp(reduce_range: bool):
+    import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as x86
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    torch.manual_seed(0)
+    mlp, x = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)).eval(), torch.randn(4, 16)
+    quantizer = x86.X86InductorQuantizer().set_global(
+        x86.get_default_x86_inductor_quantization_config(reduce_range=reduce_range))
+    prepared = prepare_pt2e(torch.export.export(mlp, (x,)).module(), quantizer)
+    prepared(x)  # calibration
+    return mlp, convert_pt2e(prepared), x
+
+
+@pytest.mark.slow
+@pytest.mark.cpu_kernels
+def test_the_x86_quantizers_default_config_overflows_the_int8_gemm_of_a_cpu_without_vnni(fresh_dynamo):
+    """Skipped on a CPU whose int8 GEMM accumulates in 32 bits (VNNI, AMX); CI runs it again under
+    ``ONEDNN_MAX_CPU_ISA=AVX2`` (the ``cpu_kernels`` mark). The skip asks fxverify's probe; the proof itself is plain torch."""
+    torchao()
+    from fxverify.analysis.cpu_kernels import cpu_capability, int8_gemm_saturates
+
+    if not int8_gemm_saturates():
+        pytest.skip(f"oneDNN's int8 GEMM accumulates in 32 bits here ({cpu_capability()}: VNNI or AMX): the default "
+                    "config is exact on this CPU; the defect shows without VNNI (ONEDNN_MAX_CPU_ISA=AVX2)")
+    from torch._inductor import config
+
+    errors = {}
+    for reduce_range in (False, True):
+        mlp, quantized, x = _quantized_mlp(reduce_range)
+        with torch.no_grad(), config.patch(freezing=True):
+            eager = quantized(x)  # the q/dq program, in float
+            errors[reduce_range] = (float((torch.compile(quantized)(x) - eager).abs().max()),
+                                    float((eager - mlp(x)).abs().max()))  # (compiled vs q/dq, quantization error)
+        torch._dynamo.reset()
+    (compiled_off, quantization_error), (compiled_off_reduced, _) = errors[False], errors[True]
+    assert compiled_off > 10 * quantization_error, errors  # 0.18 against 0.0055
+    assert compiled_off_reduced < 1e-5, errors
 
 
 # -- OpenVINO's torch.compile backend -------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from torch import fx, nn
 from torch._inductor.pattern_matcher import CallFunction, KeywordArg, Match, PatternMatcherPass, register_graph_pattern
 
 import fxverify
+from fxverify.analysis.cpu_kernels import cpu_capability, int8_gemm_saturates
 from fxverify.capture.freezing import Freezing
 from fxverify.capture.inductor import fired_in
 from fxverify.capture.lowerings import is_lowering
@@ -25,6 +26,7 @@ from fxverify.core.results import FAILED, PASSED, SKIPPED
 
 aten = torch.ops.aten
 needs_torchao = pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="torchao is not installed")
+pytestmark = pytest.mark.cpu_kernels  # oneDNN's int8 GEMM and mkldnn packing: .ci/run runs these again under AVX2
 
 
 class ConvLinear(nn.Module):
@@ -99,7 +101,8 @@ def test_the_capture_is_the_graph_torch_compile_hands_freezings_pattern_loop(mak
     seen, out = _compiled_at_loop(model, inputs)
     with torch.no_grad():  # fresh instances: a counter buffer steps with each call
         expected = make()[0](*inputs)
-    torch.testing.assert_close(out, expected)
+    if not (make is _ao_qlinear_relu and int8_gemm_saturates()):  # there the compiled int8 GEMM overflows (row 35)
+        torch.testing.assert_close(out, expected)
     gm = Freezing().capture(make()[0], training=False, inputs=inputs)
     mine = _received(gm.graph)
     frozen = {name: value for name, value in mine["constants"].items() if name.startswith("_frozen_param")}
@@ -191,12 +194,20 @@ def test_the_identity_passes_every_check_that_applies(name: str) -> None:
 
 @pytest.mark.slow
 @needs_torchao
-def test_torchaos_x86_lowering_fires_and_passes_numerics() -> None:
+def test_torchaos_x86_lowering_fires_and_passes_numerics_where_the_int8_gemm_is_exact() -> None:
+    """torchao's own config (full-range activations): the int8 program is the q/dq program on a CPU with VNNI and
+    differs on one without (docs/bugs-found.md row 35), where the verdict names the CPU and what to change. Each
+    branch asserts: CI runs this test under ONEDNN_MAX_CPU_ISA=AVX2 as well as on the machine's own ISA."""
     from benchmarks.real_compile_passes import ao_entries
 
     case = ModelCase(next(entry for entry in ao_entries() if entry.name == "ao_qlinear_relu"))
     verification = _verification("benchmarks.real_compile_passes:torchao_x86_freezing", case)
-    assert verification.run("numerics").outcome == PASSED
+    found = verification.run("numerics")
+    if int8_gemm_saturates():
+        assert found.outcome == FAILED
+        assert cpu_capability() in found.message and "reduce_range=True" in found.message, found.message
+    else:
+        assert found.outcome == PASSED, found.message
     result = verification.subject.applied().result
     assert fired_in(result) == ("inference",)
     assert result.graph.find_nodes(op="call_function", target=torch.ops.onednn.qlinear_pointwise.default)
@@ -281,15 +292,15 @@ def test_the_post_capture_is_the_graph_a_frozen_compile_hands_post_grad_custom_p
     try:
         with torch.no_grad(), config.patch(freezing=True, force_disable_caches=True, fallback_random=True,
                                            post_grad_custom_post_pass=lambda graph: seen.append(_at_post_hook(graph))):
-            torch.compile(model)(*inputs)
+            compiled = torch.compile(model)(*inputs)
     finally:
         torch._dynamo.reset()
     gm = Freezing(position="post").capture(make()[0], training=False, inputs=inputs)
     [received] = seen
     assert _at_post_hook(gm.graph) == received
     assert "qlinear" in received["calls"]  # torchao's x86 lowerings left lowering nodes, which the graph keeps
-    with torch.no_grad():  # and which run eagerly: the quantized model's own values
-        torch.testing.assert_close(gm(*inputs), make()[0](*inputs), atol=2e-2, rtol=0)
+    with torch.no_grad():  # and which run eagerly the compiled program's oneDNN kernels, on any CPU (row 35)
+        torch.testing.assert_close(gm(*inputs), compiled, atol=2e-2, rtol=0)
 
 
 @pytest.mark.slow

@@ -32,10 +32,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import nn
+from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from fxverify.analysis.compare import Mismatch, Rerounded, compare_trees, compare_values
+from fxverify.analysis.cpu_kernels import int8_saturation_note
 from fxverify.analysis.localise import Localisation, localise
 from fxverify.analysis.module_state import tensor_state
 from fxverify.cases.inputs import InputConfig
@@ -60,6 +61,9 @@ def check(subject: Subject) -> dict[str, Any]:
         found = compare_config(subject, config)
         if found is not None:
             finding = finding_of(found, f"{config.describe()}, {subject.dtype}, {subject.contract.primary_mode} mode")
+            cpu_note = int8_saturation_note(*_graphs(subject))
+            if cpu_note is not None:
+                finding.what += f"\n{cpu_note}"
             float32_only = float32_rounding(subject, config, found)
             if float32_only is not None:
                 finding.what += f"\n{float32_only}"
@@ -118,6 +122,12 @@ def check(subject: Subject) -> dict[str, Any]:
         "switched_modes": switched if subject.capture.switches_mode else f"not compared: {subject.capture.name} fixes the mode "
                                                                     "when it captures",
     }
+
+
+def _graphs(subject: Subject) -> list[fx.Graph]:
+    """The graphs of the original and the result (a result may be any module)."""
+    modules = (subject.module("original"), subject.applied().result)
+    return [module.graph for module in modules if isinstance(module, fx.GraphModule)]
 
 
 NO_KEPT_NODE_DIVERGED = "no kept node diverged: the difference arises in nodes the transform changed"

@@ -8,7 +8,8 @@ verifying several transforms, and the next run, need not compute it again. A
 - the corpus entry (every field), the seed, the input configuration, the dtype, the mode and the
   capture;
 - the versions of Python, torch, torchvision and timm, the CPU's model and instruction-set flags
-  and torch's thread count (float32 kernels, and so their rounding, change with each), and torch's
+  and the variables that cap the kernels torch and oneDNN pick (``ATEN_CPU_CAPABILITY``,
+  ``ONEDNN_MAX_CPU_ISA``), and torch's thread count (float32 kernels, and so their rounding, change with each), and torch's
   global numerics settings (default dtype, float32 matmul precision, oneDNN, deterministic
   algorithms, timm's and torch's fused-attention switches);
 - the source of fxverify and of its shipped corpus modules (state randomisation, input making, the
@@ -49,6 +50,7 @@ from typing import Any
 
 import torch
 
+from fxverify.analysis.cpu_kernels import cpu_capability
 from fxverify.capture import Capture
 from fxverify.capture.symbolic import SymbolicTrace
 from fxverify.cases.case import ModelCase
@@ -141,8 +143,7 @@ def _environment() -> str:
     for root in (Path(__file__).resolve().parents[1], corpus):
         for source in sorted(root.rglob("*.py")):
             digest.update(str(source.relative_to(root)).encode() + b"\0" + source.read_bytes())
-    return "\n".join([sys.version, platform.machine(), _processor(), torch.backends.cpu.get_cpu_capability(),
-                      *versions, digest.hexdigest()])
+    return "\n".join([sys.version, platform.machine(), _processor(), cpu_capability(), *versions, digest.hexdigest()])
 
 
 def _processor() -> str:
