@@ -573,6 +573,26 @@ class MultiHeadAttention(nn.Module):
         return self.o(out)
 
 
+class HeadViewAttention(nn.Module):
+    """Multi-head self-attention as most hand-written and older model code writes it: q, k and v ``nn.Linear``,
+    heads from ``view(b, t, heads, d).transpose(1, 2)``, ``softmax(q @ k.transpose(-2, -1) / sqrt(d)) @ v``, the
+    heads merged with ``transpose(1, 2).reshape``. Inductor's own attention fusion (``_sfdp_pattern_1``, among
+    its joint-graph patterns) rewrites it into ``scaled_dot_product_attention``, so a pass at the joint-graph
+    hooks meets the graph as that fusion leaves it; the sequence length varies between configurations."""
+
+    def __init__(self, dim: int = 32, heads: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        d = c // self.heads
+        q, k, v = (proj(x).view(b, t, self.heads, d).transpose(1, 2) for proj in (self.q, self.k, self.v))
+        attn = (q @ k.transpose(-2, -1) / math.sqrt(d)).softmax(dim=-1)
+        return self.o((attn @ v).transpose(1, 2).reshape(b, t, c))
+
+
 # -- structures today's passes target: buffers written in forward, activations and attention by hand --------
 
 

@@ -19,6 +19,8 @@ attribute, so a spec names it (``--fxverify-backend tests.compile_backends:ident
 - :data:`reusing_output_buffers` (caught by ``backend-dynamic-shapes``, where dynamo reuses a graph at another
   size) hands back its runtime's output buffers, which its next call overwrites; :data:`copying_output_buffers`
   hands back copies.
+- :func:`warms_up_on_its_inputs` (caught by ``backend-input-unchanged``; ``backend-outputs`` names it) runs the
+  graph on the example inputs dynamo hands it, the model's own buffers; :func:`warms_up_on_clones` runs on clones.
 - :data:`inference_linear` lowers ``F.linear`` to a custom kernel without autograd, declared
   ``@fxverify.contract(modes=("eval",))``: the gradient aspects skip; :func:`lower_linear` is the same backend
   undeclared (caught by ``backend-gradients``). :data:`float32_linear` lowers to a float32-only kernel, declared
@@ -270,3 +272,17 @@ class OutputBuffers:
 
 reusing_output_buffers = OutputBuffers(copies=False)
 copying_output_buffers = OutputBuffers(copies=True)
+
+
+def warms_up_on_its_inputs(gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> Callable[..., Any]:
+    """BUGGY: warms up (as a backend measuring or calibrating what it compiled does) by running the graph on the
+    example inputs dynamo hands it, which are the model's own buffers: a buffer the model updates in forward steps
+    once more while compiling."""
+    gm(*example_inputs)
+    return gm.forward
+
+
+def warms_up_on_clones(gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> Callable[..., Any]:
+    """The twin: the same warm-up on clones of the example inputs."""
+    gm(*(x.clone() if isinstance(x, torch.Tensor) else x for x in example_inputs))
+    return gm.forward

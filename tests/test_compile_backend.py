@@ -216,6 +216,18 @@ def test_a_backend_losing_the_buffer_updates_fails_outputs_naming_the_buffer():
 
 
 @pytest.mark.slow
+def test_a_backend_warming_up_on_its_example_inputs_fails_input_unchanged_and_outputs_name_them():
+    aspects = ["backend-outputs", "backend-input-unchanged"]
+    outputs, unchanged = check_backend(backends.warms_up_on_its_inputs, "edge_counter_buffer", aspects=aspects)
+    assert outputs.outcome is FAILED and unchanged.outcome is FAILED
+    assert "changed the values of the example_inputs dynamo handed it (graph 1" in unchanged.finding
+    assert "example input" in unchanged.finding and "[x.clone() for x in example_inputs]" in unchanged.finding
+    assert "The backend changed the values of the example_inputs" in outputs.finding  # the cause, where it shows
+    assert [r.outcome for r in check_backend(backends.warms_up_on_clones, "edge_counter_buffer",
+                                             aspects=aspects)] == [PASSED, PASSED]
+
+
+@pytest.mark.slow
 def test_a_backend_specialising_a_dynamic_graph_in_place_fails_input_unchanged_then_dynamic_shapes():
     results = check_backend(backends.specialize_sizes_in_place, "edge_tiny_decoder_block")
     assert failed_aspects(results) == ["backend-input-unchanged", "backend-dynamic-shapes"]

@@ -425,6 +425,35 @@ def test_inductors_own_joint_patterns_leave_attention_in_order_at_the_joint_pre_
     assert fired_in(fused.subject.applied().result) == (() if spec.endswith("early_patterns") else ("inference",))
 
 
+@pytest.mark.slow
+def test_inductors_attention_fusion_on_head_views_passes_meta_and_the_joint_post_captures_take_its_graph():
+    """edge_head_view_attention: Inductor's attention fusion rewrites it at its joint-graph patterns, leaving the
+    permute after the fused op with stale strides, as torch leaves it: ``meta`` fails only what a pass made or
+    changed at the joint hooks, listing the rest. Torch hands ``joint_custom_post_pass`` that graph out of order
+    (it sorts it right after the hook): the post captures take it, and the identity passes there."""
+    fused = _on_entry(inductor_passes.inductor_joint_patterns, "edge_head_view_attention", "inductor_joint")
+    assert [fused.run(check).outcome for check in ("numerics", "lint")] == [PASSED] * 2
+    meta = fused.run("meta")
+    assert meta.outcome == PASSED, meta.message
+    assert meta.details["stale_strides_left_alone"][0].startswith("%permute"), meta.details
+    assert fired_in(fused.subject.applied().result) == ("inference",)
+    for capture in ("inductor_joint_post", "inductor_train_joint_post"):
+        v = _on_entry(Transform.load("tests.aten_passes:identity"), "edge_head_view_attention", capture)
+        assert [v.run(check).outcome for check in ("lint", "numerics", "meta")] == [PASSED] * 3, capture
+        attention = [n for n in v.subject.applied().original.graph.nodes if "scaled_dot_product" in str(n.target)]
+        assert attention, capture  # the fused graph
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("capture", ["inductor_joint", "inductor_train_joint"])
+def test_a_joint_pass_giving_a_node_it_made_stale_strides_fails_meta_and_its_twin_passes(capture):
+    stale = _on_entry(inductor_passes.contiguous_after_permutes_stale_meta, "edge_head_view_attention", capture)
+    found = stale.run("meta")
+    assert found.outcome == FAILED and "%clone" in found.message and "strides" in found.message, found.message
+    twin = _on_entry(inductor_passes.contiguous_after_permutes, "edge_head_view_attention", capture)
+    assert [twin.run(check).outcome for check in ("numerics", "meta")] == [PASSED] * 2
+
+
 class _ReluOfRelu(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()

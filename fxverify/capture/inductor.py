@@ -22,7 +22,7 @@ Inference (as Inductor compiles a model run under ``torch.no_grad()``): AOTAutog
 parameters and buffers lifted to inputs, with Inductor's decomposition table
 (:func:`~fxverify.capture.aot_inference.aot_inference_graph`), then Inductor's ``joint_graph_passes`` (stopped at
 a joint hook: the pre hook comes after ``canonicalize_aten_ir_passes``, the post hook after Inductor's own
-joint-graph pattern passes), then ``view_to_reshape`` and ``post_grad_passes(gm, is_inference=True)`` up to a
+joint-graph pattern passes, sorted as torch sorts it after that hook: :func:`sorted_as_after_the_hook`), then ``view_to_reshape`` and ``post_grad_passes(gm, is_inference=True)`` up to a
 post-grad hook (the pre hook after dead-code elimination and ``reorder_for_locality``, the post hook after
 Inductor's own post-grad pattern passes). Parameters and buffers are placeholders while torch's passes and the
 transform run, among the model's inputs in Dynamo's order (:func:`~fxverify.capture.aot_call.aot_call`), as
@@ -275,8 +275,20 @@ def at_joint_pass(gm: fx.GraphModule, *, position: str = "pre") -> fx.GraphModul
     which stops them (the pre hook comes after ``canonicalize_aten_ir_passes``, the post hook after Inductor's own
     joint-graph pattern passes)."""
     _stopped_at("joint", position, lambda: _joint_passes(gm))
-    gm.recompile()
+    sorted_as_after_the_hook(gm)
     return gm
+
+
+def sorted_as_after_the_hook(gm: fx.GraphModule) -> None:
+    """``gm`` where a joint hook stopped Inductor's passes, sorted as torch sorts it right after the hook
+    (``stable_topological_sort``), then recompiled. Inductor's own pattern replacements (its attention fusion,
+    before ``joint_custom_post_pass``) can leave nodes out of order, and torch hands the pass the graph so; the
+    capture is also the model's reference, run by every check, so the pass receives it in the order torch gives it
+    after the hook (unchanged where it was in order already)."""
+    from torch._inductor.pattern_matcher import stable_topological_sort
+
+    stable_topological_sort(gm.graph)
+    gm.recompile()
 
 
 def _joint_passes(gm: fx.GraphModule) -> fx.GraphModule:
@@ -550,6 +562,7 @@ def _training_package(module: nn.Module, inputs: tuple[Any, ...], hook: str, pos
     def joint_only(gm: fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
         kept["joint"] = gm  # changed in place by the joint-graph passes up to the hook, which stops them
         _stopped_at("joint", position, lambda: partitioned(gm, joint_inputs, **kwargs))
+        sorted_as_after_the_hook(gm)
         raise HookReached  # no partitioning: the joint graph is the capture
 
     compiled = aot_function(call.run, fw_compiler=keep("forward", False), bw_compiler=keep("backward", False),

@@ -21,7 +21,9 @@ eager model run in float64 may be a small multiple of eager's own. The aspects, 
 - ``backend-input-unchanged``: every GraphModule handed to the backend, with static shapes and under
   ``dynamic=True``, is unchanged when the backend returns (its graph, code and tensors; pytorch#138980:
   ``compile_fx`` rewrote the output node's args to ``(None,)``; a backend specialising a dynamic graph to its
-  example's sizes in place changes what dynamo reuses at other sizes);
+  example's sizes in place changes what dynamo reuses at other sizes), and so are the values of its example
+  inputs (the model's own parameters and buffers: a backend warming up on them steps a buffer-updating model's
+  state while compiling, which ``backend-outputs`` then names as the cause);
 - ``backend-graph-breaks``: on a model dynamo splits into several graphs, every graph went through the backend and
   the outputs agree;
 - ``backend-dynamic-shapes``: ``torch.compile(dynamic=True)`` called at every size the model's inputs allow, one
@@ -96,8 +98,8 @@ LOSS = "loss = sum(outputs * fixed random weights)"
 class BackendCall:
     """One call dynamo made of the backend under test: the ``number``-th, with a graph of ``nodes`` nodes and
     example inputs of ``shapes``; ``changed`` says what the backend changed in that GraphModule (None: nothing)
-    and ``node`` is the first node that differs; ``raised`` what the backend raised, or why what it returned is
-    no compiled graph."""
+    and ``node`` is the first node that differs; ``inputs_changed`` the first of its example inputs whose values it
+    changed; ``raised`` what the backend raised, or why what it returned is no compiled graph."""
 
     number: int
     nodes: int
@@ -105,6 +107,7 @@ class BackendCall:
     changed: str | None = None
     node: str | None = None
     raised: str | None = None
+    inputs_changed: str | None = None  # the first example input whose values the backend changed, and how
 
     def describe(self) -> str:
         """e.g. ``graph 2 (14 nodes, example inputs 1x8, 8x8)``."""
@@ -135,6 +138,7 @@ class Recorder:
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> Callable[..., Any]:
         before, lines = Snapshot.take(gm), node_lines(gm)
+        values = [x.detach().clone() if _real_tensor(x) else None for x in example_inputs]
         call = BackendCall(len(self.calls) + 1, len(gm.graph.nodes), _shapes(example_inputs))
         try:
             compiled = self._observed()(gm, example_inputs)
@@ -144,7 +148,8 @@ class Recorder:
             self.calls.append(dataclasses.replace(call, raised=exception_summary(exc)))
             raise
         changed = before.first_difference(gm)
-        call = dataclasses.replace(call, changed=changed, node=changed and first_changed_node(lines, gm))
+        call = dataclasses.replace(call, changed=changed, node=changed and first_changed_node(lines, gm),
+                                   inputs_changed=_changed_input(values, example_inputs))
         if not callable(compiled):
             why = f"it returned {type(compiled).__name__}, which is not callable"
             self.calls.append(dataclasses.replace(call, raised=why))
@@ -412,6 +417,10 @@ class Trial:
                         "(pytorch#138980: compile_fx rewrote the output node's args to (None,)); work on a copy "
                         f"(copy.deepcopy(gm)) and return a callable of the copy{advice}",
                         where=f"{call.describe()} handed to the backend{dynamic}", node=call.node)
+                if call.inputs_changed:
+                    raise Finding(f"backend {self.name} changed the values of the example_inputs dynamo handed it "
+                                  f"({call.describe()}): {call.inputs_changed}. {INPUTS_ARE_THE_MODELS}",
+                                  where=f"example_inputs of {call.describe()}")
         if not any(not call.raised for run in runs for call in run.recorder.calls):
             self._raise_if_stopped(runs[0])
         return {"graphs_checked": sum(len(run.recorder.calls) for run in runs),
@@ -698,7 +707,8 @@ class Trial:
                 getattr(run, part)[i], getattr(replay, part)[i], tolerance=self.tolerance, root=root,
                 fp64_expected=functools.partial(self._replayed64, run.calls, i, part))
             if found is not None:
-                raise Finding(f"{what.format(self.name, found.describe())}{_after(run, i)}\n{self._calls(run)}",
+                raise Finding(f"{what.format(self.name, found.describe())}{_after(run, i)}{_inputs_note(run)}"
+                              f"\n{self._calls(run)}",
                               input=self._where(run, i), where=found.path, max_abs=found.max_abs,
                               max_rel=found.max_rel)
 
@@ -873,6 +883,41 @@ def _after(run: Run, i: int) -> str:
             "handed it to the backend: what the backend returned for it is wrong for these inputs. A backend "
             "specialising on its example inputs (shapes baked into what it compiles) must not reuse that for a graph "
             f"with other example inputs, as a cache keyed by the graph's code alone does{in_place}")
+
+
+INPUTS_ARE_THE_MODELS = (
+    "They are not copies: dynamo hands a backend the model's own parameters and buffers and the caller's inputs, so "
+    "running the graph on them while compiling (a warm-up, a calibration, a benchmark) updates a model's buffers (a "
+    "running mean, a counter, a cache) once more than eager does. Run on clones ([x.clone() for x in example_inputs]) "
+    "or on fresh tensors of the same shapes")
+
+
+def _inputs_note(run: Run) -> str:
+    """For an outputs or buffers finding: the backend changing its example inputs' values while compiling, which
+    moves the model's state before the call runs (``backend-input-unchanged``), where it did."""
+    changed = next((call for call in run.recorder.calls if call.inputs_changed), None)
+    if changed is None:
+        return ""
+    return (f". The backend changed the values of the example_inputs dynamo handed it while compiling "
+            f"({changed.describe()}: {changed.inputs_changed}; backend-input-unchanged). {INPUTS_ARE_THE_MODELS}")
+
+
+def _real_tensor(value: Any) -> bool:
+    """Whether ``value`` is a tensor with values to compare (not a FakeTensor or a size)."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return isinstance(value, torch.Tensor) and not is_fake(value)
+
+
+def _changed_input(before: Sequence[torch.Tensor | None], example_inputs: Sequence[Any]) -> str | None:
+    """The first of ``example_inputs`` whose values differ from ``before`` (their clones), e.g. ``example input 3
+    (1 int64): values differ ...``; None where none does."""
+    for index, (old, now) in enumerate(zip(before, example_inputs)):
+        if old is not None and not tensors_equal(old, now):
+            where = f"example input {index} ({_shapes([now])} {dtype_name(now.dtype)})"
+            found = compare_values(now, old, path=where, tolerance=Tolerance(0.0, 0.0))
+            return found.describe() if found is not None else f"{where} changed"
+    return None
 
 
 def _timed_out(exc: BaseException | None) -> bool:

@@ -46,6 +46,9 @@ class CaptureTraits:
     Inductor compiles only where no gradient is needed, and for Inductor's training captures, whose backward graph
     is part of the capture: a fused kernel registered without an autograd formula is right there, and autograd
     through a result means nothing).
+    ``kept_strides_read``: what reads the graph after a pass trusts the strides in the ``meta['val']`` of nodes
+    the pass left alone (ExecuTorch takes dim order from them); False at Inductor's joint hooks, where torch's
+    own joint-graph patterns leave such strides stale behind a replacement and recomputes none of them.
     """
 
     carries_meta_val: bool = False
@@ -56,6 +59,7 @@ class CaptureTraits:
     pickles: bool = True
     moves_device: bool = True
     differentiated: bool = True
+    kept_strides_read: bool = True
 
 
 # what a capture's graphs lack when a trait is false, and what the captures that have it give
@@ -137,21 +141,21 @@ REGISTRY: tuple[CaptureSpec, ...] = (
     CaptureSpec("inductor_joint", "fxverify.capture.inductor", "joint_for_model",
                 "the inference graph Inductor's joint_custom_pre_pass receives, made offline (no codegen)",
                 CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False,
-                              differentiated=False)),
+                              differentiated=False, kept_strides_read=False)),
     CaptureSpec("inductor_joint_post", "fxverify.capture.inductor", "joint_post_for_model",
                 "the same inference graph where joint_custom_post_pass receives it, after Inductor's own "
                 "joint-graph passes",
                 CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False,
-                              differentiated=False)),
+                              differentiated=False, kept_strides_read=False)),
     CaptureSpec("inductor_train_joint", "fxverify.capture.inductor", "training_joint_for_model",
                 "AOTAutograd's training joint graph at joint_custom_pre_pass (before partitioning), run as one "
                 "module returning outputs and gradients",
                 CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False,
-                              differentiated=False)),
+                              differentiated=False, kept_strides_read=False)),
     CaptureSpec("inductor_train_joint_post", "fxverify.capture.inductor", "training_joint_post_for_model",
                 "the same training joint graph where joint_custom_post_pass receives it",
                 CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False,
-                              differentiated=False)),
+                              differentiated=False, kept_strides_read=False)),
     CaptureSpec("inductor_pre_grad", "fxverify.capture.pre_grad", "for_model",
                 "Dynamo's torch-level graph where Inductor's pre_grad_custom_pass receives it, before AOTAutograd, "
                 "parameters read as attributes (no codegen)",
