@@ -18,17 +18,17 @@ Each starts from what AOTAutograd receives (:func:`~fxverify.capture.pre_grad.as
 after Inductor's own pre-grad passes, reading the model's parameters and buffers (the model itself where Dynamo
 splits it into several graphs).
 
-Inference (as Inductor compiles a model run under ``torch.no_grad()``): AOTAutograd's inference graph, its
-parameters and buffers lifted to inputs, with Inductor's decomposition table
-(:func:`~fxverify.capture.aot_inference.aot_inference_graph`), then Inductor's ``joint_graph_passes`` (stopped at
-a joint hook: the pre hook comes after ``canonicalize_aten_ir_passes``, the post hook after Inductor's own
-joint-graph pattern passes, sorted as torch sorts it after that hook: :func:`sorted_as_after_the_hook`), then ``view_to_reshape`` and ``post_grad_passes(gm, is_inference=True)`` up to a
-post-grad hook (the pre hook after dead-code elimination and ``reorder_for_locality``, the post hook after
-Inductor's own post-grad pattern passes). Parameters and buffers are placeholders while torch's passes and the
-transform run, among the model's inputs in Dynamo's order (:func:`~fxverify.capture.aot_call.aot_call`), as
-AOTAutograd receives them (Inductor's constant folders fold ``get_attr`` tensors: a counter's update would be
-folded); the captured ``GraphModule`` reads them as ``get_attr`` nodes of the module's own tensors under their own
-names, so it takes the model's inputs and returns its outputs.
+Inference (as Inductor compiles a model run under ``torch.no_grad()``): AOTAutograd's inference graph, its parameters
+and buffers lifted to inputs, with Inductor's decomposition table
+(:func:`~fxverify.capture.aot_inference.aot_inference_graph`), then Inductor's ``joint_graph_passes`` (stopped at a
+joint hook: the pre hook comes after ``canonicalize_aten_ir_passes``, the post hook after Inductor's own joint-graph
+pattern passes, sorted as torch sorts it after that hook: :func:`sorted_as_after_the_hook`), then ``view_to_reshape``
+and ``post_grad_passes(gm, is_inference=True)`` up to a post-grad hook (the pre hook after dead-code elimination and
+``reorder_for_locality``, the post hook after Inductor's own post-grad pattern passes). Parameters and buffers are
+placeholders while torch's passes and the transform run, among the model's inputs in Dynamo's order
+(:func:`~fxverify.capture.aot_call.aot_call`), as AOTAutograd receives them (Inductor's constant folders fold
+``get_attr`` tensors: a counter's update would be folded); the captured ``GraphModule`` reads them as ``get_attr``
+nodes of the module's own tensors under their own names, so it takes the model's inputs and returns its outputs.
 
 Training (as Inductor compiles a model whose parameters require grad): AOTAutograd's joint graph (primals and
 tangents to forward outputs and gradients) traced as ``compile_fx`` calls AOTAutograd (the flat inputs in

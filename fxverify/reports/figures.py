@@ -74,14 +74,16 @@ def failure_figures(subject: Subject, result: CheckResult, *, hops: int = DEFAUL
     focus = _focus(result.divergence, graphs, changed)
     figures["focus"] = focus.get("after") or focus["before"]
     key = zlib.crc32(f"{result.transform}|{result.model}|{result.check}".encode())
+    drawing = True  # until Graphviz is found missing: the captions are made all the same
     for which, gm in graphs.items():
         shown = crop(gm.graph, focus[which], hops=hops, max_nodes=max_nodes)
         figures[f"{which}_caption"] = shown.describe()
         try:
-            figures[f"{which}_svg"] = render_svg(graph_dot(gm, shown, changed=changed[which], name=f"{which}{key:08x}"))
+            if drawing:
+                figures[f"{which}_svg"] = render_svg(graph_dot(gm, shown, changed=changed[which],
+                                                               name=f"{which}{key:08x}"))
         except GraphvizMissing as missing:
-            figures["note"] = str(missing)
-            break
+            figures["note"], drawing = str(missing), False
     return figures
 
 
