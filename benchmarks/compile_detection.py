@@ -82,6 +82,7 @@ PASSES = (
     _backend("lowering_cached_by_shapes", "backend-dtypes"), _backend("lowering_cached_by_shapes_and_dtypes"),
     _backend("reusing_output_buffers", "backend-dynamic-shapes"), _backend("copying_output_buffers"),
     _backend("lower_linear", "backend-gradients"), _backend("inference_linear"),
+    _backend("warms_up_on_its_inputs", "backend-outputs"), _backend("warms_up_on_clones"),
     _backend("torch._dynamo.backends.debugging:aot_eager"),
     # graph passes under the captures of their hook: fused kernels as custom ops without autograd
     Pass("inductor", "tests.inductor_passes:register_rms_norm_fusion_by_variance", "numerics"),

@@ -63,6 +63,7 @@ import torch
 from torch import fx, nn
 from torch._dynamo.backends.common import AotAutograd
 from torch._dynamo.utils import counters
+from torch._subclasses.fake_tensor import is_fake
 from torch.utils._pytree import tree_leaves, tree_map
 
 from fxverify.analysis.compare import Mismatch, Tolerance, compare_trees, compare_values
@@ -904,8 +905,6 @@ def _inputs_note(run: Run) -> str:
 
 def _real_tensor(value: Any) -> bool:
     """Whether ``value`` is a tensor with values to compare (not a FakeTensor or a size)."""
-    from torch._subclasses.fake_tensor import is_fake
-
     return isinstance(value, torch.Tensor) and not is_fake(value)
 
 
