@@ -10,6 +10,7 @@ import pickle
 
 import pytest
 import torch
+from fxverify.corpus.edge_cases import HeadViewAttention
 from torch._inductor.pattern_matcher import PatternMatcherPass
 
 import fxverify
@@ -622,15 +623,18 @@ class _SwiGLU(torch.nn.Module):
     ("post_grad_custom_pre_pass", inductor_passes.add_to_mul_without_meta, _Doubling, None),
     ("joint_custom_post_pass", inductor_passes.add_to_mul_without_meta, _Doubling, "didn't have `val` metadata"),
     ("post_grad_custom_pre_pass", inductor_passes.register_silu_and_mul_fusion, _SwiGLU, None),
+    ("joint_custom_pre_pass", inductor_passes.inductor_joint_patterns, HeadViewAttention, None),
+    ("joint_custom_pre_pass", inductor_passes.contiguous_after_permutes, HeadViewAttention, None),
 ], ids=["out_of_order_joint_post", "out_of_order_post_grad_pre", "out_of_order_joint_pre", "cycle_post_grad_post",
-        "without_meta_post_grad_pre", "without_meta_joint_post", "fused_kernel_without_autograd_post_grad_pre"])
+        "without_meta_post_grad_pre", "without_meta_joint_post", "fused_kernel_without_autograd_post_grad_pre",
+        "attention_fusion_stale_strides_joint_pre", "contiguous_copies_stale_strides_joint_pre"])
 def test_a_real_torch_compile_with_the_pass_in_the_hook_agrees_with_the_captures(hook, given, model, raises):
     """What the captures judge, proved by ``torch.compile`` (Inductor, training: the joint graph, then the forward and
     backward graphs) with the pass installed: it runs and computes the model's outputs and gradients, or it raises."""
     from torch._inductor import config
 
     torch.manual_seed(0)
-    module, x = model(), torch.randn(3, 6 if model is _SwiGLU else 4)
+    module, x = model(), torch.randn({_SwiGLU: (3, 6), HeadViewAttention: (2, 8, 32)}.get(model, (3, 4)))
     torch._dynamo.reset()
     try:
         with config.patch({hook: graph_pass(given, "given"), "force_disable_caches": True, "fallback_random": True}):
