@@ -274,15 +274,22 @@ reusing_output_buffers = OutputBuffers(copies=False)
 copying_output_buffers = OutputBuffers(copies=True)
 
 
-def warms_up_on_its_inputs(gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> Callable[..., Any]:
+def _warm_up(gm: fx.GraphModule, example_inputs: list[Any], *, clones: bool) -> None:
+    """``gm`` run on ``example_inputs`` (``clones``: on clones of their tensors), each size dynamo passes as a
+    ``SymInt`` under ``dynamic=True`` given as its example's value (``optimization_hint``): a run needs numbers."""
+    gm(*(x.clone() if clones and isinstance(x, torch.Tensor) else
+         optimization_hint(x) if isinstance(x, torch.SymInt) else x for x in example_inputs))
+
+
+def warms_up_on_its_inputs(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
     """BUGGY: warms up (as a backend measuring or calibrating what it compiled does) by running the graph on the
     example inputs dynamo hands it, which are the model's own buffers: a buffer the model updates in forward steps
     once more while compiling."""
-    gm(*example_inputs)
+    _warm_up(gm, example_inputs, clones=False)
     return gm.forward
 
 
-def warms_up_on_clones(gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> Callable[..., Any]:
+def warms_up_on_clones(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
     """The twin: the same warm-up on clones of the example inputs."""
-    gm(*(x.clone() if isinstance(x, torch.Tensor) else x for x in example_inputs))
+    _warm_up(gm, example_inputs, clones=True)
     return gm.forward
