@@ -27,7 +27,7 @@ import torch
 from torch import fx
 
 INT8_KERNELS = ("qlinear", "qconv")  # oneDNN's int8 GEMM ops (onednn::qlinear_pointwise ...) and their lowerings
-ISA_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")  # caps on the kernels picked
+ISA_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")  # caps
 
 
 @functools.cache

@@ -7,11 +7,12 @@ verifying several transforms, and the next run, need not compute it again. A
 
 - the corpus entry (every field), the seed, the input configuration, the dtype, the mode and the
   capture;
-- the versions of Python, torch, torchvision and timm, the CPU's model and instruction-set flags
-  and the variables that cap the kernels torch and oneDNN pick (``ATEN_CPU_CAPABILITY``,
-  ``ONEDNN_MAX_CPU_ISA``), and torch's thread count (float32 kernels, and so their rounding, change with each), and torch's
-  global numerics settings (default dtype, float32 matmul precision, oneDNN, deterministic
-  algorithms, timm's and torch's fused-attention switches);
+- the versions of Python, torch, torchvision and timm, the CPU's model and instruction-set flags,
+  the variables that cap the kernels torch, oneDNN and MKL pick (``ATEN_CPU_CAPABILITY``,
+  ``ONEDNN_MAX_CPU_ISA``, ``MKL_ENABLE_INSTRUCTIONS``) and torch's thread count (float32 kernels,
+  and so their rounding, change with each), and torch's global numerics settings (default dtype,
+  float32 matmul precision, oneDNN, deterministic algorithms, timm's and torch's fused-attention
+  switches);
 - the source of fxverify and of its shipped corpus modules (state randomisation, input making, the
   edge-case modules).
 
