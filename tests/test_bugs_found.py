@@ -2,9 +2,9 @@
 torch.ao, Inductor, torchao), shown in a few lines of plain torch, one test per row of the page.
 
 Each proof asserts that the defect is present, and uses nothing of fxverify (row 35's skip asks its probe of the
-CPU). They were measured on the pinned
-versions (``.ci/constraints.txt``): on another torch each skips, naming its row to check again, so that a torch
-that fixes one shows up (move the pin and run them: a fixed defect fails its proof). The ``test_page_*`` tests
+CPU). They were measured on the pinned versions (``.ci/constraints.txt``): on another torch each skips, naming its
+row to check again, so that a torch that fixes one shows up (move the pin and run them: a fixed defect fails its
+proof). The ``test_page_*`` tests
 hold the page and the proofs in step, on any version.
 """
 
