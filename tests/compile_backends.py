@@ -19,8 +19,9 @@ attribute, so a spec names it (``--fxverify-backend tests.compile_backends:ident
 - :data:`reusing_output_buffers` (caught by ``backend-dynamic-shapes``, where dynamo reuses a graph at another
   size) hands back its runtime's output buffers, which its next call overwrites; :data:`copying_output_buffers`
   hands back copies.
-- :func:`warms_up_on_its_inputs` (caught by ``backend-input-unchanged``; ``backend-outputs`` names it) runs the
-  graph on the example inputs dynamo hands it, the model's own buffers; :func:`warms_up_on_clones` runs on clones.
+- :func:`warms_up_on_its_inputs` (caught by ``backend-outputs``, which names the cause, and
+  ``backend-input-unchanged``) runs the graph on the example inputs dynamo hands it, the model's own buffers;
+  :func:`warms_up_on_clones` runs on clones.
 - :data:`inference_linear` lowers ``F.linear`` to a custom kernel without autograd, declared
   ``@fxverify.contract(modes=("eval",))``: the gradient aspects skip; :func:`lower_linear` is the same backend
   undeclared (caught by ``backend-gradients``). :data:`float32_linear` lowers to a float32-only kernel, declared

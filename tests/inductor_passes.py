@@ -309,13 +309,13 @@ def _contiguous_after_permutes(graph: torch.fx.Graph, *, meta_of_copy: bool) -> 
     """Each ``aten.permute`` followed by a contiguous copy (``aten.clone`` with ``torch.contiguous_format``,
     as a layout pass inserts one before a kernel that wants dense rows), its users reading the copy: what each
     computes is unchanged, the copy's layout is not the permute's."""
-    for transposed in graph.find_nodes(op="call_function", target=aten.permute.default):
-        with graph.inserting_after(transposed):
-            copied = graph.call_function(aten.clone.default, (transposed,), {"memory_format": torch.contiguous_format})
-        copied.meta.update(transposed.meta)
+    for permuted in graph.find_nodes(op="call_function", target=aten.permute.default):
+        with graph.inserting_after(permuted):
+            copied = graph.call_function(aten.clone.default, (permuted,), {"memory_format": torch.contiguous_format})
+        copied.meta.update(permuted.meta)
         if not meta_of_copy:  # the copy's meta['val'] computed from its input's, as the op computes it
-            copied.meta["val"] = transposed.meta["val"].clone(memory_format=torch.contiguous_format)
-        transposed.replace_all_uses_with(copied, delete_user_cb=lambda user, copied=copied: user is not copied)
+            copied.meta["val"] = permuted.meta["val"].clone(memory_format=torch.contiguous_format)
+        permuted.replace_all_uses_with(copied, delete_user_cb=lambda user, copied=copied: user is not copied)
 
 
 def contiguous_after_permutes(graph: torch.fx.Graph) -> None:
