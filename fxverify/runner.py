@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import textwrap
-import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -34,10 +32,12 @@ from fxverify.core.results import (
     CheckResult,
     Finding,
     Outcome,
-    Skip,
+    error_message,
     exception_summary,
+    failure_message,
 )
 from fxverify.core.transform import Transform
+from fxverify.engine.judging import Check, attempt
 from fxverify.engine.subject import DEFAULT_TIMEOUT, Settings, Subject
 from fxverify.errors import FxVerifyError, TransformFailed
 
@@ -47,6 +47,16 @@ class AfterFailure(Protocol):
     message is rendered; it may add to the finding (``finding.repro``, a line in ``finding.what``)."""
 
     def __call__(self, subject: Subject, check: str, finding: Finding) -> None: ...
+
+
+def _transform_failures_found(check: Check) -> Check:
+    """``check``, a failure of the transform inside it (:class:`TransformFailed`) made its finding."""
+    def run(subject: Subject) -> dict[str, Any] | None:
+        try:
+            return check(subject)
+        except TransformFailed as exc:
+            raise Finding(f"the transform failed on this model:\n{exc}") from None
+    return run
 
 
 def library_versions(source: str) -> str:
@@ -90,6 +100,10 @@ class Runner:
     def run(self, check: str) -> CheckResult:
         """Run the named check and return its result (never raises for a finding)."""
         if check not in checks.names():
+            if check in checks.names(None):
+                taken = checks.kind(checks.spec(check).subject)
+                raise FxVerifyError(f"check {check!r} takes a {taken.name}, not a transform on a model: run it with "
+                                    f"--fxverify-{taken.option}; the model checks: {', '.join(checks.names())}")
             raise FxVerifyError(f"unknown check {check!r}; known checks: {', '.join(checks.names())}")
         capture = self.subject.capture.name
         not_run = self.subject.not_run
@@ -100,16 +114,14 @@ class Runner:
         skipped = checks.not_applicable(check, self.subject.capture.traits, capture)
         if skipped:
             return self._result(check, SKIPPED, message=skipped)
-        try:
-            details = checks.get(check)(self.subject) or {}
-        except Skip as skip:
-            return self._result(check, SKIPPED, message=str(skip))
-        except Finding as finding:
-            return self._failed(check, finding)
-        except TransformFailed as exc:
-            return self._failed(check, Finding(f"the transform failed on this model:\n{exc}"))
-        except Exception as exc:  # fxverify's own code raised: no verdict on the transform
-            return self.internal_error(check, exc)
+        outcome, got = attempt(_transform_failures_found(checks.get(check)), self.subject)
+        if outcome is SKIPPED:
+            return self._result(check, SKIPPED, message=str(got))
+        if outcome is FAILED:
+            return self._failed(check, got)
+        if outcome is ERROR:
+            return self.internal_error(check, got)
+        details = got
         if self.transform.contract.verify_each and checks.spec(check).verify_each and len(self.transform.steps) > 1:
             broken = self._first_failing_prefix(check)
             if broken is not None:
@@ -167,17 +179,9 @@ class Runner:
     def internal_error(self, check: str, exc: BaseException, doing: str = "") -> CheckResult:
         """The result of a check that fxverify itself could not complete: an ERROR naming the
         model and transform, saying it is no verdict on the transform, with the traceback."""
-        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        error = (f"{doing or f'running the {check} check'} raised {exception_summary(exc)} inside fxverify; this "
-                 "says nothing about the transform. Please report it to fxverify's maintainers, with this message")
-        lines = [
-            f"fxverify error in the {check} check (not a finding about the transform)",
-            f"  model:      {self.case.name}",
-            f"  transform:  {self.transform.spec}",
-            f"  error:      {error}",
-            tb.rstrip(),
-        ]
-        return self._result(check, ERROR, message="\n".join(lines), finding=error)
+        header = [("model", self.case.name), ("transform", self.transform.spec)]
+        message, error = error_message(check, header, exc, about="the transform", doing=doing)
+        return self._result(check, ERROR, message=message, finding=error)
 
     @functools.cached_property
     def model_error(self) -> str | None:
@@ -213,23 +217,9 @@ class Runner:
 
     def _failure_message(self, check: str, finding: Finding) -> str:
         entry = self.case.entry
-        lines = [
-            f"fxverify {check} check failed",
-            f"  model:      {entry.name} ({entry.source}, {self.subject.capture.describe()})",
-            f"  transform:  {self.transform.spec}",
-            f"  contract:   {self.transform.contract.describe()}",
-        ]
-        if finding.input:
-            lines.append(f"  input:      {finding.input}")
-        if finding.where:
-            lines.append(f"  first diff: {finding.where}")
-        if finding.node:
-            lines.append("  first node: " + textwrap.indent(finding.node, " " * 14).lstrip())
-        lines.append("  finding:    " + textwrap.indent(finding.what, " " * 14).lstrip())
-        repro = self.repro_command(check)
-        if repro:
-            lines.append(f"  reproduce:  {repro}")
-        return "\n".join(lines)
+        header = [("model", f"{entry.name} ({entry.source}, {self.subject.capture.describe()})"),
+                  ("transform", self.transform.spec), ("contract", self.transform.contract.describe())]
+        return failure_message(check, header, finding, self.repro_command(check))
 
     def repro_command(self, check: str) -> str | None:
         """A command that reruns this check alone, when the transform and model can be named: a

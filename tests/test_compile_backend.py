@@ -1,5 +1,5 @@
 """fxverify.compile.backend: each buggy backend of tests/compile_backends.py is caught by the aspect meant for it
-(the first to fail, in ASPECTS order), naming the backend, the model and the first bad node or input, while its
+(the first to fail, in the registry's order), naming the backend, the model and the first bad node or input, while its
 correct twin, and the plain correct backends (the identity, aot_eager), pass every aspect, models that update
 buffers in forward among them. Tests that compile are slow (0.1-0.8 s a dynamo capture; 2-10 s a backend on a
 model)."""
@@ -15,7 +15,8 @@ from torch import fx, nn
 
 import fxverify
 from fxverify.cases.case import case_from_module, load_case
-from fxverify.compile.backend import ASPECTS, GRADIENT_ASPECTS, Recorder, Trial, check_backend, resolve_backend
+from fxverify.checks import BACKEND, names
+from fxverify.compile.backend import GRADIENT_ASPECTS, Recorder, Trial, check_backend, resolve_backend
 from fxverify.core.results import FAILED, PASSED, SKIPPED
 from fxverify.errors import TransformLoadError
 from tests import compile_backends as backends
@@ -74,7 +75,7 @@ def test_backend_specs_resolve_and_a_spec_naming_no_callable_is_refused_by_name(
 def assert_passes_every_aspect(results):
     bad = [r.message for r in results if r.outcome not in (PASSED, SKIPPED)]
     assert not bad, "\n\n".join(bad)
-    assert [r.check for r in results] == list(ASPECTS)
+    assert [r.check for r in results] == list(names(BACKEND))
 
 
 @pytest.mark.slow
@@ -189,7 +190,7 @@ def test_a_contract_on_an_aot_autograd_backend_keeps_it_observed_and_named():
 
 def test_a_backend_declared_for_other_dtypes_is_not_run_on_a_model_in_this_one():
     results = check_backend(backends.float32_linear, "edge_tiny_decoder_block", dtype=torch.bfloat16)
-    assert [r.outcome for r in results] == [SKIPPED] * len(ASPECTS)
+    assert [r.outcome for r in results] == [SKIPPED] * len(names(BACKEND))
     assert all("declares dtypes=float32 (@fxverify.contract): not run on a bfloat16 model" in r.message
                for r in results)
 

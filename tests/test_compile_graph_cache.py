@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch._inductor import config as inductor_config
 
+from fxverify.checks import PASS_SET, names
 from fxverify.compile.graph_cache import (
-    ASPECTS,
     BYPASS,
     DEFAULT_MODEL,
     STALE,
@@ -44,7 +44,7 @@ SPEC = "tests.compile_cache_passes:"
 
 def by_aspect(passes, **kwargs):
     results = check_graph_cache(passes, **kwargs)
-    assert [r.check for r in results] == list(ASPECTS)
+    assert [r.check for r in results] == list(names(PASS_SET))
     return {r.check: r for r in results}
 
 

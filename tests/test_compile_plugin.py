@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import fxverify.plugin.compile_items  # noqa: F401  imported once: each in-process run keeps it and does not import it again
+import fxverify.plugin.items  # noqa: F401  imported once: each in-process run keeps it and does not import it again
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ("-p", "no:cacheprovider", "-rf")
@@ -27,21 +27,21 @@ def failed(result) -> list[str]:
     return sorted(line.split()[1] for line in result.outlines if line.startswith("FAILED "))
 
 
-# buggy pass -> its correct twin, the item that must fail, and lines of its message (pattern, variant, first node)
+# buggy pass -> its correct twin, the item that must fail, and lines of its message (variant, first node)
 PATTERN_BUGS = {
     "channel_dim_by_size": ("channel_dim_fixed", "_channels_last_matmul-patterns-sound",
-                            ["*variant: sizes 8->2 (made equal on purpose)*",
-                             "*first node the rewrite inserted: %permute_default*"]),
+                            ["*input:      sizes 8->2 (made equal on purpose)*",
+                             "*first node: %permute_default*"]),
     "rms_norm_unguarded": ("rms_norm_guarded", "_rms_norm-patterns-sound",
-                           ["*variant: input 0 bfloat16*", "*first node the rewrite inserted: %fused_rms_norm*"]),
+                           ["*input:      input 0 bfloat16*", "*first node: %fused_rms_norm*"]),
     "leaky_relu_slope_dropped": ("leaky_relu_slope_kept", "leaky_relu_2-patterns-sound",
-                                 ["*variant: as registered (the example inputs)*",
-                                  "*first node the rewrite inserted: %gt_scalar*"]),
+                                 ["*input:      as registered (the example inputs)*",
+                                  "*first node: %gt_scalar*"]),
     "silu_one_order": ("silu_both_orders", "lambda-patterns-complete",
                        ["*NOT fired: aten.mul.Tensor#0 operands swapped*"]),
     "scaled_two_outputs": ("scaled_one_output_each", "_scaled-patterns-sound",
-                           ["*variant: input 2 computed just before its first use*",
-                            "*used before it has been defined*", "*first node the rewrite inserted: %mul_tensor*"]),
+                           ["*input:      input 2 computed just before its first use*",
+                            "*first node: %mul_tensor*", "*used before it has been defined*"]),
 }
 
 
@@ -49,10 +49,11 @@ PATTERN_BUGS = {
 def test_each_pattern_bug_fails_the_item_meant_for_it_and_its_twin_passes(run):
     specs = [f"tests.compile_patterns:{name}" for bug, (twin, *_) in PATTERN_BUGS.items() for name in (bug, twin)]
     result = run(*(arg for spec in specs for arg in ("--fxverify-patterns", spec)))
-    assert failed(result) == sorted(f"patterns:tests.compile_patterns:{bug}::compile[{item}]"
+    assert failed(result) == sorted(f"patterns:tests.compile_patterns:{bug}::fxverify[{item}]"
                                     for bug, (_, item, _) in PATTERN_BUGS.items())
     for bug, (_, item, lines) in PATTERN_BUGS.items():
-        result.stdout.fnmatch_lines([f"*{item.rpartition('-patterns-')[2]}*failed*pattern*{bug}*", *lines])
+        result.stdout.fnmatch_lines([f"*fxverify patterns-{item.rpartition('-patterns-')[2]} check failed*",
+                                     f"*patterns:*tests.compile_patterns:{bug}", *lines])
 
 
 @pytest.mark.slow
@@ -65,7 +66,7 @@ def test_each_pattern_bug_fails_the_item_meant_for_it_and_its_twin_passes(run):
 def test_backend_items_fail_the_aspect_meant_for_the_bug(run, buggy, twin, aspects, phrase):
     result = run("--fxverify-corpus=edge_conv_bn_head", "--fxverify-backend", f"tests.compile_backends:{buggy}",
                  "--fxverify-backend", f"tests.compile_backends:{twin}")
-    assert failed(result) == [f"backend:tests.compile_backends:{buggy}::compile[edge_conv_bn_head-backend-{aspect}]"
+    assert failed(result) == [f"backend:tests.compile_backends:{buggy}::fxverify[edge_conv_bn_head-backend-{aspect}]"
                               for aspect in aspects]
     result.stdout.fnmatch_lines([phrase])
 
@@ -75,7 +76,7 @@ def test_a_stale_graph_cache_entry_fails_its_item_on_the_model_the_passes_act_on
     spec = "tests.compile_cache_passes:"
     result = run("--fxverify-graph-cache", spec + "stale_matmuls", "--fxverify-graph-cache", spec + "keyed_matmuls",
                  "--fxverify-graph-cache-model", spec + "mlp")
-    assert failed(result) == [f"graph-cache:{spec}stale_matmuls::compile[passes-graph-cache-stale]"]
+    assert failed(result) == [f"graph-cache:{spec}stale_matmuls::fxverify[passes-graph-cache-stale]"]
     result.assert_outcomes(failed=1, passed=5)  # the correct twin passes all three
     result.stdout.fnmatch_lines([
         "*model:      tests.compile_cache_passes:mlp",

@@ -154,14 +154,17 @@ HOMONYMS = {
 
 def test_no_module_outside_the_checks_spells_a_check_name():
     """Knowledge of one check lives in that check: captures state traits, checks state what they need in the
-    registry (CheckSpec.requires, options, service), and the plugin, runner and diagnosis read the registry."""
-    from fxverify.checks import NAMES
+    registry (CheckSpec.requires, options, service), and the plugin, runner and diagnosis read the registry. A check
+    living outside fxverify/checks/ (the compile checks) may spell the names of the checks of its own module."""
+    from fxverify.checks import REGISTRY, names
 
+    NAMES = names(None)
     spelled = []
     for path in sorted(PACKAGE.rglob("*.py")):
         relative = str(path.relative_to(PACKAGE.parent))
         if relative.startswith("fxverify/checks/"):
             continue
+        mine = {spec.name for spec in REGISTRY if f"{spec.module.replace('.', '/')}.py" == relative}
         tree = ast.parse(path.read_text())
         docstrings = {id(node.body[0].value) for node in ast.walk(tree)
                       if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
@@ -169,6 +172,6 @@ def test_no_module_outside_the_checks_spells_a_check_name():
                       and isinstance(node.body[0].value, ast.Constant)}
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and node.value in NAMES and id(node) not in docstrings \
-                    and node.value not in HOMONYMS.get(relative, ()):
+                    and node.value not in HOMONYMS.get(relative, ()) and node.value not in mine:
                 spelled.append(f"{relative}:{node.lineno} spells {node.value!r}")
     assert not spelled, "\n".join(spelled)

@@ -4,14 +4,19 @@ Importing this package imports no check and no torch (the pytest plugin reads
 :data:`NAMES` at start-up); :func:`get` imports a check when it is first run.
 Each check is ``check(subject) -> dict | None``: it returns details on success and
 raises :class:`~fxverify.core.results.Finding` to fail or :class:`~fxverify.core.results.Skip`
-when it does not apply. The public ``fxverify.check_<name>`` / ``assert_<name>``
-pairs and the ``--fxverify-checks`` help come from :data:`REGISTRY`; the check tables of
-README.md, docs/checks.md and docs/options.md are held to it by tests/test_docs.py.
+when it does not apply. A row says which kind of subject its check takes (:data:`KINDS`): a model
+under a capture (a transform's checks), a pattern of a pattern-matcher pass, a model compiled with a
+backend, or a set of graph-pass instances (the FX graph cache contract). The public
+``fxverify.check_<name>`` / ``assert_<name>`` pairs (of the model checks) and the ``--fxverify-checks``
+help come from :data:`REGISTRY`; the check tables of README.md, docs/checks.md and docs/options.md are held
+to it by tests/test_docs.py.
 
 >>> NAMES[:3]
 ('lint', 'determinism', 'numerics')
 >>> get("lint").__module__
 'fxverify.checks.lint'
+>>> names(BACKEND)[:2]
+('backend-outputs', 'backend-recompile')
 """
 
 from __future__ import annotations
@@ -60,6 +65,61 @@ def services_for(names: Sequence[str], transforms: Sequence[Transform], cases: S
     return found
 
 
+MODEL, PATTERN, BACKEND, PASS_SET = "model", "pattern", "backend", "pass set"
+
+
+@dataclasses.dataclass(frozen=True)
+class SubjectKind:
+    """A kind of subject the checks take, and how a run names it: the ``option`` that gives its specs (the
+    prefix of its items' node ids, ``backend:my.mod:fn::fxverify[resnet18-backend-outputs]``) and the
+    ``subjects`` function (``module:function`` in fxverify, imported when used) giving the subjects of one
+    spec (see :func:`subjects_of`); the model kind's are the corpus models under each capture."""
+
+    name: str
+    option: str
+    subjects: str = ""
+
+
+KINDS: tuple[SubjectKind, ...] = (
+    SubjectKind(MODEL, "fxverify"),
+    SubjectKind(PATTERN, "patterns", "fxverify.compile.patterns:pattern_subjects"),
+    SubjectKind(BACKEND, "backend", "fxverify.compile.backend:backend_subjects"),
+    SubjectKind(PASS_SET, "graph-cache", "fxverify.compile.graph_cache:pass_set_subjects"),
+)
+
+
+def kind(name: str) -> SubjectKind:
+    """The subject kind called ``name``, or whose ``option`` is ``name``; KeyError for neither.
+
+    >>> kind("graph-cache").name
+    'pass set'
+    """
+    for entry in KINDS:
+        if name in (entry.name, entry.option):
+            return entry
+    raise KeyError(name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Given:
+    """What a run gives the subjects of a spec beside the spec: the models selected (``ModelCase`` objects: the
+    models a backend compiles), the seconds a run of the subject may take, the folder for repro files, the dtype
+    a backend compiles the models in, the model graph passes compile (``None``: their default)."""
+
+    cases: tuple[Any, ...] = ()
+    timeout: float | None = None
+    repro_dir: Any = None
+    dtype: str = "float32"
+    graph_cache_model: str | None = None
+
+
+def subjects_of(option: str) -> Callable[..., Any]:
+    """The function giving the subjects of one spec of the kind given by ``option`` (imported now, with torch):
+    ``subjects(spec, given) -> [(name, make)]`` (``given`` a :class:`Given`), ``make()`` building the subject."""
+    module, _, function = kind(option).subjects.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
 @dataclasses.dataclass(frozen=True)
 class CheckSpec:
     """Where a check lives: ``fxverify.checks.<module>.<function>`` (a dotted ``module`` names a module outside
@@ -77,6 +137,7 @@ class CheckSpec:
     service: str | None = None  # "module:Class" in fxverify.checks: the run-scoped service it needs (see RunService)
     repro: bool = False  # a failure is minimised into a standalone repro file (--fxverify-repro-dir)
     on_rewrite_rules: bool = False  # run by check_rewrite on each random graph a rewrite rule applies to
+    subject: str = MODEL  # the kind of subject the check takes (KINDS)
 
 
 REGISTRY: tuple[CheckSpec, ...] = (
@@ -125,13 +186,44 @@ REGISTRY: tuple[CheckSpec, ...] = (
                                                                 "generated forward"),
     CheckSpec("golden", "golden", "check", "the generated code and graph match the committed golden file",
               options=(("golden_dir", None), ("update_golden", False))),
+    # a pattern of an Inductor pattern-matcher pass (--fxverify-patterns)
+    CheckSpec("patterns-sound", "fxverify.compile.patterns", "soundness", "wherever the pattern fires on a variant "
+              "of its search function, the rewritten program lints and computes what the program did",
+              subject=PATTERN, repro=True),
+    CheckSpec("patterns-complete", "fxverify.compile.patterns", "completeness", "the pattern fires on its own search "
+              "function, at every hook it is declared for, and on each spelling it promises", subject=PATTERN),
+    # a torch.compile backend on a model (--fxverify-backend)
+    CheckSpec("backend-outputs", "fxverify.compile.backend", "Trial.outputs", "the compiled model's outputs and "
+              "buffers match eager's, call after call", subject=BACKEND),
+    CheckSpec("backend-recompile", "fxverify.compile.backend", "Trial.recompile", "a recompile for another batch "
+              "size computes what eager computes", subject=BACKEND),
+    CheckSpec("backend-dtypes", "fxverify.compile.backend", "Trial.dtypes", "the model compiled in bfloat16 then "
+              "float32 computes each dtype's eager results", subject=BACKEND),
+    CheckSpec("backend-input-unchanged", "fxverify.compile.backend", "Trial.input_unchanged", "the backend leaves "
+              "the GraphModule and example_inputs it is handed unchanged", subject=BACKEND),
+    CheckSpec("backend-graph-breaks", "fxverify.compile.backend", "Trial.graph_breaks", "with graph breaks, every "
+              "piece compiled by the backend computes what eager computes", subject=BACKEND),
+    CheckSpec("backend-dynamic-shapes", "fxverify.compile.backend", "Trial.dynamic_shapes", "under dynamic=True, "
+              "the graph with symbolic sizes computes eager's results at other sizes", subject=BACKEND),
+    CheckSpec("backend-gradients", "fxverify.compile.backend", "Trial.gradients", "gradients through what the "
+              "backend returns match eager's", subject=BACKEND),
+    CheckSpec("backend-backward-graph", "fxverify.compile.backend", "Trial.backward_graph", "a backend compiling "
+              "the backward graph (AOTAutograd) computes eager's gradients", subject=BACKEND),
+    # instances of an Inductor CustomGraphPass (--fxverify-graph-cache)
+    CheckSpec("graph-cache-uuid", "fxverify.compile.graph_cache", "uuid_contract", "uuid() is set, pickles and is "
+              "the same in two fresh processes", subject=PASS_SET),
+    CheckSpec("graph-cache-stale", "fxverify.compile.graph_cache", "stale_entries", "each instance compiled into "
+              "one fresh FX graph cache gives its output with caches disabled", subject=PASS_SET),
+    CheckSpec("graph-cache-bypass", "fxverify.compile.graph_cache", "bypasses", "Inductor used the FX graph cache "
+              "with the pass in its hook (bypasses are a warning)", subject=PASS_SET),
 )
-NAMES: tuple[str, ...] = tuple(spec.name for spec in REGISTRY)  # the shipped checks (names() reads the registry now)
+NAMES: tuple[str, ...] = tuple(spec.name for spec in REGISTRY if spec.subject == MODEL)  # the model checks shipped
 
 
-def names() -> tuple[str, ...]:
-    """The registered checks' names, in the order they run (what :data:`REGISTRY` holds now)."""
-    return tuple(spec.name for spec in REGISTRY)
+def names(subject: str | None = MODEL) -> tuple[str, ...]:
+    """The registered checks' names that take ``subject`` (a kind of :data:`KINDS`; None: every kind), in the
+    order they run (what :data:`REGISTRY` holds now)."""
+    return tuple(spec.name for spec in REGISTRY if subject is None or spec.subject == subject)
 
 
 def _defaults() -> dict[str, Any]:
@@ -195,9 +287,13 @@ def service_class(name: str) -> type[Any] | None:
 
 
 def get(name: str) -> Callable[[Any], dict[str, Any] | None]:
-    """The check function called ``name`` (imported now, with torch)."""
+    """The check function called ``name`` (imported now, with torch): a function of its module, or a method of a
+    class there (``Trial.outputs``: the subject is the instance)."""
     entry = spec(name)
-    return getattr(importlib.import_module(_module(entry.module)), entry.function)
+    found: Any = importlib.import_module(_module(entry.module))
+    for part in entry.function.split("."):
+        found = getattr(found, part)
+    return found
 
 
 def _module(name: str) -> str:

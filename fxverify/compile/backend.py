@@ -8,7 +8,8 @@ model given the same sequence of calls, in the same mode (a :class:`Replay`): a 
 forward (a running mean, a call counter, a KV cache) starts each call from the state its earlier calls left, in
 both. Each call's outputs, then the model's buffers after it, are judged by fxverify's float64 rule
 (:func:`fxverify.analysis.compare.compare_trees`): where not allclose, the compiled model's error against the
-eager model run in float64 may be a small multiple of eager's own. The aspects, in :data:`ASPECTS` order:
+eager model run in float64 may be a small multiple of eager's own. The aspects, each a check of the registry
+(:mod:`fxverify.checks`) taking a :class:`Trial`, in its order:
 
 - ``backend-outputs``: the model compiled with static shapes, eval mode, under ``torch.no_grad()``, on its
   primary input;
@@ -54,7 +55,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import textwrap
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -66,6 +66,7 @@ from torch._dynamo.utils import counters
 from torch._subclasses.fake_tensor import is_fake
 from torch.utils._pytree import tree_leaves, tree_map
 
+from fxverify import checks
 from fxverify.analysis.compare import Mismatch, Tolerance, compare_trees, compare_values
 from fxverify.analysis.graph_text import node_line
 from fxverify.analysis.module_state import Snapshot, tensors_equal
@@ -73,23 +74,14 @@ from fxverify.cases.case import ModelCase, load_case
 from fxverify.cases.inputs import InputConfig, with_batch, with_size
 from fxverify.checks.gradients import loss_gradients
 from fxverify.core.contracts import STRICT, Contract, contract_of
-from fxverify.core.results import ERROR, FAILED, PASSED, SKIPPED, CheckResult, Finding, Outcome, Skip, exception_summary
+from fxverify.core.results import CheckResult, Finding, Skip, exception_summary
 from fxverify.core.transform import CallTimedOut, call_with_timeout, load_object
+from fxverify.engine.judging import judge
 from fxverify.engine.subject import DEFAULT_TIMEOUT
 from fxverify.errors import TransformLoadError
 
 Backend = Callable[[fx.GraphModule, list[torch.Tensor]], Callable[..., Any]]
 
-ASPECTS: tuple[str, ...] = (
-    "backend-outputs",
-    "backend-recompile",
-    "backend-dtypes",
-    "backend-input-unchanged",
-    "backend-graph-breaks",
-    "backend-dynamic-shapes",
-    "backend-gradients",
-    "backend-backward-graph",
-)
 GRADIENT_ASPECTS = ("backend-gradients", "backend-backward-graph")  # the calls that record autograd
 DTYPE_SEQUENCE = (torch.bfloat16, torch.float32)  # backend-dtypes: compiled in this order, one backend
 LOSS = "loss = sum(outputs * fixed random weights)"
@@ -229,9 +221,9 @@ def resolve_backend(backend: Backend | str) -> tuple[Backend, str]:
 
     >>> resolve_backend("torch._dynamo.backends.debugging:eager")[1]
     'torch._dynamo.backends.debugging:eager'
-    >>> resolve_backend("fxverify.compile.backend:ASPECTS")
+    >>> resolve_backend("fxverify.compile.backend:DTYPE_SEQUENCE")
     Traceback (most recent call last):
-    fxverify.errors.TransformLoadError: backend spec 'fxverify.compile.backend:ASPECTS' names a tuple, not a ...
+    fxverify.errors.TransformLoadError: backend spec 'fxverify.compile.backend:DTYPE_SEQUENCE' names a tuple, not ...
     """
     if isinstance(backend, str):
         loaded = load_object(backend, "backend")
@@ -248,7 +240,8 @@ def resolve_backend(backend: Backend | str) -> tuple[Backend, str]:
 
 def check_backend(backend: Backend | str, case: ModelCase | str, *, aspects: Sequence[str] | None = None,
                   dtype: torch.dtype = torch.float32, timeout: float | None = DEFAULT_TIMEOUT) -> list[CheckResult]:
-    """One :class:`~fxverify.core.results.CheckResult` per aspect (:data:`ASPECTS`, or those named, in that order)
+    """One :class:`~fxverify.core.results.CheckResult` per aspect (the registry's backend checks, or those named, in
+    that order)
     of ``backend`` compiling corpus model ``case`` in ``dtype``; each run of compiled calls may take ``timeout``
     seconds. The backend's contract (:func:`fxverify.contract`) says which aspects apply.
 
@@ -258,12 +251,21 @@ def check_backend(backend: Backend | str, case: ModelCase | str, *, aspects: Seq
     >>> [r.outcome.value for r in check_backend(boxed, "edge_conv_bn_head")]  # doctest: +SKIP
     ['passed', 'passed', 'passed', 'passed', 'skipped', 'passed', 'passed', 'passed']
     """
-    unknown = [name for name in aspects or () if name not in ASPECTS]
+    known = checks.names(checks.BACKEND)
+    unknown = [name for name in aspects or () if name not in known]
     if unknown:
-        raise TransformLoadError(f"unknown backend aspect(s) {unknown}; the aspects are {', '.join(ASPECTS)}")
+        raise TransformLoadError(f"unknown backend aspect(s) {unknown}; the aspects are {', '.join(known)}")
     fn, name = resolve_backend(backend)
     trial = Trial(fn, name, load_case(case) if isinstance(case, str) else case, dtype, timeout)
-    return [trial.result(aspect) for aspect in ASPECTS if aspects is None or aspect in aspects]
+    return [judge(aspect, checks.get(aspect), trial) for aspect in known if aspects is None or aspect in aspects]
+
+
+def backend_subjects(spec: str, given: checks.Given) -> list[tuple[str, Callable[[], Trial]]]:
+    """The subjects of backend ``spec`` in a run: a :class:`Trial` on each model it selects (``given.cases``), in
+    ``given.dtype``, made when its first check runs."""
+    fn, name = resolve_backend(spec)
+    dtype = getattr(torch, given.dtype)
+    return [(case.name, functools.partial(Trial, fn, name, case, dtype, given.timeout)) for case in given.cases]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -343,24 +345,27 @@ class Trial:
         self._dynamo_runs: dict[tuple[Any, ...], Run] = {}
         self._gradients_of: dict[torch.dtype, dict[str, Any]] = {}
 
-    def result(self, aspect: str) -> CheckResult:
-        check = getattr(self, "_" + aspect.removeprefix("backend-").replace("-", "_"))
-        try:
-            outside = self._outside_contract(aspect)
-            if outside:
-                raise Skip(outside)
-            details = check() or {}
-        except Skip as skip:
-            return self._result(aspect, SKIPPED, message=str(skip))
-        except Finding as finding:
-            return self._failed(aspect, finding)
-        except Exception as exc:  # fxverify's own code raised: no verdict on the backend
-            message = (f"fxverify error in the {aspect} check (not a finding about the backend): running it on "
-                       f"{self.case.name} raised {exception_summary(exc)} inside fxverify; please report it")
-            return self._result(aspect, ERROR, message=message, finding=message)
-        return self._result(aspect, PASSED, details=details)
+    capture = "torch.compile"  # how the model becomes graphs: dynamo hands them to the backend
+    about = "the backend"
 
-    def _outside_contract(self, aspect: str) -> str | None:
+    # the subject, as results and messages name it (fxverify.engine.judging.Judged)
+
+    @property
+    def model(self) -> str:
+        return self.case.name
+
+    @property
+    def spec(self) -> str:
+        return self.name
+
+    def header(self) -> list[tuple[str, str]]:
+        entry = self.case.entry
+        return [("model", f"{entry.name} ({entry.source}, torch.compile)"), ("backend", self.name)]
+
+    def reproduce(self, check: str) -> None:
+        return None
+
+    def not_applicable(self, aspect: str) -> str | None:
         """Why ``aspect`` is outside what the backend's contract promises, or None."""
         declared = f"backend {self.name} declares"
         dtypes, modes = self.contract.dtypes, self.contract.modes
@@ -377,12 +382,12 @@ class Trial:
 
     # the aspects
 
-    def _outputs(self) -> dict[str, Any]:
+    def outputs(self) -> dict[str, Any]:
         run = self._static
         self._judge(run, 0)
         return {"graphs": run.graphs[0], "backend_calls": len(run.recorder.calls)}
 
-    def _recompile(self) -> dict[str, Any]:
+    def recompile(self) -> dict[str, Any]:
         if self.other is None:
             raise Skip(f"corpus entry {self.case.name} lists one batch size ({self.case.entry.batch_sizes}): "
                        "no recompile at another size to check")
@@ -391,7 +396,7 @@ class Trial:
         self._judge(run, 1)
         return {"configs": [call.config.name for call in run.calls], "backend_calls": len(run.recorder.calls)}
 
-    def _dtypes(self) -> dict[str, Any]:
+    def dtypes(self) -> dict[str, Any]:
         kept = [dtype for dtype in DTYPE_SEQUENCE if self.contract.supports_dtype(dtype_name(dtype))]
         if len(kept) < len(DTYPE_SEQUENCE):
             left = ", ".join(dtype_name(d) for d in DTYPE_SEQUENCE if d not in kept)
@@ -404,7 +409,7 @@ class Trial:
             self._judge(run, i)
         return {"sequence": [call.describe() for call in run.calls], "backend_calls": len(run.recorder.calls)}
 
-    def _input_unchanged(self) -> dict[str, Any]:
+    def input_unchanged(self) -> dict[str, Any]:
         runs = [self._static, self._dynamic] if "eval" in self.contract.modes else [self._training]
         for run in runs:
             for call in run.recorder.calls:
@@ -427,7 +432,7 @@ class Trial:
         return {"graphs_checked": sum(len(run.recorder.calls) for run in runs),
                 "under_dynamic_true": sum(len(run.recorder.calls) for run in runs if run.dynamic)}
 
-    def _graph_breaks(self) -> dict[str, Any]:
+    def graph_breaks(self) -> dict[str, Any]:
         run = self._static
         self._raise_if_stopped(run, 0)
         graphs = run.graphs[0]
@@ -441,7 +446,7 @@ class Trial:
         self._judge(run, 0)
         return {"graphs": graphs, "breaks": run.breaks}
 
-    def _dynamic_shapes(self) -> dict[str, Any]:
+    def dynamic_shapes(self) -> dict[str, Any]:
         run = self._dynamic
         if len(run.calls) == 1:
             raise Skip(f"eager runs {self.case.name} at no other size of any dimension of its inputs (each tried at "
@@ -451,7 +456,7 @@ class Trial:
         return {"configs": [call.config.name for call in run.calls], "varied": [call.varies for call in run.calls[1:]],
                 "backend_calls": len(run.recorder.calls)}
 
-    def _gradients(self) -> dict[str, Any]:
+    def gradients(self) -> dict[str, Any]:
         expected = self._eager_gradients(self.dtype)
         run = self._training
         self._raise_if_stopped(run)
@@ -467,7 +472,7 @@ class Trial:
                               where=found.path, max_abs=found.max_abs, max_rel=found.max_rel)
         return {"compared": len(expected)}
 
-    def _backward_graph(self) -> dict[str, Any]:
+    def backward_graph(self) -> dict[str, Any]:
         if not isinstance(undecorated(self.backend), AotAutograd):
             raise Skip(f"backend {self.name} is not an aot_autograd(...) object whose compilers fxverify can observe: "
                        "dynamo hands a backend forward graphs only, and autograd differentiates what it returns "
@@ -761,28 +766,6 @@ class Trial:
         return (f"{call.config.describe()}, {dtype_name(call.dtype)}, eval mode, {how}{varied}"
                 f"{_after_calls(run, i)}")
 
-    # results
-
-    def _result(self, aspect: str, outcome: Outcome, **fields: Any) -> CheckResult:
-        return CheckResult(aspect, self.case.name, self.name, outcome, **fields)
-
-    def _failed(self, aspect: str, finding: Finding) -> CheckResult:
-        entry = self.case.entry
-        lines = [f"fxverify {aspect} check failed",
-                 f"  model:      {entry.name} ({entry.source}, torch.compile)",
-                 f"  backend:    {self.name}"]
-        if finding.input:
-            lines.append(f"  input:      {finding.input}")
-        if finding.where:
-            lines.append(f"  first diff: {finding.where}")
-        if finding.node:
-            lines.append(f"  first node: {finding.node}")
-        lines.append("  finding:    " + textwrap.indent(finding.what, " " * 14).lstrip())
-        return self._result(aspect, FAILED, message="\n".join(lines), details=finding.details, finding=finding.what,
-                            input=finding.input, where=finding.where, node=finding.node, max_abs=finding.max_abs,
-                            max_rel=finding.max_rel)
-
-
 def _note_returned(run: Run | Replay, outputs: Any) -> None:
     """Record ``outputs`` of the call just made as they were returned (cloned), and note each earlier call's
     outputs that this call changed (a backend returning views of buffers it reuses)."""
@@ -945,5 +928,5 @@ def _name_of(backend: Any) -> str:
     return f"{named.__module__}:{named.__qualname__}"
 
 
-__all__ = ["ASPECTS", "DTYPE_SEQUENCE", "BackendCall", "Call", "Recorder", "Replay", "Run", "check_backend", "dtype_name",
-           "first_changed_node", "node_lines", "resolve_backend", "undecorated"]
+__all__ = ["DTYPE_SEQUENCE", "BackendCall", "Call", "Recorder", "Replay", "Run", "Trial", "backend_subjects",
+           "check_backend", "dtype_name", "first_changed_node", "node_lines", "resolve_backend", "undecorated"]

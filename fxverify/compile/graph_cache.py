@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -34,11 +35,10 @@ import os
 import pickle
 import subprocess
 import sys
-import textwrap
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch._dynamo
@@ -50,16 +50,17 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.utils import clear_caches, fresh_cache
 from torch.utils import _pytree as pytree
 
+from fxverify import checks
 from fxverify.analysis.compare import Mismatch, compare_trees
 from fxverify.analysis.graph_text import canonical_text, target_name
 from fxverify.cases.case import load_case
-from fxverify.core.results import FAILED, PASSED, SKIPPED, CheckResult, Outcome, exception_summary, short_repr
+from fxverify.core.results import NOTE, CheckResult, Finding, Skip, exception_summary, short_repr
 from fxverify.core.transform import CallTimedOut, call_with_timeout, load_object
+from fxverify.engine.judging import judge
 from fxverify.engine.subject import DEFAULT_TIMEOUT
 from fxverify.errors import CorpusError, FxVerifyError, TransformLoadError
 
-UUID, STALE, BYPASS = "graph-cache-uuid", "graph-cache-stale", "graph-cache-bypass"
-ASPECTS = (UUID, STALE, BYPASS)  # the results of check_graph_cache, in this order
+UUID, STALE, BYPASS = "graph-cache-uuid", "graph-cache-stale", "graph-cache-bypass"  # its checks (the registry's)
 HOOKS = ("post_grad_custom_pre_pass", "post_grad_custom_post_pass", "joint_custom_pre_pass", "joint_custom_post_pass")
 HASH_SEEDS = ("0", "1")  # the PYTHONHASHSEED of the two processes uuid() must agree in
 DEFAULT_MODEL = "relu_mul_add"
@@ -78,7 +79,7 @@ class ReluMulAdd(nn.Module):
 def check_graph_cache(passes: Sequence[CustomGraphPass] | str, *, hook: str = "post_grad_custom_post_pass",
                       model: Callable[..., Any] | str | None = None, inputs: Sequence[Any] | None = None,
                       timeout: float | None = DEFAULT_TIMEOUT) -> list[CheckResult]:
-    """One result per aspect (:data:`ASPECTS`) of the FX graph cache contract of ``passes``: two or more
+    """One result per check (the registry's graph-cache checks) of the FX graph cache contract of ``passes``: two or more
     instances of a ``CustomGraphPass`` that differ in their state, or a spec ``'package.module:NAME'`` naming
     such a sequence or a function of no arguments returning one (:func:`load_passes`). Each is installed alone as
     ``torch._inductor.config.<hook>`` (one of :data:`HOOKS`) to compile ``model`` and run it on ``inputs``:
@@ -95,16 +96,47 @@ def check_graph_cache(passes: Sequence[CustomGraphPass] | str, *, hook: str = "p
     graph-cache-stale failed
     graph-cache-bypass passed
     """
-    setup = _setup(passes, hook, model, inputs, timeout)
-    decided = _uuid_in_process(setup)
-    with _uuids_across_processes(None if decided else setup.spec, timeout) as across:  # run while this one compiles
-        compiled = _compile_all(setup)
-        uuid = decided or _stability_result(setup, across())
+    subject = pass_set(passes, hook, model, inputs, timeout)
+    return [judge(name, checks.get(name), subject) for name in checks.names(checks.PASS_SET)]
+
+
+def pass_set_subjects(spec: str, given: checks.Given) -> list[tuple[str, Callable[[], PassSet]]]:
+    """The one subject of graph passes ``spec`` in a run: its instances (loaded now, so that a spec naming no
+    usable passes fails at once) at their default hook, compiling ``given.graph_cache_model`` (the default model
+    when None)."""
+    passes = load_passes(spec)
+    return [("passes", lambda: PassSet(passes, spec, "post_grad_custom_post_pass", _model(given.graph_cache_model, None),
+                                       given.timeout))]
+
+
+# -- the checks -------------------------------------------------------------------------------------------------
+
+
+def uuid_contract(setup: PassSet) -> dict[str, Any]:
+    """``graph-cache-uuid``: decided here where this process can (a uuid() that raises, is unset or does not
+    pickle; no spec to import elsewhere), else by two fresh processes, while this one compiles the passes for the
+    other checks."""
+    _uuid_in_process(setup)
+    with _uuids_across_processes(setup.spec, setup.timeout) as across:
+        setup.compiled  # noqa: B018 (made while the fresh processes import the passes; the other checks read it)
+        return _stability(setup, across())
+
+
+def stale_entries(setup: PassSet) -> dict[str, Any]:
+    """``graph-cache-stale``: each instance's output served from one fresh FX graph cache equals its own."""
+    compiled = setup.compiled
     if isinstance(compiled, _CompileRaised):
-        return [uuid, _raised_result(setup, compiled),
-                setup.result(BYPASS, SKIPPED, f"no compile finished, so there is no count to report: see {STALE}")]
+        _raised(setup, compiled)
     cached, fresh = compiled
-    return [uuid, _stale_result(setup, cached, fresh), _bypass_result(setup, cached)]
+    return _stale(setup, cached, fresh)
+
+
+def bypasses(setup: PassSet) -> dict[str, Any]:
+    """``graph-cache-bypass``: how often Inductor bypassed the cache for the compiles, and why (a warning)."""
+    compiled = setup.compiled
+    if isinstance(compiled, _CompileRaised):
+        raise Skip(f"no compile finished, so there is no count to report: see {STALE}")
+    return _bypass(setup, compiled[0])
 
 
 def differing_state(a: object, b: object) -> dict[str, tuple[Any, Any]]:
@@ -239,14 +271,18 @@ def _model(model: Callable[..., Any] | str | None, inputs: Sequence[Any] | None)
 
 
 @dataclasses.dataclass(frozen=True)
-class _Setup:
-    """What the aspects share: the passes, where they go, and the model they compile."""
+class PassSet:
+    """The subject of the graph-cache checks: the passes, where they go, the model they compile, and the
+    compiles the checks share (made once, on first use)."""
 
     passes: tuple[CustomGraphPass, ...]
     spec: str | None
     hook: str
-    model: Model
+    compiles: Model
     timeout: float | None
+
+    capture = None  # the passes run inside torch.compile
+    about = "the passes"
 
     @property
     def label(self) -> str:
@@ -254,43 +290,42 @@ class _Setup:
         kinds = sorted({type(p).__qualname__ for p in self.passes})
         return self.spec or f"{len(self.passes)} instances of {' / '.join(kinds)}"
 
+    @property
+    def model(self) -> str:
+        return self.compiles.name
+
     def input_text(self) -> str:
-        leaves = pytree.tree_leaves(self.model.inputs)
+        leaves = pytree.tree_leaves(self.compiles.inputs)
         return ", ".join(f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}" if isinstance(x, torch.Tensor)
                          else short_repr(x, 60) for x in leaves)
 
-    def reproduce(self) -> str | None:
-        if self.spec is None or self.model.spec is None:
+    def header(self) -> list[tuple[str, str]]:
+        return [("model", self.compiles.name), ("passes", self.label), ("hook", f"torch._inductor.config.{self.hook}")]
+
+    def not_applicable(self, check: str) -> None:
+        return None
+
+    def reproduce(self, check: str) -> str | None:
+        if self.spec is None or self.compiles.spec is None:
             return None
-        model = "" if self.model.spec == DEFAULT_MODEL else f", model='{self.model.spec}'"
+        model = "" if self.compiles.spec == DEFAULT_MODEL else f", model='{self.compiles.spec}'"
         return (f"python -c \"from fxverify.compile.graph_cache import check_graph_cache as c; "
                 f"[print(r.message) for r in c('{self.spec}', hook='{self.hook}'{model})]\"")
 
-    def result(self, aspect: str, outcome: Outcome, finding: str, *, details: dict[str, Any] | None = None,
-               where: str | None = None, node: str | None = None) -> CheckResult:
-        """The aspect's result, its message laid out as the runner lays out a check's."""
-        lines = [f"fxverify {aspect} check {outcome}", f"  model:      {self.model.name}",
-                 f"  passes:     {self.label}", f"  hook:       torch._inductor.config.{self.hook}",
-                 f"  input:      {self.input_text()}"]
-        if where:
-            lines.append(f"  first diff: {where}")
-        if node:
-            lines.append("  first node: " + textwrap.indent(node, " " * 14).lstrip())
-        lines.append("  finding:    " + textwrap.indent(finding, " " * 14).lstrip())
-        reproduce = self.reproduce()
-        if reproduce and outcome is FAILED:
-            lines.append(f"  reproduce:  {reproduce}")
-        return CheckResult(aspect, self.model.name, self.label, outcome, message="\n".join(lines),
-                           details=details or {}, finding=finding if outcome is FAILED else "",
-                           input=self.input_text(), where=where, node=node, capture=f"inductor {self.hook}")
+    @functools.cached_property
+    def compiled(self) -> tuple[list[_Compiled], dict[int, _Compiled]] | _CompileRaised:
+        """Every pass compiled in order into one fresh cache folder, then each but the first with caches disabled;
+        or the first compile that raised."""
+        return _compile_all(self)
 
 
-def _setup(passes: Sequence[CustomGraphPass] | str, hook: str, model: Callable[..., Any] | str | None,
-           inputs: Sequence[Any] | None, timeout: float | None) -> _Setup:
+def pass_set(passes: Sequence[CustomGraphPass] | str, hook: str, model: Callable[..., Any] | str | None,
+             inputs: Sequence[Any] | None, timeout: float | None) -> PassSet:
+    """The :class:`PassSet` of ``passes`` (instances, or a spec naming them) at ``hook`` compiling ``model``."""
     if hook not in HOOKS:
         raise FxVerifyError(f"hook={hook!r} is not a custom graph pass hook of torch._inductor.config; one of {HOOKS}")
     found = load_passes(passes) if isinstance(passes, str) else _passes(passes, None)
-    return _Setup(found, passes if isinstance(passes, str) else None, hook, _model(model, inputs), timeout)
+    return PassSet(found, passes if isinstance(passes, str) else None, hook, _model(model, inputs), timeout)
 
 
 def load_passes(spec: str) -> tuple[CustomGraphPass, ...]:
@@ -335,41 +370,40 @@ def _passes(given: Any, spec: str | None) -> tuple[CustomGraphPass, ...]:
 # -- graph-cache-uuid -------------------------------------------------------------------------------------------
 
 
-def _uuid_in_process(setup: _Setup) -> CheckResult | None:
-    """The ``graph-cache-uuid`` result when this process decides it (a uuid() that raises, is unset or does not
-    pickle; no spec to import elsewhere); None when fresh processes must."""
+def _uuid_in_process(setup: PassSet) -> None:
+    """Raise the ``graph-cache-uuid`` finding or skip where this process decides it (a uuid() that raises, is unset
+    or does not pickle; no spec to import elsewhere); return where fresh processes must."""
     values = []
     for i, graph_pass in enumerate(setup.passes):
         try:
             values.append(graph_pass.uuid())
         except Exception as exc:
-            return setup.result(UUID, FAILED, f"passes[{i}].uuid() raised {exception_summary(exc)}; Inductor calls it "
-                                              "for every compile with the pass in its hook, so such a compile raises too")
+            raise Finding(f"passes[{i}].uuid() raised {exception_summary(exc)}; Inductor calls it for every compile "
+                          "with the pass in its hook, so such a compile raises too", input=setup.input_text()) from None
     name = type(setup.passes[0]).__qualname__
     unset = [i for i, value in enumerate(values) if not value]
     if unset:
         value = values[unset[0]]
         falsy = "" if value is None else " (Inductor takes any falsy uuid for None)"
-        return setup.result(UUID, SKIPPED, (
+        raise Skip(
             f"warning: {name}.uuid() returns {value!r} (passes[{unset[0]}]){falsy}, torch's documented opt-out: "
             f"Inductor bypasses the FX graph cache for every graph it compiles with the pass (see {BYPASS}), so "
             "every such compile runs cold and nothing can go stale. To be cached, return a picklable value naming "
-            "the pass's code and every state it reads, e.g. `" + FIX.format(state="self.<state>") + "`"),
+            "the pass's code and every state it reads, e.g. `" + FIX.format(state="self.<state>") + "`",
             details={"uuids": [short_repr(v, 60) for v in values]})
     for i, value in enumerate(values):
         try:
             pickle.dumps(value)
         except Exception as exc:
-            return setup.result(UUID, FAILED, _unpicklable(setup, values, i, exception_summary(exc)),
-                                details={"uuids": [short_repr(v, 60) for v in values]})
+            raise Finding(_unpicklable(setup, values, i, exception_summary(exc)), input=setup.input_text(),
+                          details={"uuids": [short_repr(v, 60) for v in values]}) from None
     if setup.spec is None:
         warning, same = _same_key(setup)
-        return setup.result(UUID, SKIPPED, (
+        raise Skip(
             f"uuid() is set and pickles for all {len(values)} instances; whether another process computes the same "
             "value needs the passes as a spec it can import: give 'package.module:NAME' (a sequence of the instances, "
-            "or a function returning one) instead of the objects" + warning),
+            "or a function returning one) instead of the objects" + warning,
             details={"uuids": [short_repr(v, 60) for v in values], **same})
-    return None
 
 
 def same_key_pairs(passes: Sequence[CustomGraphPass]) -> list[tuple[int, int, dict[str, tuple[Any, Any]]]]:
@@ -387,7 +421,7 @@ def same_key_pairs(passes: Sequence[CustomGraphPass]) -> list[tuple[int, int, di
             and (difference := differing_state(passes[i], passes[j]))]
 
 
-def _same_key(setup: _Setup) -> tuple[str, dict[str, Any]]:
+def _same_key(setup: PassSet) -> tuple[str, dict[str, Any]]:
     """The warning of :func:`same_key_pairs` in words (or "") and as details (or none)."""
     pairs = same_key_pairs(setup.passes)
     if not pairs:
@@ -402,7 +436,7 @@ def _same_key(setup: _Setup) -> tuple[str, dict[str, Any]]:
                                   for a, b, differ in pairs]}
 
 
-def _unpicklable(setup: _Setup, values: list[Any], i: int, error: str) -> str:
+def _unpicklable(setup: PassSet, values: list[Any], i: int, error: str) -> str:
     """Why ``values[i]``, a uuid that does not pickle, breaks the cache, as Inductor's cache pickler treats it."""
     key = inductor_key(values[i])
     if isinstance(key, str):
@@ -489,32 +523,30 @@ def _uuids_across_processes(spec: str | None, timeout: float | None) -> Iterator
             process.communicate()
 
 
-def _stability_result(setup: _Setup, across: Digests | str) -> CheckResult:
+def _stability(setup: PassSet, across: Digests | str) -> dict[str, Any]:
     if isinstance(across, str):
-        return setup.result(UUID, SKIPPED, f"uuid() is set and pickles, but computing it in fresh processes failed, so "
-                                           f"its stability is not known: {across}")
+        raise Skip(f"uuid() is set and pickles, but computing it in fresh processes failed, so its stability is not "
+                   f"known: {across}")
     first, second = (across[seed] for seed in HASH_SEEDS)
     details = {f"PYTHONHASHSEED={seed}": values for seed, values in across.items()}
     raised = next((f"passes[{i}]: {entry['error']}" for i, entry in enumerate(first) if "error" in entry), None)
     if raised:
-        return setup.result(UUID, SKIPPED, f"uuid() raised in a fresh process that imported {setup.spec!r} ({raised}) "
-                                           "though not in this one: it needs state this process set up, so its "
-                                           "stability is not known; make the spec build the passes alone",
-                            details=details)
+        raise Skip(f"uuid() raised in a fresh process that imported {setup.spec!r} ({raised}) though not in this one: "
+                   "it needs state this process set up, so its stability is not known; make the spec build the passes "
+                   "alone", details=details)
     for i, (ours, theirs) in enumerate(zip(first, second)):
         if ours != theirs:
             seeds = " and ".join(f"PYTHONHASHSEED={seed}: {v.get('repr') or v.get('error')}"
                                  for seed, v in zip(HASH_SEEDS, (ours, theirs)))
-            return setup.result(UUID, FAILED, (
+            raise Finding(
                 f"{type(setup.passes[i]).__qualname__}.uuid() of passes[{i}] differs between two fresh processes "
                 f"({seeds}): the cache key changes with every process, so no compile ever reads an entry another "
                 "process wrote (results stay right, every compile runs cold). The usual causes are hash() of a str or "
                 "bytes, a set's order, id() or an address in the value: hash text with hashlib instead "
-                "(get_hash_for_files((__file__,)) for the code)"), details=details)
+                "(get_hash_for_files((__file__,)) for the code)", input=setup.input_text(), details=details)
     warning, same = _same_key(setup)
-    return setup.result(UUID, PASSED, f"uuid() is set, pickles and is the same under PYTHONHASHSEED="
-                                      f"{' and '.join(HASH_SEEDS)} for all {len(first)} instances{warning}",
-                        details={**details, **same})
+    return {**details, **same, NOTE: f"uuid() is set, pickles and is the same under PYTHONHASHSEED="
+                                     f"{' and '.join(HASH_SEEDS)} for all {len(first)} instances{warning}"}
 
 
 # -- compiles ---------------------------------------------------------------------------------------------------
@@ -583,7 +615,7 @@ def _bypass_reasons() -> Iterator[list[str]]:
         logger.removeFilter(keeper)
 
 
-def _compile(setup: _Setup, graph_pass: CustomGraphPass | None, *, cached: bool) -> _Compiled:
+def _compile(setup: PassSet, graph_pass: CustomGraphPass | None, *, cached: bool) -> _Compiled:
     """Compile the model afresh with ``graph_pass`` alone in the hook (with the cache, or with caches disabled),
     and run it once with the RNG seeded."""
     given, left = _GraphRecorder(), _GraphRecorder()
@@ -597,7 +629,7 @@ def _compile(setup: _Setup, graph_pass: CustomGraphPass | None, *, cached: bool)
             torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # dynamo_pgo's "force disabled by force_disable_caches", and the like
         torch.manual_seed(0)
-        outputs = call_with_timeout(lambda: torch.compile(setup.model.module)(*setup.model.inputs), (), setup.timeout)
+        outputs = call_with_timeout(lambda: torch.compile(setup.compiles.module)(*setup.compiles.inputs), (), setup.timeout)
     added = collections.Counter(counters["inductor"])
     added.subtract(before)
     return _Compiled(outputs, tuple(given.graphs), tuple(left.graphs), tuple(sorted(given.ops)),
@@ -610,7 +642,7 @@ class _CompileRaised(Exception):
         self.index, self.cached, self.why = index, cached, why
 
 
-def _guarded(setup: _Setup, index: int | None, *, cached: bool) -> _Compiled:
+def _guarded(setup: PassSet, index: int | None, *, cached: bool) -> _Compiled:
     graph_pass = None if index is None else setup.passes[index]
     try:
         return _compile(setup, graph_pass, cached=cached)
@@ -621,9 +653,7 @@ def _guarded(setup: _Setup, index: int | None, *, cached: bool) -> _Compiled:
         raise _CompileRaised(index, cached, f"raised {exception_summary(exc)}") from exc
 
 
-def _compile_all(setup: _Setup) -> tuple[list[_Compiled], dict[int, _Compiled]] | _CompileRaised:
-    """Every pass compiled in order into one fresh cache folder, then each but the first with caches disabled; or
-    the first compile that raised."""
+def _compile_all(setup: PassSet) -> tuple[list[_Compiled], dict[int, _Compiled]] | _CompileRaised:
     with fresh_cache():  # an exception leaving it would keep its folder
         try:
             cached = [_guarded(setup, i, cached=True) for i in range(len(setup.passes))]
@@ -632,56 +662,54 @@ def _compile_all(setup: _Setup) -> tuple[list[_Compiled], dict[int, _Compiled]] 
             return raised
 
 
-def _raised_result(setup: _Setup, raised: _CompileRaised) -> CheckResult:
+def _raised(setup: PassSet, raised: _CompileRaised) -> NoReturn:
     """A compile raised: the pass's doing when the model compiles without it, else the model's."""
     doing = f"compiling the model with passes[{raised.index}] " + ("" if raised.cached else "and caches disabled ")
     with fresh_cache():
         try:
             _guarded(setup, None, cached=False)
         except _CompileRaised as alone:
-            return setup.result(STALE, SKIPPED, f"{doing}{raised.why}, and the model does not compile without the "
-                                                f"pass either ({alone.why}): give a model that torch.compile takes")
-    return setup.result(STALE, FAILED, f"{doing}{raised.why}, while it compiles without the pass: the pass breaks "
-                                       "the compile")
+            raise Skip(f"{doing}{raised.why}, and the model does not compile without the pass either ({alone.why}): "
+                       "give a model that torch.compile takes") from None
+    raise Finding(f"{doing}{raised.why}, while it compiles without the pass: the pass breaks the compile",
+                  input=setup.input_text())
 
 
 # -- graph-cache-stale and graph-cache-bypass ---------------------------------------------------------------------
 
 
-def _stale_result(setup: _Setup, cached: list[_Compiled], fresh: dict[int, _Compiled]) -> CheckResult:
+def _stale(setup: PassSet, cached: list[_Compiled], fresh: dict[int, _Compiled]) -> dict[str, Any]:
     details = {"compiles": _compile_details(cached, fresh)}
     for i, alone in fresh.items():
         mismatch = compare_trees(cached[i].outputs, alone.outputs)
         if mismatch is None:
             continue
         if cached[i].graphs:  # the pass ran in both compiles
-            return setup.result(STALE, SKIPPED, (
-                f"passes[{i}] compiled with the cache and with caches disabled gives different outputs, and the "
-                "cache served neither compile: the pass or the model is not deterministic, which says nothing of "
-                "the cache; check that the model gives the same output twice"), where=mismatch.describe(),
-                details=details)
-        return _stale_failure(setup, cached, fresh, i, mismatch, details)
+            raise Skip(f"passes[{i}] compiled with the cache and with caches disabled gives different outputs "
+                       f"({mismatch.describe()}), and the cache served neither compile: the pass or the model is not "
+                       "deterministic, which says nothing of the cache; check that the model gives the same output "
+                       "twice", details=details)
+        _stale_failure(setup, cached, fresh, i, mismatch, details)
     if all(c.counts.get("fxgraph_cache_bypass") for c in cached[1:]):
-        return setup.result(STALE, SKIPPED, f"Inductor bypassed the FX graph cache (see {BYPASS}): no entry was "
-                                            "written or read, so none could go stale", details=details)
+        raise Skip(f"Inductor bypassed the FX graph cache (see {BYPASS}): no entry was written or read, so none could "
+                   "go stale", details=details)
     ran = {0: cached[0], **fresh}  # a compile in which each instance ran: the first's into the empty cache, the others'
     #                                 with caches disabled
     if not any(c.changed for c in ran.values()):
-        return setup.result(STALE, SKIPPED, _proved_nothing(setup, ran), details=details)
+        raise Skip(_proved_nothing(setup, ran), details=details)
     same = [(i, j, difference) for i, j, difference in same_key_pairs(setup.passes) if ran[i].graphs == ran[j].graphs]
     if same:
         i, j, difference = same[0]
-        return setup.result(STALE, SKIPPED, (
+        raise Skip(
             f"proved nothing for passes[{i}] and passes[{j}]: they get the same cache key from uuid() while their "
-            f"{describe_state(difference)}, and leave the same graph on {setup.model.name}, so a stale entry could not "
-            "show here. If what differs does not change what the pass does, this is fine; else give a model whose "
-            "graph it changes (model=, or --fxverify-graph-cache-model in pytest)"), details=details)
-    return setup.result(STALE, PASSED, (
-        f"each of {len(fresh)} later instance(s), compiled after the others into one fresh FX graph cache, gives the "
-        "output it gives with caches disabled"), details=details)
+            f"{describe_state(difference)}, and leave the same graph on {setup.compiles.name}, so a stale entry could "
+            "not show here. If what differs does not change what the pass does, this is fine; else give a model whose "
+            "graph it changes (model=, or --fxverify-graph-cache-model in pytest)", details=details)
+    return {**details, NOTE: f"each of {len(fresh)} later instance(s), compiled after the others into one fresh FX "
+                             "graph cache, gives the output it gives with caches disabled"}
 
 
-def _proved_nothing(setup: _Setup, ran: dict[int, _Compiled]) -> str:
+def _proved_nothing(setup: PassSet, ran: dict[int, _Compiled]) -> str:
     """Why the stale aspect proves nothing where no instance changed the model's graph, and what to give instead."""
     ops = sorted({op for c in ran.values() for op in c.ops})
     listed = ", ".join(ops[:12]) + (f" and {len(ops) - 12} more" if len(ops) > 12 else "")
@@ -689,24 +717,23 @@ def _proved_nothing(setup: _Setup, ran: dict[int, _Compiled]) -> str:
     untold = "" if not pairs else (
         f" Whether passes[{pairs[0][0]}] and passes[{pairs[0][1]}], which get the same cache key from uuid() while "
         f"their {describe_state(pairs[0][2])}, share a stale entry is not known (see {UUID})")
-    return (f"proved nothing: none of the {len(ran)} instances changed the graph of {setup.model.name} (it calls "
+    return (f"proved nothing: none of the {len(ran)} instances changed the graph of {setup.compiles.name} (it calls "
             f"{listed or 'no op'}), so each one's compiled graph computes what any other's would, and a stale entry "
             "could not show. Give a model holding the ops the passes rewrite: model= (a corpus "
             "entry's name, or 'package.module:factory' returning (module, inputs)), or --fxverify-graph-cache-model "
             f"in pytest.{untold}")
 
 
-def _stale_failure(setup: _Setup, cached: list[_Compiled], fresh: dict[int, _Compiled], i: int, mismatch: Mismatch,
-                   details: dict[str, Any]) -> CheckResult:
+def _stale_failure(setup: PassSet, cached: list[_Compiled], fresh: dict[int, _Compiled], i: int, mismatch: Mismatch,
+                   details: dict[str, Any]) -> NoReturn:
     key = inductor_key(setup.passes[i].uuid())
     j = next((j for j in range(i) if inductor_key(setup.passes[j].uuid()) == key
               and compare_trees(cached[i].outputs, cached[j].outputs) is None), None)
     name = type(setup.passes[i]).__qualname__
     if j is None:  # served from the cache, but not one of the entries these passes wrote
-        return setup.result(STALE, FAILED, (
-            f"passes[{i}] got a cache hit and was never called, and the output served differs from its output with "
-            f"caches disabled; uuid() ({short_repr(setup.passes[i].uuid(), 60)}) misses some state the pass reads"),
-            where=mismatch.describe(), details=details)
+        raise Finding(f"passes[{i}] got a cache hit and was never called, and the output served differs from its output "
+                      f"with caches disabled; uuid() ({short_repr(setup.passes[i].uuid(), 60)}) misses some state the "
+                      "pass reads", input=setup.input_text(), where=mismatch.describe(), details=details)
     difference = differing_state(setup.passes[j], setup.passes[i])
     state = describe_state(difference)
     fix = (f"put {', '.join(f'`{n}`' for n in difference)} into uuid(), e.g. `"
@@ -718,8 +745,8 @@ def _stale_failure(setup: _Setup, cached: list[_Compiled], fresh: dict[int, _Com
         f"into the same fresh FX graph cache, passes[{i}] got a cache hit (fxgraph_cache_hit) and was never called, so "
         f"Inductor ran the graph passes[{j}] produced, and its output differs from passes[{i}] compiled with caches "
         f"disabled. uuid() must name every state the pass reads: {fix}")
-    return setup.result(STALE, FAILED, finding, where=mismatch.describe(),
-                        node=_first_node(cached[j].graphs, fresh[i].graphs, j, i), details=details)
+    raise Finding(finding, input=setup.input_text(), where=mismatch.describe(),
+                  node=_first_node(cached[j].graphs, fresh[i].graphs, j, i), details=details)
 
 
 def _first_node(served: Sequence[str], own: Sequence[str], j: int, i: int) -> str | None:
@@ -735,13 +762,13 @@ def _compile_details(cached: list[_Compiled], fresh: dict[int, _Compiled]) -> li
     return [{"pass": i, "cache": cache, "seconds": round(c.seconds, 3), **c.counts} for i, cache, c in runs]
 
 
-def _bypass_result(setup: _Setup, cached: list[_Compiled]) -> CheckResult:
+def _bypass(setup: PassSet, cached: list[_Compiled]) -> dict[str, Any]:
     bypasses = sum(c.counts.get("fxgraph_cache_bypass", 0) for c in cached)
     details = {"fxgraph_cache_bypass": bypasses, "compiles": _compile_details(cached, {})}
     if not bypasses:
         hits = sum(c.counts.get("fxgraph_cache_hit", 0) for c in cached)
-        return setup.result(BYPASS, PASSED, f"Inductor used the FX graph cache in all {len(cached)} compiles "
-                                            f"(fxgraph_cache_bypass 0, fxgraph_cache_hit {hits})", details=details)
+        return {**details, NOTE: f"Inductor used the FX graph cache in all {len(cached)} compiles "
+                                 f"(fxgraph_cache_bypass 0, fxgraph_cache_hit {hits})"}
     reasons = sorted({r for c in cached for r in c.bypass_reasons})
     text = "; ".join(reasons) or "(no reason logged)"
     uuids = [p.uuid() for p in setup.passes]
@@ -752,10 +779,9 @@ def _bypass_result(setup: _Setup, cached: list[_Compiled]) -> CheckResult:
     else:
         cause = "not the pass's doing: the model's graph is one Inductor does not cache; give another model"
     seconds = ", ".join(f"{c.seconds:.2f}" for c in cached)
-    return setup.result(BYPASS, SKIPPED, (
-        f"warning: Inductor bypassed the FX graph cache {bypasses} time(s) in {len(cached)} compiles "
-        f"(fxgraph_cache_bypass={bypasses}) because: {text}. Cause: {cause}. Every compile with the pass runs cold "
-        f"(compiles took {seconds} s here)"), details={**details, "reasons": reasons})
+    raise Skip(f"warning: Inductor bypassed the FX graph cache {bypasses} time(s) in {len(cached)} compiles "
+               f"(fxgraph_cache_bypass={bypasses}) because: {text}. Cause: {cause}. Every compile with the pass runs "
+               f"cold (compiles took {seconds} s here)", details={**details, "reasons": reasons})
 
 
 if __name__ == "__main__":  # the fresh processes of the graph-cache-uuid aspect

@@ -38,12 +38,13 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
+import functools
 import hashlib
 import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from hypothesis import HealthCheck, assume, example, given, settings
@@ -52,6 +53,7 @@ from hypothesis.database import ExampleDatabase
 from torch import fx
 from torch.utils import _pytree as pytree
 
+from fxverify import checks as registry
 from fxverify.analysis.compare import Tolerance, compare_trees
 from fxverify.capture.inductor import aot_roles
 from fxverify.compile.pattern_sources import PatternExample, pattern_contract, pattern_examples
@@ -75,11 +77,11 @@ from fxverify.compile.pattern_variants import (
     uniform_dtype,
 )
 from fxverify.core.contracts import SPELLING_FAMILIES
-from fxverify.core.results import CheckResult, Outcome, exception_summary
+from fxverify.core.results import NOTE, CheckResult, Finding, exception_summary
 from fxverify.core.transform import load_object
+from fxverify.engine import judging
 
-SOUND, COMPLETE = "patterns-sound", "patterns-complete"
-CHECKS = (SOUND, COMPLETE)  # the results of check_patterns for each pattern, in this order
+SOUND, COMPLETE = "patterns-sound", "patterns-complete"  # its checks (the registry's)
 SWEEP_LIMIT = 600  # targeted variants per pattern, before Hypothesis draws combinations
 # a replacement computes in another order (a fused kernel, x * (1 / s) for x / s): on drawn inputs, some of them
 # ill-conditioned (a softmax of logits scaled by -8), rounding differences up to this fraction of an output's scale pass
@@ -157,8 +159,14 @@ class Fuzzer:
     completeness matrix judge each variant once). Every variant is traced as the first hook the pattern is
     declared for receives graphs (``pattern.hooks``), or as its ``trace_fn`` traces it."""
 
-    def __init__(self, pattern: PatternExample, promise: Promise = Promise()) -> None:
+    about = "the pattern"
+
+    def __init__(self, pattern: PatternExample, promise: Promise = Promise(), *, spec: str = "",
+                 max_examples: int = 100, budget_s: float = 60.0, repro_dir: str | os.PathLike[str] | None = None,
+                 database: ExampleDatabase | None = None) -> None:
         self.pattern, self.promise = pattern, promise
+        self.spec = spec or pattern.name  # the patterns' spec: a repro file is written only where it loads them back
+        self.max_examples, self.budget_s, self.repro_dir, self.database = max_examples, budget_s, repro_dir, database
         self.hook = pattern.hooks[0] if pattern.hooks else None
         self.example = pattern.traced_inputs()
         self.edits: list[Edit] = edits_of(forward_trace(pattern.trace_fn)(pattern.search_fn, list(self.example)))
@@ -168,6 +176,26 @@ class Fuzzer:
         scalars = any(isinstance(value, torch.Tensor) and value.dim() == 0 for value in self.example)
         self.numbers = (False, True) if scalars else (False,)
         self.verdicts: dict[Variant, Verdict | None] = {}
+
+    # the subject, as results and messages name it (fxverify.engine.judging.Judged)
+
+    @property
+    def model(self) -> str:
+        return self.pattern.name
+
+    @property
+    def capture(self) -> str:
+        """The Inductor capture each variant is traced as (the first hook the pattern is declared for)."""
+        return self.hook or "inductor"
+
+    def header(self) -> list[tuple[str, str]]:
+        return [("pattern", self.pattern.name), ("patterns", self.spec)]
+
+    def not_applicable(self, check: str) -> None:
+        return None
+
+    def reproduce(self, check: str) -> None:
+        return None  # a failing variant's repro file is named in the finding
 
     def judge(self, variant: Variant) -> Verdict | None:
         """The verdict on ``variant``, or None where it is no program."""
@@ -374,7 +402,7 @@ def soundness_test(fuzzer: Fuzzer, *, max_examples: int = 100, database: Example
 def check_patterns(patterns: Any, *, max_examples: int = 100, budget_s: float = 60.0,
                    complete: bool | Promise | None = None,
                    repro_dir: str | os.PathLike[str] | None = None, database: ExampleDatabase | None = None,
-                   names: Sequence[str] | None = None, checks: Sequence[str] = CHECKS) -> list[CheckResult]:
+                   names: Sequence[str] | None = None, checks: Sequence[str] | None = None) -> list[CheckResult]:
     """Fuzz each pattern ``patterns`` registers: two results a pattern, ``patterns-sound`` and
     ``patterns-complete`` (see the module's docstring).
 
@@ -385,7 +413,7 @@ def check_patterns(patterns: Any, *, max_examples: int = 100, budget_s: float = 
     dtypes=(...))``, see :func:`promises_every_spelling`). A pattern's contract ``captures`` name the hooks it is
     for (``("inductor_post",)``): each variant is traced as that hook receives graphs.
     ``repro_dir``: where a failing variant's repro script is written (it needs ``patterns`` as a spec).
-    ``names``: the patterns to fuzz (default: all); ``checks``: which of :data:`CHECKS` to run.
+    ``names``: the patterns to fuzz (default: all); ``checks``: which of its checks to run (default: both).
 
     >>> import fxverify
     >>> from torch._inductor.pattern_matcher import fwd_only, register_replacement
@@ -402,6 +430,18 @@ def check_patterns(patterns: Any, *, max_examples: int = 100, budget_s: float = 
             for result in check_pattern(pattern, spec, max_examples=max_examples, budget_s=budget_s,
                                         complete=complete, repro_dir=repro_dir if isinstance(patterns, str) else None,
                                         database=database, checks=checks)]
+
+
+def pattern_subjects(spec: str, given: registry.Given) -> list[tuple[str, Callable[[], Fuzzer]]]:
+    """The subjects of patterns ``spec`` in a run: a :class:`Fuzzer` of each pattern it registers (made when its
+    first check runs), fuzzing within the run's time limit (at most the default 60 s) and writing a failing
+    variant's repro file to ``given.repro_dir``."""
+    source = load_object(spec, "patterns")
+    promise = promises_every_spelling(source, spec)
+    budget = 60.0 if given.timeout is None else min(60.0, given.timeout)
+    return [(pattern.name, functools.partial(Fuzzer, pattern, promise, spec=spec, budget_s=budget,
+                                             repro_dir=given.repro_dir))
+            for pattern in pattern_examples(source, spec)]
 
 
 def promises_every_spelling(source: Any, spec: str = "") -> Promise:
@@ -425,23 +465,21 @@ def promises_every_spelling(source: Any, spec: str = "") -> Promise:
 
 def check_pattern(pattern: PatternExample, spec: str, *, max_examples: int = 100, budget_s: float = 60.0,
                   complete: bool | Promise = False, repro_dir: str | os.PathLike[str] | None = None,
-                  database: ExampleDatabase | None = None, checks: Sequence[str] = CHECKS) -> list[CheckResult]:
+                  database: ExampleDatabase | None = None, checks: Sequence[str] | None = None) -> list[CheckResult]:
     """The results of ``checks`` on one pattern of the patterns ``spec`` names (see :func:`check_patterns`); a repro
     is written to ``repro_dir`` only where ``spec`` loads the patterns back. ``complete``: what its registration
     promises (:func:`promises_every_spelling`), True for every spelling."""
     promise = complete if isinstance(complete, Promise) else Promise.every() if complete else Promise()
-    fuzzer = Fuzzer(pattern, promise)
-    results = []
-    if SOUND in checks:
-        results.append(_soundness(fuzzer, spec, max_examples, budget_s, repro_dir, database))
-    if COMPLETE in checks:
-        results.append(_completeness(fuzzer, spec))
-    return results
+    fuzzer = Fuzzer(pattern, promise, spec=spec, max_examples=max_examples, budget_s=budget_s, repro_dir=repro_dir,
+                    database=database)
+    return [judging.judge(name, registry.get(name), fuzzer) for name in registry.names(registry.PATTERN)
+            if checks is None or name in checks]
 
 
-def _soundness(fuzzer: Fuzzer, spec: str, max_examples: int, budget_s: float, repro_dir: Any,
-               database: ExampleDatabase | None) -> CheckResult:
-    """The sweep (every distinct kind of failure kept), then, where it found none, Hypothesis's combinations."""
+def soundness(fuzzer: Fuzzer) -> dict[str, Any]:
+    """``patterns-sound``: the sweep (every distinct kind of failure kept), then, where it found none, Hypothesis's
+    combinations, within the fuzzer's budget."""
+    spec, budget_s, max_examples = fuzzer.spec, fuzzer.budget_s, fuzzer.max_examples
     started = time.monotonic()
     failures: dict[tuple[str, frozenset[str]], UnsoundRewrite] = {}
     first_seconds: float | None = None
@@ -456,7 +494,7 @@ def _soundness(fuzzer: Fuzzer, spec: str, max_examples: int, budget_s: float, re
                 first_seconds = round(time.monotonic() - started, 2)
     if not failures and max_examples and time.monotonic() - started < budget_s:
         try:
-            soundness_test(fuzzer, max_examples=max_examples, database=database, sweep=False,
+            soundness_test(fuzzer, max_examples=max_examples, database=fuzzer.database, sweep=False,
                            budget_s=budget_s - (time.monotonic() - started))()
         except UnsoundRewrite as found:
             failures[("", frozenset())] = found
@@ -467,22 +505,20 @@ def _soundness(fuzzer: Fuzzer, spec: str, max_examples: int, budget_s: float, re
     counts = {"judged": len(judged), "fired": fired, "by_meta": by_meta, "seconds": round(time.monotonic() - started, 2)}
     if not failures:
         meta_only = (f"; {by_meta} of them judged by dtype and shape only ({_meta_reason(judged)})" if by_meta else "")
-        return CheckResult(SOUND, fuzzer.pattern.name, spec, Outcome.PASSED,
-                           f"pattern {fuzzer.pattern.name}: {len(judged)} variants, it fired on {fired}, every rewrite "
-                           f"sound{meta_only} ({counts['seconds']} s)", details=counts)
+        return {**counts, NOTE: f"pattern {fuzzer.pattern.name}: {len(judged)} variants, it fired on {fired}, every "
+                                f"rewrite sound{meta_only} ({counts['seconds']} s)"}
     kept = list(failures.values())
     variant, verdict = kept[0].variant, kept[0].verdict
-    repro = write_repro(spec, fuzzer.pattern.name, variant, repro_dir) if repro_dir else None
-    others = "".join(f"\n  also: [{other.variant.describe()}] {other.verdict.problem}" for other in kept[1:])
-    message = (f"{SOUND} failed for pattern {fuzzer.pattern.name} of {spec}:\n  variant: {variant.describe()}\n"
-               f"  it fired and {verdict.problem}\n  judged by {JUDGED_BY[verdict.how]}"
-               + (f"; first node the rewrite inserted: {verdict.node}" if verdict.node else "") + others
-               + f"\n  search function:\n    {_indented(fuzzer.pattern.search_source())}\n"
-               + _advice(fuzzer, variant, verdict) + (f"\n  repro: python {repro}" if repro else ""))
-    return CheckResult(SOUND, fuzzer.pattern.name, spec, Outcome.FAILED, message, finding=verdict.problem or "",
-                       input=variant.describe(), node=verdict.node, repro=repro,
-                       details={**counts, "variant": repr(variant), "first_failure_s": first_seconds,
-                                "failures": [(f.variant.describe(), f.verdict.how, f.verdict.problem) for f in kept]})
+    repro = write_repro(spec, fuzzer.pattern.name, variant, fuzzer.repro_dir) if fuzzer.repro_dir else None
+    others = "".join(f"\nalso: [{other.variant.describe()}] {other.verdict.problem}" for other in kept[1:])
+    finding = Finding(f"it fired and {verdict.problem}\njudged by {JUDGED_BY[verdict.how]}" + others
+                      + f"\nsearch function:\n  {_indented(fuzzer.pattern.search_source())}\n"
+                      + _advice(fuzzer, variant, verdict) + (f"\nrepro: python {repro}" if repro else ""),
+                      input=variant.describe(), node=verdict.node,
+                      details={**counts, "variant": repr(variant), "first_failure_s": first_seconds,
+                               "failures": [(f.variant.describe(), f.verdict.how, f.verdict.problem) for f in kept]})
+    finding.repro = repro
+    raise finding
 
 
 def _meta_reason(judged: list[Verdict]) -> str:
@@ -494,35 +530,35 @@ def _meta_reason(judged: list[Verdict]) -> str:
 def _advice(fuzzer: Fuzzer, variant: Variant, verdict: Verdict) -> str:
     """What the pattern's author should do about an unsound rewrite of ``variant``."""
     if verdict.how == "raised":
-        return ("  advice: the pattern matched a program its replacement cannot be traced for: the match is "
+        return ("advice: the pattern matched a program its replacement cannot be traced for: the match is "
                 "wrong; check in extra_check what the search function fixes (shapes, permutations, dims)")
     if verdict.how == "structure":
-        return ("  advice: the replacement must be inserted after every input it uses is defined (a multi-output "
+        return ("advice: the replacement must be inserted after every input it uses is defined (a multi-output "
                 "replacement or an input defined late); insert it before the match's last node, not its first")
     kinds = {edit.kind for edit in variant.edits}
     if "output['gradient of" in (verdict.problem or ""):
-        return ("  advice: the replacement's gradient differs from the search function's (a training pattern matches "
+        return ("advice: the replacement's gradient differs from the search function's (a training pattern matches "
                 "the backward too): check replace_fn's differentiable path (a detach, a custom autograd Function's "
                 "backward), or register the pattern with fwd_only for inference only")
     if variant.equivalent and not (variant.sizes or any(variant.dtypes) or variant.strided is not None
                                    or variant.broadcast is not None):
-        return ("  advice: the replacement does not compute what the search function computes even on its own "
+        return ("advice: the replacement does not compute what the search function computes even on its own "
                 "program: check replace_fn (a constant the search function binds and the replacement drops?)")
     wildcards = kinds & {"dims", "dim", "sizes", "scalar"}
     if variant.sizes and _sound_apart(fuzzer, variant):
         fixed = (f"; it matched here an argument the search function fixes ({', '.join(sorted(wildcards))}): check it "
                  "in extra_check too" if wildcards else "")
-        return ("  advice: the rewrite is wrong only when sizes coincide (the same program at the example sizes is "
+        return ("advice: the rewrite is wrong only when sizes coincide (the same program at the example sizes is "
                 "rewritten soundly or not at all): the replacement or extra_check tells dimensions apart by their "
                 f"sizes (a key's layout told by its sizes); use the positions the search function uses{fixed}")
     if wildcards:
-        return ("  advice: the pattern matches arguments its search function fixes (register_replacement traces "
+        return ("advice: the pattern matches arguments its search function fixes (register_replacement traces "
                 "ints, floats and lists as wildcards): check them in extra_check, or pass them as arguments of the "
                 "search and replacement functions (scalar_workaround), so the replacement uses the matched ones")
     if any(variant.dtypes):
-        return ("  advice: the replacement assumes the inputs' dtypes: guard in extra_check (e.g. every input of "
+        return ("advice: the replacement assumes the inputs' dtypes: guard in extra_check (e.g. every input of "
                 "the match has the same dtype) or register the pattern for each dtype it is right for")
-    return "  advice: guard the match in extra_check for the inputs this variant gives (see the variant above)"
+    return "advice: guard the match in extra_check for the inputs this variant gives (see the variant above)"
 
 
 def _sound_apart(fuzzer: Fuzzer, variant: Variant) -> bool:
@@ -532,9 +568,10 @@ def _sound_apart(fuzzer: Fuzzer, variant: Variant) -> bool:
     return apart is not None and not apart.problem
 
 
-def _completeness(fuzzer: Fuzzer, spec: str) -> CheckResult:
-    """The matrix of where the pattern fires; a failure where it never fires on its own program, cannot fire at a
-    hook it is declared for, or misses a promised spelling."""
+def completeness(fuzzer: Fuzzer) -> dict[str, Any]:
+    """``patterns-complete``: the matrix of where the pattern fires; a failure where it never fires on its own
+    program, cannot fire at a hook it is declared for, or misses a promised spelling."""
+    spec = fuzzer.spec
     judged = [(variant, family, fuzzer.judge(variant)) for variant, family in fuzzer.matrix()]
     covered = [family != OWN and fuzzer.promise.covers(family, uniform_dtype(variant.dtypes, fuzzer.example))
                for variant, family, _ in judged]
@@ -545,33 +582,29 @@ def _completeness(fuzzer: Fuzzer, spec: str) -> CheckResult:
     name, details = fuzzer.pattern.name, {"matrix": rows, "promise": fuzzer.promise.describe()}
     if not any(verdict is not None and verdict.fired for _, family, verdict in judged if family == OWN):
         if fuzzer.hook is not None and _fires(fuzzer, None):
-            return _cannot_fire_at(fuzzer, spec, [fuzzer.hook], matrix, details)
-        return CheckResult(COMPLETE, name, spec, Outcome.FAILED,
-                           f"{COMPLETE} failed: pattern {name} of {spec} does not fire on its own search function "
-                           f"traced as the pass meets it ({fuzzer.pattern.traced_with} on the example inputs): it "
-                           f"never rewrites anything.\n  fired / not fired:\n{matrix}\n  advice: check the example "
-                           "inputs (one tensor given for two inputs binds them to one name) and extra_check",
-                           finding="never fires on its own search function", input=rows[0][0], details=details)
+            _cannot_fire_at(fuzzer, spec, [fuzzer.hook], matrix, details)
+        raise Finding(f"pattern {name} of {spec} does not fire on its own search function traced as the pass meets "
+                      f"it ({fuzzer.pattern.traced_with} on the example inputs): it never rewrites anything.\n"
+                      f"fired / not fired:\n{matrix}\nadvice: check the example inputs (one tensor given for two "
+                      "inputs binds them to one name) and extra_check", input=rows[0][0], details=details)
     elsewhere = [hook for hook in fuzzer.pattern.hooks[1:] if not _fires(fuzzer, hook)]
     if elsewhere:
-        return _cannot_fire_at(fuzzer, spec, elsewhere, matrix, details)
+        _cannot_fire_at(fuzzer, spec, elsewhere, matrix, details)
     missed = [(variant, family) for (variant, family, verdict), promised in zip(judged, covered)
               if promised and verdict is not None and not verdict.fired]
     if missed:
         first = missed[0][0]
         edited = next((v.edits[0] for v, _ in missed if v.edits), None)
-        return CheckResult(COMPLETE, name, spec, Outcome.FAILED,
-                           f"{COMPLETE} failed: pattern {name} of {spec} promises {fuzzer.promise.describe()} and "
-                           f"does not fire on {len(missed)} promised spelling(s), first: {first.describe()}\n"
-                           f"  fired / not fired:\n{matrix}\n  advice: {_missed_advice(missed)}",
-                           finding=f"NOT fired on: {first.describe()}", input=first.describe(), details=details,
-                           node=None if edited is None else f"{edited.target}#{edited.occurrence}")
+        raise Finding(f"pattern {name} of {spec} promises {fuzzer.promise.describe()} and is NOT fired on "
+                      f"{len(missed)} promised spelling(s), first: {first.describe()}\n"
+                      f"fired / not fired:\n{matrix}\nadvice: {_missed_advice(missed)}",
+                      input=first.describe(), details=details,
+                      node=None if edited is None else f"{edited.target}#{edited.occurrence}")
     unpromised = sum(fired is False for fired in (row[1] for row in rows))
     warning = f"; WARNING: not fired on {unpromised} equivalent spelling(s) it does not promise" if unpromised else ""
-    return CheckResult(COMPLETE, name, spec, Outcome.PASSED,
-                       f"pattern {name}: fired on {sum(f is True for _, f in rows)} of {len(rows)} equivalent "
-                       f"spellings{warning} (promised: {fuzzer.promise.describe()})\n{matrix}",
-                       details={**details, "missed": [text for text, fired in rows if fired is False]})
+    return {**details, "missed": [text for text, fired in rows if fired is False],
+            NOTE: f"pattern {name}: fired on {sum(f is True for _, f in rows)} of {len(rows)} equivalent "
+                  f"spellings{warning} (promised: {fuzzer.promise.describe()})\n{matrix}"}
 
 
 def _missed_advice(missed: list[tuple[Variant, str]]) -> str:
@@ -595,7 +628,7 @@ def _fires(fuzzer: Fuzzer, hook: str | None) -> bool:
     return any((fuzzer.judge(Variant(numbers=n, hook=hook)) or Verdict(False)).fired for n in fuzzer.numbers)
 
 
-def _cannot_fire_at(fuzzer: Fuzzer, spec: str, missed: list[str], matrix: str, details: dict[str, Any]) -> CheckResult:
+def _cannot_fire_at(fuzzer: Fuzzer, spec: str, missed: list[str], matrix: str, details: dict[str, Any]) -> NoReturn:
     """The failure of a pattern that fires on its own program as traced but not as the hooks ``missed`` (Inductor
     captures its contract names) receive graphs, naming the ops that differ and where it fires."""
     pattern = fuzzer.pattern
@@ -607,15 +640,13 @@ def _cannot_fire_at(fuzzer: Fuzzer, spec: str, missed: list[str], matrix: str, d
     named = ", ".join(f"{hook_name(h)} (capture {h})" for h in missed)
     register = (f"register it where it fires ({', '.join(where)})" if where else
                 "it fires at none of Inductor's hooks as Inductor's passes leave its program")
-    message = (f"{COMPLETE} failed: pattern {pattern.name} of {spec} cannot fire at {named}, which its contract names "
-               f"(captures): it fires on its search function traced by {pattern.traced_with}, not on that program as "
-               f"the hook receives graphs: {differs}.\n  fired / not fired:\n{matrix}\n  advice: trace the pattern as "
-               f"the hook receives graphs (a trace_fn running on {pattern.traced_with}'s graph what Inductor runs "
-               "before the hook: torch._inductor.fx_passes.post_grad.view_to_reshape for the post-grad hooks), or "
-               + register)
-    return CheckResult(COMPLETE, pattern.name, spec, Outcome.FAILED, message, finding=f"cannot fire at {hook_name(missed[0])}",
-                       input=Variant(numbers=numbers, hook=missed[0]).describe(), node=culprit,
-                       details={**details, "fires_at": where})
+    raise Finding(f"pattern {pattern.name} of {spec} cannot fire at {named}, which its contract names (captures): it "
+                  f"fires on its search function traced by {pattern.traced_with}, not on that program as the hook "
+                  f"receives graphs: {differs}.\nfired / not fired:\n{matrix}\nadvice: trace the pattern as the hook "
+                  f"receives graphs (a trace_fn running on {pattern.traced_with}'s graph what Inductor runs before the "
+                  "hook: torch._inductor.fx_passes.post_grad.view_to_reshape for the post-grad hooks), or " + register,
+                  input=Variant(numbers=numbers, hook=missed[0]).describe(), node=culprit,
+                  details={**details, "fires_at": where})
 
 
 def _op_difference(pattern: PatternExample, variant: Variant, hook: str) -> tuple[str, str | None]:
@@ -637,7 +668,7 @@ def _op_difference(pattern: PatternExample, variant: Variant, hook: str) -> tupl
 
 
 def _indented(text: str) -> str:
-    return text.replace("\n", "\n    ")
+    return text.replace("\n", "\n  ")
 
 
 def write_repro(spec: str, name: str, variant: Variant, directory: str | os.PathLike[str]) -> str:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
+import textwrap
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeVar
 
@@ -15,6 +17,7 @@ from fxverify.errors import CheckFailed
 T = TypeVar("T")
 Which = Literal["original", "result"]  # the two modules a check compares: the capture, and the transform's result
 WRITTEN = "written"  # a check's details key: (status, path) of a file it wrote, which the run lists at its end
+NOTE = "note"  # a check's details key: what a passed check says to people (its result's message), a warning too
 
 
 class Outcome(str, enum.Enum):
@@ -176,7 +179,48 @@ def exception_text(exc: BaseException) -> str:
 
 
 class Skip(Exception):
-    """Raised by a check that does not apply; the message is the reason."""
+    """Raised by a check that does not apply; the message is the reason, ``details`` what it found on the way
+    (a warning's figures)."""
+
+    def __init__(self, reason: str, *, details: dict[str, Any] | None = None) -> None:
+        super().__init__(reason)
+        self.details = details or {}
+
+
+def failure_message(check: str, header: Sequence[tuple[str, str]], finding: Finding,
+                    reproduce: str | None = None) -> str:
+    """The message of a failed check, laid out alike for every kind of subject: the subject's ``header``
+    lines (``(label, text)``: the model, the transform or backend ...), then the finding's input, first
+    difference, first node and words, and a command that reproduces it.
+
+    >>> print(failure_message("lint", [("model", "m"), ("transform", "my:pass")], Finding("bad", node="%x")))
+    fxverify lint check failed
+      model:      m
+      transform:  my:pass
+      first node: %x
+      finding:    bad
+    """
+    lines = [f"fxverify {check} check failed", *_labelled(header)]
+    lines += _labelled([("input", finding.input), ("first diff", finding.where), ("first node", finding.node),
+                        ("finding", finding.what), ("reproduce", reproduce)])
+    return "\n".join(lines)
+
+
+def error_message(check: str, header: Sequence[tuple[str, str]], exc: BaseException, *, about: str,
+                  doing: str = "") -> tuple[str, str]:
+    """``(message, error)`` of a check fxverify itself could not complete (an ERROR, no verdict on ``about``:
+    the transform, the backend ...): the subject's ``header`` lines, what raised, and the traceback."""
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    error = (f"{doing or f'running the {check} check'} raised {exception_summary(exc)} inside fxverify; this "
+             f"says nothing about {about}. Please report it to fxverify's maintainers, with this message")
+    lines = [f"fxverify error in the {check} check (not a finding about {about})", *_labelled(header),
+             *_labelled([("error", error)]), tb.rstrip()]
+    return "\n".join(lines), error
+
+
+def _labelled(lines: Sequence[tuple[str, str | None]]) -> list[str]:
+    """``  label:      text`` for each line with a text, continuation lines indented under the text."""
+    return [f"  {label + ':':<12}" + textwrap.indent(text, " " * 14).lstrip() for label, text in lines if text]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,9 +4,9 @@ Registered through the ``pytest11`` entry point. It imports neither torch nor
 the checks unless ``--fxverify`` (or the ``fxverify`` ini option) is given or a
 test uses ``fx_model``: the imports of the modules that do the work
 (:mod:`~fxverify.plugin.items`, :mod:`~fxverify.plugin.ledger`,
-:mod:`~fxverify.plugin.reports`, :mod:`~fxverify.plugin.random_graphs`, :mod:`~fxverify.plugin.compile_items`,
-:mod:`~fxverify.plugin.xdist`) sit inside the hooks that need them, to keep
-pytest's start-up free of torch; none of them imports this module.
+:mod:`~fxverify.plugin.reports`, :mod:`~fxverify.plugin.random_graphs`, :mod:`~fxverify.plugin.xdist`)
+sit inside the hooks that need them, to keep pytest's start-up free of torch; none of them imports this
+module.
 """
 
 from __future__ import annotations
@@ -74,16 +74,13 @@ def pytest_configure(config: pytest.Config) -> None:
     if not specs and not in_use:
         return
     options = RunOptions.from_config(config)
-    if specs:
-        add_compile_passes(config, options, specs)
-    if not in_use:
-        return
     # the work is done by modules that import torch: only now that fxverify is in use
     from fxverify.cases.case import ModelCase
     from fxverify.core.transform import Transform
     from fxverify.errors import FxVerifyError
     from fxverify.plugin.items import FxVerifyRun
     from fxverify.plugin.ledger import Ledger
+    from fxverify.plugin.nodeids import model_label
     from fxverify.plugin.order import CACHE_KEY, History, HistoryKeeper
     from fxverify.plugin.reports import ReportWriter, run_header
 
@@ -91,12 +88,12 @@ def pytest_configure(config: pytest.Config) -> None:
         transforms = [Transform.load(spec) for spec in options.transforms]
     except FxVerifyError as exc:
         raise pytest.UsageError(f"fxverify: {exc}") from None
-    entries = selected_entries(options)
-    from fxverify.plugin.nodeids import model_label
-
+    entries = selected_entries(options) if in_use or "backend" in specs else []
+    passes = compile_subjects(config, options, specs, [ModelCase(e) for e in entries])
     ledger = Ledger(transforms, options.checks, keep_records=bool(options.reports),
-                    models=tuple(model_label(e.name, capture) for e in entries for capture in options.captures))
-    if options.random_graphs:
+                    models=tuple(model_label(e.name, capture) for e in entries for capture in options.captures),
+                    passes=tuple(f"{option}:{spec}" for option, spec in passes))
+    if options.random_graphs and in_use:
         graphs = add_random_graphs(config, options)
         entries += graphs.entries
         ledger.random_graphs = graphs.models  # their names, and labels under the captures (random_graph_7@export)
@@ -108,8 +105,8 @@ def pytest_configure(config: pytest.Config) -> None:
         if cache is not None:
             config.pluginmanager.register(HistoryKeeper(ledger, cache, history), "fxverify-history")
     references = _reference_store(cache) if cache is not None and options.reference_cache else None
-    config.pluginmanager.register(FxVerifyRun(transforms, [ModelCase(e) for e in entries], options, history,
-                                              references), "fxverify-run")
+    cases = [ModelCase(e) for e in entries] if in_use else []
+    config.pluginmanager.register(FxVerifyRun(transforms, cases, options, history, references, passes), "fxverify-run")
     config.pluginmanager.register(ledger, "fxverify-ledger")
     if options.reports and not hasattr(config, "workerinput"):  # the controller writes them
         config.pluginmanager.register(ReportWriter(ledger, options.reports, run_header(options, ledger)),
@@ -134,18 +131,32 @@ def _reference_store(cache: Any) -> Any:
         return None
 
 
-def add_compile_passes(config: pytest.Config, options: RunOptions, specs: dict[str, tuple[str, ...]]) -> None:
-    """The items of ``--fxverify-patterns``, ``--fxverify-backend`` and ``--fxverify-graph-cache``: passes that run
-    inside torch.compile (backends over the models ``--fxverify-corpus`` selects, the graph cache's passes over
-    ``--fxverify-graph-cache-model``)."""
-    from fxverify.cases.case import ModelCase
-    from fxverify.plugin.compile_items import CompileRun, check_specs
+def compile_subjects(config: pytest.Config, options: RunOptions, specs: dict[str, tuple[str, ...]],
+                     cases: list[Any]) -> dict[tuple[str, str], list[tuple[str, Any]]]:
+    """The subjects of ``--fxverify-patterns``, ``--fxverify-backend`` and ``--fxverify-graph-cache``: passes that run
+    inside torch.compile (backends over the models ``--fxverify-corpus`` selects, ``cases``; the graph cache's passes
+    over ``--fxverify-graph-cache-model``), by ``(option, spec)``; a spec or model that does not load, or a
+    ``--fxverify-checks`` leaving none of a given kind's checks, is a usage error before anything runs."""
+    from fxverify import checks
+    from fxverify.errors import FxVerifyError
+    from fxverify.plugin.items import pass_subjects
 
+    for option in specs:
+        taken = checks.kind(option)
+        if not options.checks_of(taken.name):
+            raise usage("fxverify_checks", f"leaves out every check of --fxverify-{option} "
+                        f"({', '.join(checks.names(taken.name))}): add one, or drop --fxverify-{option}")
     model = graph_cache_model(config)
-    check_specs(specs, model)
-    cases = [ModelCase(e) for e in selected_entries(options)] if "backend" in specs else []
-    config.pluginmanager.register(CompileRun(specs, cases, options.timeout, backend_dtype(config), model),
-                                  "fxverify-compile")
+    if model is not None:
+        from fxverify.compile.graph_cache import load_model
+
+        try:
+            load_model(model)
+        except FxVerifyError as exc:
+            raise usage("fxverify_graph_cache_model", f"does not load: {exc}") from None
+    given = checks.Given(cases=tuple(cases), timeout=options.timeout, repro_dir=options.repro_dir,
+                         dtype=backend_dtype(config), graph_cache_model=model)
+    return pass_subjects(specs, given)
 
 
 def add_random_graphs(config: pytest.Config, options: RunOptions) -> Any:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from fxverify import checks
 from fxverify.analysis.golden import format_updates
 from fxverify.analysis.op_variants import OP_COUNTS
 from fxverify.cases.catalogue import split_label
@@ -60,6 +61,7 @@ class Ledger:
     summed: dict[str, dict[str, dict[str, Any]]] = dataclasses.field(default_factory=lambda: defaultdict(dict))
     seconds: dict[str, dict[str, float]] = dataclasses.field(default_factory=lambda: defaultdict(lambda: defaultdict(float)))
     models: tuple[str, ...] = ()  # the selected models in catalogue order: the summary's row order
+    passes: tuple[str, ...] = ()  # the specs of passes inside torch.compile, as their items' node ids begin
     observers: list[Observer] = dataclasses.field(default_factory=list)
     written: list[Path] = dataclasses.field(default_factory=list)
 
@@ -129,6 +131,13 @@ class Ledger:
             if variants:
                 terminalreporter.write_line(variants, yellow=True, bold=True)
             terminalreporter.write_line("")
+        for spec in self.passes:
+            outcomes = self.outcomes.get(spec)
+            if outcomes:
+                option, _, given = spec.partition(":")
+                taken = [check for check in self.checks if checks.spec(check).subject == checks.kind(option).name]
+                cells = {key: outcome.short for key, outcome in outcomes.items()}
+                terminalreporter.write_line(format_table(given, "", cells, taken, None, kind=option) + "\n")
         if self.golden_updates:
             terminalreporter.write_line(format_updates(self.golden_updates, terminalreporter.config.rootpath))
         for path in self.written:

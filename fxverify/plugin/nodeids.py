@@ -1,11 +1,14 @@
-"""What an fxverify item's node id holds: ``<transform spec>::fxverify[<model>-<check>]``, made
-and read here only. Under a capture other than the default, the model is labelled with it,
-``resnet18@export``: the summary, the run history and xdist's scheduling keep one row, one timing
-and one worker per model and capture.
+"""What an fxverify item's node id holds: ``<spec>::fxverify[<subject>-<check>]``, made and read here only.
+The spec is a transform's, or ``<option>:<spec>`` for passes inside torch.compile (``backend:my.mod:fn``); the
+subject a model, a pattern or the pass set. Under a capture other than the default, the model is labelled with
+it, ``resnet18@export``: the summary, the run history and xdist's scheduling keep one row, one timing and one
+worker per subject (a model under a capture).
 
 >>> nodeid = f"my.mod:fn::{item_name(model_label('resnet18', 'export'), 'numerics')}"
 >>> parse_nodeid(nodeid)
 ('my.mod:fn', 'resnet18@export', 'numerics')
+>>> parse_nodeid("backend:my.mod:fn::fxverify[edge-conv-backend-outputs]")
+('backend:my.mod:fn', 'edge-conv', 'backend-outputs')
 >>> parse_nodeid("tests/test_x.py::test_y[resnet18]") is None
 True
 """
@@ -13,6 +16,7 @@ True
 from __future__ import annotations
 
 from fxverify.cases.catalogue import model_label
+from fxverify.checks import names
 
 __all__ = ["item_name", "model_label", "parse_nodeid"]
 
@@ -30,5 +34,10 @@ def parse_nodeid(nodeid: str) -> tuple[str, str, str] | None:
     spec, sep, name = nodeid.rpartition("::")
     if not sep or not name.startswith(ITEM_PREFIX) or not name.endswith(ITEM_SUFFIX):
         return None
-    model, _, check = name[len(ITEM_PREFIX):-len(ITEM_SUFFIX)].rpartition("-")
-    return spec, model, check
+    inner = name[len(ITEM_PREFIX):-len(ITEM_SUFFIX)]
+    # a check's name may hold hyphens (backend-outputs): the longest registered one the name ends with
+    check = max((c for c in names(None) if inner.endswith(f"-{c}")), key=len, default=None)
+    if check is None:
+        model, _, check = inner.rpartition("-")
+        return spec, model, check
+    return spec, inner[: -len(check) - 1], check

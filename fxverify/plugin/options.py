@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import pytest
 
-from fxverify.checks import NAMES, names, option_keys, owner_of
+from fxverify.checks import names, option_keys, owner_of, spec
 from fxverify.core.captures import DEFAULT_CAPTURE, capture_names, summaries
 
 TEXT, LINES, PATH, FLAG, SWITCH, REPORT = "text", "lines", "path", "flag", "switch", "report"
@@ -76,7 +76,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("fxverify_capture", "CAPTURES", DEFAULT_CAPTURE, "how the models become the graphs the transform takes, "
            f"comma-separated: {'; '.join(f'{name}: {summary}' for name, summary in summaries().items())}. Items of "
            "another capture than the first are named model@capture, and the capture's name is a -k keyword"),
-    Option("fxverify_checks", "CHECKS", "", f"comma-separated subset of checks: {','.join(NAMES)}",
+    Option("fxverify_checks", "CHECKS", "", f"comma-separated subset of checks: {','.join(names(None))}",
            shown_default="all"),
     Option("fxverify_order", "ORDER", FAST_ORDER, "the order the items run in: 'fast' (what failed last time first, "
            "then the edge-case and layer-variant modules, then the other models, cheapest first, as the last run "
@@ -183,14 +183,19 @@ class RunOptions:
     repro_dir: Path | None
     reports: dict[str, Path]  # the report files asked for, by format (fxverify.reports.FORMATS)
 
+    def checks_of(self, subject: str) -> tuple[str, ...]:
+        """The checks of the run that take ``subject`` (a kind of :data:`fxverify.checks.KINDS`), in their order."""
+        return tuple(check for check in self.checks if spec(check).subject == subject)
+
     @classmethod
     def from_config(cls, config: pytest.Config) -> RunOptions:
         """The options of ``config``; :class:`pytest.UsageError` naming the option for a bad value."""
         transforms = tuple(dict.fromkeys(s.strip() for s in raw(config, "fxverify") if s.strip()))
-        chosen = tuple(c.strip() for c in (raw(config, "fxverify_checks") or "").split(",") if c.strip()) or names()
-        unknown = [c for c in chosen if c not in names()]
+        every = names(None)
+        chosen = tuple(c.strip() for c in (raw(config, "fxverify_checks") or "").split(",") if c.strip()) or every
+        unknown = [c for c in chosen if c not in every]
         if unknown:
-            raise usage("fxverify_checks", f"names unknown checks {unknown}; known: {', '.join(names())}")
+            raise usage("fxverify_checks", f"names unknown checks {unknown}; known: {', '.join(every)}")
         captures = tuple(dict.fromkeys(c.strip() for c in (raw(config, "fxverify_capture") or "").split(",")
                                        if c.strip())) or (DEFAULT_CAPTURE,)
         unknown = [c for c in captures if c not in capture_names()]

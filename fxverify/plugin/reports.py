@@ -40,7 +40,9 @@ def run_header(options: RunOptions, ledger: Ledger) -> dict[str, Any]:
     models (labels, in catalogue order) of the whole selection and of this run, which
     :mod:`fxverify.reports.merge` needs to merge the shards' reports as one run."""
     whole = catalogue.select(options.corpus, exclude=options.exclude, tags=options.tags)
-    return {"checks": list(ledger.checks), "contracts": {t.spec: t.contract.describe() for t in ledger.transforms},
+    passes = dict(reversed(spec.split(":", 1)) for spec in ledger.passes)  # a compile spec -> its option
+    return {"checks": list(ledger.checks),
+            "contracts": {**{t.spec: t.contract.describe() for t in ledger.transforms}, **passes},
             "shard": options.shard or None, "selection": [model_label(e.name, c) for e in whole for c in options.captures],
             "models": list(ledger.models)}
 

@@ -52,16 +52,28 @@ def format_table(
     contract: str,
     outcomes: Mapping[tuple[str, str], str],
     checks: Sequence[str],
-    changes: Mapping[str, Sequence[str] | None],
+    changes: Mapping[str, Sequence[str] | None] | None,
+    *,
+    kind: str = "transform",
 ) -> str:
-    """One transform's block: a row per model, a column per check, and what it changed."""
+    """One transform's block: a row per model, a column per check, and what it changed. A block of passes inside
+    torch.compile (``kind`` the option naming them: ``backend``) has a row per subject, no contract where
+    ``contract`` is empty and no ``changed`` column where ``changes`` is None.
+
+    >>> print(format_table("my:backend", "", {("m", "backend-outputs"): "FAIL"}, ["backend-outputs"], None,
+    ...                    kind="backend"))
+    backend my:backend
+    subject  backend-outputs
+    m        FAIL
+    """
     models = list(dict.fromkeys(model for model, _ in outcomes))
-    header = ["model", *checks, "changed"]
+    header = ["model" if kind == "transform" else "subject", *checks, *(["changed"] if changes is not None else [])]
     rows = [header]
     for model in models:
-        rows.append([model, *(outcomes.get((model, c), "-") for c in checks), changed_cell(changes.get(model))])
+        changed = [] if changes is None else [changed_cell(changes.get(model))]
+        rows.append([model, *(outcomes.get((model, c), "-") for c in checks), *changed])
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = [f"transform {transform}  [contract {contract}]"]
+    lines = [f"{kind} {transform}" + (f"  [contract {contract}]" if contract else "")]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     return "\n".join(lines)
 
