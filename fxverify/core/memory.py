@@ -5,13 +5,13 @@ garbage. Two things keep that memory from the operating system: GraphModules hol
 cycles (only the cycle collector frees them), and glibc's malloc keeps freed heap pages for later
 allocations. Parameter tensors of a few MiB fall under its adaptive mmap threshold, so a worker
 that once held ViT-B/32 in float64 stays at several GiB through every later model unless the
-heap is trimmed (measured: 5.4 GiB after vit_b_32, 0.7 GiB with ``malloc_trim``).
+heap is trimmed (``malloc_trim``; the figures are in docs/performance.md, "Memory").
 
 Within a model, the fresh traces a check makes and drops are garbage in cycles too, alive until
 Python's cycle collector runs, so the checks that make whole copies of a large model collect
 (:meth:`fxverify.engine.subject.Subject.collect_garbage`). A collection examines every tracked
-object, torch's and timm's included (0.12-0.36 s here); after :func:`release_memory` has frozen
-the survivors (``gc.freeze``) it examines only what was made since (2-50 ms).
+object, torch's and timm's included; after :func:`release_memory` has frozen the survivors
+(``gc.freeze``) it examines only what was made since, a fraction of the time.
 
 >>> release_memory() in (True, False)
 True
