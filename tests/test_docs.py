@@ -11,7 +11,7 @@ import pytest
 
 import fxverify.strategies as fxs
 from fxverify.cases.catalogue import select
-from fxverify.checks import NAMES, not_applicable
+from fxverify.checks import MODEL, NAMES, REGISTRY, names, not_applicable
 from fxverify.core import captures
 from fxverify.plugin.options import FLAG, OPTIONS
 
@@ -41,6 +41,13 @@ def test_each_check_table_lists_every_registered_check_in_order(name, heading):
     assert [row[0] for row in table(page(name), heading)] == [f"`{check}`" for check in NAMES]
 
 
+def test_the_checks_page_lists_every_check_of_the_other_subjects_in_order():
+    """docs/checks.md's second table holds the checks that take a pattern, a backend or a pass set, as registered."""
+    others = [spec.name for spec in REGISTRY if spec.subject != MODEL]
+    assert [row[0] for row in table(page("docs/checks.md"), "## Checks inside torch.compile")] == \
+        [f"`{check}`" for check in others]
+
+
 def test_the_options_page_lists_every_option_as_the_table_declares_it():
     """docs/options.md is kept in step with OPTIONS: flag, ini name and default of each option, in order."""
     rows = table(page("docs/options.md"), "# Options")
@@ -54,7 +61,7 @@ def test_the_options_page_lists_every_option_as_the_table_declares_it():
 
 def test_the_checks_option_lists_every_registered_check():
     (row,) = [row for row in table(page("docs/options.md"), "# Options") if row[0] == "`--fxverify-checks CHECKS`"]
-    assert re.findall(r"`([a-z_,]+)`", row[3]) == [",".join(NAMES)]
+    assert re.findall(r"`([a-z_,-]+)`", row[3])[0] == ",".join(names(None))
 
 
 def test_the_readme_quotes_the_catalogue_as_it_is_and_fits_its_limit():
