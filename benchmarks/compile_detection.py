@@ -29,7 +29,6 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.detection import ROW, Outcome, print_row, print_totals, run_items  # noqa: E402
 
 KINDS = ("patterns", "graph-cache", "backend", "inductor", "pre-grad")
-CHECK_FAMILIES = ("patterns-", "graph-cache-", "backend-")  # the prefixes of the compile checks' names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,19 +92,6 @@ PASSES = (
 )
 
 
-def compile_item(nodeid: str) -> tuple[str, str] | None:
-    """``(check, subject)`` of a failed item: a compile item's ``<kind>:<spec>::compile[<subject>-<check>]``, or an
-    fxverify item's."""
-    from benchmarks.detection import fxverify_item
-
-    _, _, name = nodeid.rpartition("::")
-    if name.startswith("compile[") and name.endswith("]"):
-        inside = name[len("compile["):-1]
-        cut = min((inside.find("-" + family) for family in CHECK_FAMILIES if "-" + family in inside), default=-1)
-        return None if cut < 0 else (inside[cut + 1:], inside[:cut])
-    return fxverify_item(nodeid)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", default="smoke,edge", help="the models backends and graph passes run over")
@@ -126,8 +112,7 @@ def main() -> None:
     outcomes: list[Outcome] = []
     for chosen_pass in chosen:
         outcome = run_items(chosen_pass.spec.rpartition(":")[2], "bug" if chosen_pass.bug else "correct",
-                            chosen_pass.expected, chosen_pass.args(args.corpus), args.workers, chosen_pass.kind,
-                            item=compile_item)
+                            chosen_pass.expected, chosen_pass.args(args.corpus), args.workers, chosen_pass.kind)
         print_row(outcome)
         outcomes.append(outcome)
     print_totals(outcomes)
