@@ -117,6 +117,17 @@ def test_merging_two_shards_gives_the_records_and_summary_of_the_whole_selection
     assert "WARNING: my:pass changed the graph or parameters of none of the 3 models" in table
 
 
+def test_a_merged_summary_gives_a_backends_items_their_own_block():
+    reports = _two_shards()
+    for path, report in reports.items():
+        report["header"]["run"]["checks"] = ["lint", "backend-outputs"]
+        report["header"]["run"]["contracts"]["my:backend"] = "backend"
+        report["records"] += [{"transform": "my:backend", "model": "b", "check": "backend-outputs",
+                               "outcome": "failed", "changed": None}] if path == "s2.json" else []
+    blocks = summary(merge_reports(reports)).split("\n\n")
+    assert blocks[1].splitlines() == ["backend my:backend", "subject  backend-outputs", "b        FAIL"]
+
+
 def _altered(path: str, change) -> dict[str, dict[str, Any]]:
     reports = copy.deepcopy(_two_shards())
     change(reports[path])

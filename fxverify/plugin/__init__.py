@@ -1,7 +1,8 @@
 """The pytest plugin: options, the ``fx_model`` fixture, and wiring to the core.
 
 Registered through the ``pytest11`` entry point. It imports neither torch nor
-the checks unless ``--fxverify`` (or the ``fxverify`` ini option) is given or a
+the checks unless ``--fxverify`` (or the ``fxverify`` ini option) or an option giving passes inside
+torch.compile (``--fxverify-patterns``, ``--fxverify-backend``, ``--fxverify-graph-cache``) is given, or a
 test uses ``fx_model``: the imports of the modules that do the work
 (:mod:`~fxverify.plugin.items`, :mod:`~fxverify.plugin.ledger`,
 :mod:`~fxverify.plugin.reports`, :mod:`~fxverify.plugin.random_graphs`, :mod:`~fxverify.plugin.xdist`)

@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from fxverify import checks
 from fxverify.cases.catalogue import parse_shard
 from fxverify.core.results import ERROR, FAILED, Outcome
 from fxverify.errors import CorpusError
@@ -42,6 +43,7 @@ from fxverify.reports.summary import format_table, merged_changes, rewrite_warni
 
 Report = Mapping[str, Any]
 SHOWN = 5  # models named in an error
+PASS_OPTIONS = tuple(k.option for k in checks.KINDS if k.name != checks.MODEL)  # a compile spec's "contract"
 
 
 def merge_reports(reports: Mapping[str, Report]) -> dict[str, Any]:
@@ -80,6 +82,10 @@ def summary(report: Report) -> str:
         changes: dict[str, list[str] | None] = {}
         for r in records:
             changes[r["model"]] = merged_changes(changes.get(r["model"]), r.get("changed"))
+        if contract in PASS_OPTIONS:  # passes inside torch.compile: their kind's checks, nothing "changed"
+            taken = [check for check in run["checks"] if checks.spec(check).subject == checks.kind(contract).name]
+            blocks.append(format_table(spec, "", cells, taken, None, kind=contract))
+            continue
         warning = rewrite_warning(spec, changes, random_graphs)
         blocks.append(format_table(spec, contract, cells, run["checks"], changes) + (f"\n{warning}" if warning else ""))
     return "\n\n".join(blocks)
