@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from fxverify.checks import NAMES as _CHECK_NAMES  # the registry imports neither torch nor any check
+from fxverify.checks import names as _check_names  # the registry imports neither torch nor any check
 
 # public name -> the module that defines it
 _EXPORTS: dict[str, str] = {
@@ -49,7 +49,7 @@ _EXPORTS: dict[str, str] = {
     "TransformFailed": "fxverify.errors",
     "CorpusError": "fxverify.errors",
     "CheckFailed": "fxverify.errors",
-    **{f"{kind}_{name}": "fxverify.api" for name in _CHECK_NAMES for kind in ("check", "assert")},
+    **{f"{kind}_{name.replace('-', '_')}": "fxverify.api" for name in _check_names(None) for kind in ("check", "assert")},
 }
 # public submodule -> the module it is (the golden-file store lives in the analysis layer)
 _SUBMODULES = {"examples": "fxverify.examples", "strategies": "fxverify.strategies", "reports": "fxverify.reports",

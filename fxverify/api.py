@@ -28,6 +28,7 @@ from fxverify.core.results import CheckResult
 from fxverify.core.transform import Transform, as_transform
 from fxverify.diagnose.minimise import DEFAULT_BUDGET, Minimised, minimise_failure
 from fxverify.diagnose.repro import ReproOnFailure
+from fxverify.engine.judging import judge
 from fxverify.engine.references import ReferenceStore
 from fxverify.engine.subject import DEFAULT_TIMEOUT, Settings, Subject
 from fxverify.errors import CheckFailed
@@ -149,8 +150,40 @@ def _pair(name: str) -> tuple[Callable[..., CheckResult], Callable[..., CheckRes
     return check_fn, assert_fn
 
 
-for _name in registry.NAMES:  # check_lint, assert_lint, ...: one pair per registered check
-    globals()[f"check_{_name}"], globals()[f"assert_{_name}"] = _pair(_name)
+def _subject_pair(name: str) -> tuple[Callable[..., CheckResult], Callable[..., CheckResult]]:
+    """The pair of a check taking another subject than a model: ``check_backend_outputs(backend, case)``,
+    ``check_patterns_sound(patterns, name)``, ``check_graph_cache_stale(passes, model)``; keyword options go to
+    the subject (:data:`fxverify.checks.KINDS` ``one``: ``timeout=``, ``dtype=``, ``hook=``, ``budget_s=`` ...)."""
+    entry = registry.spec(name)
+    taken = registry.kind(entry.subject)
+    python = name.replace("-", "_")
 
-__all__ = ["verify", "assert_transform_ok", "CheckFailed",
-           *(f"{kind}_{name}" for name in registry.NAMES for kind in ("check", "assert"))]
+    def check_fn(under_test: Any, subject: Any = None, **options: Any) -> CheckResult:
+        return judge(name, registry.get(name), registry.one_subject(taken.name)(under_test, subject, **options))
+
+    def assert_fn(under_test: Any, subject: Any = None, **options: Any) -> CheckResult:
+        __tracebackhide__ = True
+        return check_fn(under_test, subject, **options).raise_for_failure()
+
+    check_fn.__name__ = check_fn.__qualname__ = f"check_{python}"
+    assert_fn.__name__ = assert_fn.__qualname__ = f"assert_{python}"
+    check_fn.__doc__ = (f"Run the {name} check on one {taken.name} (what --fxverify-{taken.option} runs): "
+                        f"{entry.summary}.\n\nReturns a CheckResult, as every check_<name> does.\n")
+    assert_fn.__doc__ = f"Run the {name} check and raise CheckFailed with the finding when it fails.\n"
+    return check_fn, assert_fn
+
+
+def pair_names(name: str) -> tuple[str, str]:
+    """The public ``check_`` and ``assert_`` names of check ``name`` (hyphens made underscores).
+
+    >>> pair_names("backend-outputs")
+    ('check_backend_outputs', 'assert_backend_outputs')
+    """
+    return f"check_{name.replace('-', '_')}", f"assert_{name.replace('-', '_')}"
+
+
+for _name in registry.names(None):  # check_lint, assert_lint, check_backend_outputs ...: one pair per registered check
+    globals()[pair_names(_name)[0]], globals()[pair_names(_name)[1]] = (
+        _pair(_name) if registry.spec(_name).subject == registry.MODEL else _subject_pair(_name))
+
+__all__ = ["verify", "assert_transform_ok", "CheckFailed", *(n for name in registry.names(None) for n in pair_names(name))]

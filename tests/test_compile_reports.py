@@ -102,3 +102,19 @@ def test_a_new_compile_check_is_one_row_and_its_function_and_its_own_error_is_an
     result.assert_outcomes(passed=1, failed=1, errors=2)
     result.stdout.fnmatch_lines(["*fxverify error in the patterns-broken check (not a finding about the pattern)*"])
     result.stdout.fnmatch_lines(["*fxverify patterns-one-input check failed*", "*2 inputs, not one*"])
+
+
+def test_every_check_has_its_pair_and_the_compile_ones_take_their_subject():
+    import fxverify
+    from fxverify.errors import CheckFailed, TransformLoadError
+
+    assert all(hasattr(fxverify, f"{kind}_{name.replace('-', '_')}") for name in checks.names(None)
+               for kind in ("check", "assert"))
+    complete = fxverify.check_patterns_complete("tests.compile_patterns:silu_one_order")
+    assert complete.outcome is FAILED and complete.check == "patterns-complete" and complete.model == "lambda"
+    with pytest.raises(CheckFailed, match="promises rewrites_spellings=operand_orders"):
+        fxverify.assert_patterns_complete("tests.compile_patterns:silu_one_order")
+    with pytest.raises(TransformLoadError, match="register leaky_relu, leaky_relu_2: name one of them"):
+        fxverify.check_patterns_sound("tests.compile_patterns:leaky_relu_slope_dropped")
+    sound = fxverify.check_patterns_sound("tests.compile_patterns:leaky_relu_slope_dropped", "leaky_relu", budget_s=5)
+    assert sound.outcome is PASSED and sound.details["judged"] > 0

@@ -78,13 +78,15 @@ class SubjectKind:
     name: str
     option: str
     subjects: str = ""
+    one: str = ""  # "module:function": ``one(under_test, subject=None, **options)`` makes one subject (see fxverify.api)
 
 
 KINDS: tuple[SubjectKind, ...] = (
     SubjectKind(MODEL, "fxverify"),
-    SubjectKind(PATTERN, "patterns", "fxverify.compile.patterns:pattern_subjects"),
-    SubjectKind(BACKEND, "backend", "fxverify.compile.backend:backend_subjects"),
-    SubjectKind(PASS_SET, "graph-cache", "fxverify.compile.graph_cache:pass_set_subjects"),
+    SubjectKind(PATTERN, "patterns", "fxverify.compile.patterns:pattern_subjects", "fxverify.compile.patterns:fuzzer_of"),
+    SubjectKind(BACKEND, "backend", "fxverify.compile.backend:backend_subjects", "fxverify.compile.backend:trial_of"),
+    SubjectKind(PASS_SET, "graph-cache", "fxverify.compile.graph_cache:pass_set_subjects",
+                "fxverify.compile.graph_cache:pass_set"),
 )
 
 
@@ -111,6 +113,12 @@ class Given:
     repro_dir: Any = None
     dtype: str = "float32"
     graph_cache_model: str | None = None
+
+
+def one_subject(kind_name: str) -> Callable[..., Any]:
+    """The function making one subject of kind ``kind_name`` from what is under test (imported now, with torch)."""
+    module, _, function = kind(kind_name).one.partition(":")
+    return getattr(importlib.import_module(module), function)
 
 
 def subjects_of(option: str) -> Callable[..., Any]:

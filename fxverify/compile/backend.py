@@ -255,9 +255,16 @@ def check_backend(backend: Backend | str, case: ModelCase | str, *, aspects: Seq
     unknown = [name for name in aspects or () if name not in known]
     if unknown:
         raise TransformLoadError(f"unknown backend aspect(s) {unknown}; the aspects are {', '.join(known)}")
-    fn, name = resolve_backend(backend)
-    trial = Trial(fn, name, load_case(case) if isinstance(case, str) else case, dtype, timeout)
+    trial = trial_of(backend, case, dtype=dtype, timeout=timeout)
     return [judge(aspect, checks.get(aspect), trial) for aspect in known if aspects is None or aspect in aspects]
+
+
+def trial_of(backend: Backend | str, case: ModelCase | str, *, dtype: torch.dtype = torch.float32,
+             timeout: float | None = DEFAULT_TIMEOUT) -> Trial:
+    """The :class:`Trial` of ``backend`` (a callable or a spec) on corpus model ``case``: the subject of the backend
+    checks, whose runs they share."""
+    fn, name = resolve_backend(backend)
+    return Trial(fn, name, load_case(case) if isinstance(case, str) else case, dtype, timeout)
 
 
 def backend_subjects(spec: str, given: checks.Given) -> list[tuple[str, Callable[[], Trial]]]:
@@ -929,4 +936,4 @@ def _name_of(backend: Any) -> str:
 
 
 __all__ = ["DTYPE_SEQUENCE", "BackendCall", "Call", "Recorder", "Replay", "Run", "Trial", "backend_subjects",
-           "check_backend", "dtype_name", "first_changed_node", "node_lines", "resolve_backend", "undecorated"]
+           "check_backend", "dtype_name", "first_changed_node", "node_lines", "resolve_backend", "trial_of", "undecorated"]

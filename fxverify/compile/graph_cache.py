@@ -96,7 +96,7 @@ def check_graph_cache(passes: Sequence[CustomGraphPass] | str, *, hook: str = "p
     graph-cache-stale failed
     graph-cache-bypass passed
     """
-    subject = pass_set(passes, hook, model, inputs, timeout)
+    subject = pass_set(passes, model, hook=hook, inputs=inputs, timeout=timeout)
     return [judge(name, checks.get(name), subject) for name in checks.names(checks.PASS_SET)]
 
 
@@ -319,9 +319,15 @@ class PassSet:
         return _compile_all(self)
 
 
-def pass_set(passes: Sequence[CustomGraphPass] | str, hook: str, model: Callable[..., Any] | str | None,
-             inputs: Sequence[Any] | None, timeout: float | None) -> PassSet:
-    """The :class:`PassSet` of ``passes`` (instances, or a spec naming them) at ``hook`` compiling ``model``."""
+def pass_set(passes: Sequence[CustomGraphPass] | str, model: Callable[..., Any] | str | None = None, *,
+             hook: str = "post_grad_custom_post_pass", inputs: Sequence[Any] | None = None,
+             timeout: float | None = DEFAULT_TIMEOUT) -> PassSet:
+    """The :class:`PassSet` of ``passes`` (instances, or a spec naming them) at ``hook`` compiling ``model`` (see
+    :func:`check_graph_cache`): the subject of the graph-cache checks.
+
+    >>> pass_set("tests.compile_cache_passes:keyed_matmuls", "tests.compile_cache_passes:mlp").header()[0]
+    ('model', 'tests.compile_cache_passes:mlp')
+    """
     if hook not in HOOKS:
         raise FxVerifyError(f"hook={hook!r} is not a custom graph pass hook of torch._inductor.config; one of {HOOKS}")
     found = load_passes(passes) if isinstance(passes, str) else _passes(passes, None)

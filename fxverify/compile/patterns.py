@@ -80,6 +80,7 @@ from fxverify.core.contracts import SPELLING_FAMILIES
 from fxverify.core.results import NOTE, CheckResult, Finding, exception_summary
 from fxverify.core.transform import load_object
 from fxverify.engine import judging
+from fxverify.errors import TransformLoadError
 
 SOUND, COMPLETE = "patterns-sound", "patterns-complete"  # its checks (the registry's)
 SWEEP_LIMIT = 600  # targeted variants per pattern, before Hypothesis draws combinations
@@ -430,6 +431,32 @@ def check_patterns(patterns: Any, *, max_examples: int = 100, budget_s: float = 
             for result in check_pattern(pattern, spec, max_examples=max_examples, budget_s=budget_s,
                                         complete=complete, repro_dir=repro_dir if isinstance(patterns, str) else None,
                                         database=database, checks=checks)]
+
+
+def fuzzer_of(patterns: Any, name: str | None = None, *, max_examples: int = 100, budget_s: float = 60.0,
+              complete: bool | Promise | None = None, repro_dir: str | os.PathLike[str] | None = None,
+              database: ExampleDatabase | None = None) -> Fuzzer:
+    """The :class:`Fuzzer` of pattern ``name`` of ``patterns`` (as :func:`check_patterns` takes them; ``name`` may be
+    left out where they register one pattern): the subject of the pattern checks.
+
+    >>> from torch._inductor.pattern_matcher import fwd_only, register_replacement
+    >>> def double(pass_dict):
+    ...     register_replacement(lambda x: x + x, lambda x: x * 2, [torch.randn(4, 3)], fwd_only, pass_dict)
+    >>> fuzzer_of(double).header()
+    [('pattern', 'lambda'), ('patterns', 'double')]
+    """
+    spec = patterns if isinstance(patterns, str) else getattr(patterns, "__qualname__", type(patterns).__name__)
+    source = load_object(patterns, "patterns") if isinstance(patterns, str) else patterns
+    found = {pattern.name: pattern for pattern in pattern_examples(source, spec)}
+    if name is None and len(found) == 1:
+        name = next(iter(found))
+    if name not in found:
+        raise TransformLoadError(f"patterns {spec} register {', '.join(found)}: name one of them"
+                                 + (f" (not {name!r})" if name is not None else ""))
+    complete = promises_every_spelling(source, spec) if complete is None else complete
+    promise = complete if isinstance(complete, Promise) else Promise.every() if complete else Promise()
+    return Fuzzer(found[name], promise, spec=spec, max_examples=max_examples, budget_s=budget_s,
+                  repro_dir=repro_dir if isinstance(patterns, str) else None, database=database)
 
 
 def pattern_subjects(spec: str, given: registry.Given) -> list[tuple[str, Callable[[], Fuzzer]]]:
