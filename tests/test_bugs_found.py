@@ -603,6 +603,28 @@ def test_the_x86_quantizers_default_config_overflows_the_int8_gemm_of_a_cpu_with
     assert compiled_off_reduced < 1e-5, errors
 
 
+def test_the_x86_quantizer_refuses_a_conv_applied_at_two_call_sites():
+    torchao()
+    import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as x86
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
+
+    class Twice(nn.Module):
+        def __init__(self, layer: nn.Module) -> None:
+            super().__init__()
+            self.layer = layer
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.cat([self.layer(x), self.layer(x + 1)])
+
+    def prepared(layer: nn.Module, x: torch.Tensor) -> torch.fx.GraphModule:
+        quantizer = x86.X86InductorQuantizer().set_global(x86.get_default_x86_inductor_quantization_config())
+        return prepare_pt2e(torch.export.export(Twice(layer).eval(), (x,)).module(), quantizer)
+
+    prepared(nn.Linear(8, 4), torch.randn(2, 8))  # a Linear at two call sites quantizes (ao#4480)
+    with pytest.raises(ValueError, match="conv partition has more than one output node"):
+        prepared(nn.Conv2d(3, 4, 3), torch.randn(1, 3, 8, 8))
+
+
 # -- OpenVINO's torch.compile backend -------------------------------------------------------------------------
 
 
