@@ -603,7 +603,7 @@ def test_the_x86_quantizers_default_config_overflows_the_int8_gemm_of_a_cpu_with
     assert compiled_off_reduced < 1e-5, errors
 
 
-def test_the_x86_quantizer_refuses_a_conv_applied_at_two_call_sites():
+def test_the_x86_quantizer_refuses_a_module_called_at_two_call_sites():
     torchao()
     import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as x86
     from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
@@ -623,6 +623,10 @@ def test_the_x86_quantizer_refuses_a_conv_applied_at_two_call_sites():
     prepared(nn.Linear(8, 4), torch.randn(2, 8))  # a Linear at two call sites quantizes (ao#4480)
     with pytest.raises(ValueError, match="conv partition has more than one output node"):
         prepared(nn.Conv2d(3, 4, 3), torch.randn(1, 3, 8, 8))
+    quantizer = x86.X86InductorQuantizer().set_global(x86.get_default_x86_inductor_quantization_config())
+    block = importlib.import_module("torchvision.models.resnet").BasicBlock(4, 4).eval()  # calls self.relu twice
+    with pytest.raises(ValueError, match="Input partition has more than one output node"):
+        prepare_pt2e(torch.export.export(block, (torch.randn(2, 4, 8, 8),)).module(), quantizer)
 
 
 # -- OpenVINO's torch.compile backend -------------------------------------------------------------------------
