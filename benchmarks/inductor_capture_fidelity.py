@@ -24,11 +24,11 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fxverify.capture.inductor import backward_on_zeros
 from fxverify.capture.lifted_buffers import state_as_placeholders
 from fxverify.cases.case import load_case
 from fxverify.cases.catalogue import choose
 from fxverify.core.captures import for_model
+from fxverify.inductor.aot import backward_on_zeros
 
 HOOKS = {"inductor": "post_grad_custom_pre_pass", "inductor_post": "post_grad_custom_post_pass",
          "inductor_joint": "joint_custom_pre_pass", "inductor_joint_post": "joint_custom_post_pass",

@@ -53,7 +53,6 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from fxverify.analysis.compare import Tolerance, compare_trees
-from fxverify.capture.inductor import aot_roles
 from fxverify.compile.pattern_sources import PatternExample, pattern_contract, pattern_examples
 from fxverify.compile.pattern_variants import (
     LOW_PRECISION,
@@ -77,6 +76,7 @@ from fxverify.compile.pattern_variants import (
 from fxverify.core.contracts import SPELLING_FAMILIES
 from fxverify.core.results import CheckResult, Outcome, exception_summary
 from fxverify.core.transform import load_object
+from fxverify.inductor.aot import aot_roles
 
 SOUND, COMPLETE = "patterns-sound", "patterns-complete"
 CHECKS = (SOUND, COMPLETE)  # the results of check_patterns for each pattern, in this order
