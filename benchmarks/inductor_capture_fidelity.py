@@ -24,16 +24,14 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fxverify.capture.inductor import backward_on_zeros
 from fxverify.capture.lifted_buffers import state_as_placeholders
 from fxverify.cases.case import load_case
 from fxverify.cases.catalogue import choose
 from fxverify.core.captures import for_model
+from fxverify.inductor.aot import backward_on_zeros
+from fxverify.inductor.hooks import GRAPH_HOOKS, plain_captures
 
-HOOKS = {"inductor": "post_grad_custom_pre_pass", "inductor_post": "post_grad_custom_post_pass",
-         "inductor_joint": "joint_custom_pre_pass", "inductor_joint_post": "joint_custom_post_pass",
-         "inductor_train": "post_grad_custom_pre_pass", "inductor_train_post": "post_grad_custom_post_pass",
-         "inductor_train_joint": "joint_custom_pre_pass", "inductor_train_joint_post": "joint_custom_post_pass"}
+AT_HOOK = plain_captures(GRAPH_HOOKS)  # the captures of a plain compile's joint-graph and post-grad hooks, by name
 
 
 class _Stop(Exception):
@@ -66,11 +64,11 @@ def compiled(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], capture:
     graph under ``no_grad``, else the training graphs (the backward's compiled by a backward on zero gradients)."""
     from torch._inductor import config
 
-    training = "_train" in capture
+    training = AT_HOOK[capture].training_graphs
     recording = _Recording(len(parts(capture)))
     torch._dynamo.reset()
     try:
-        with config.patch({HOOKS[capture]: recording, "force_disable_caches": True, "fallback_random": True}), \
+        with config.patch({AT_HOOK[capture].hook.name: recording, "force_disable_caches": True, "fallback_random": True}), \
                 torch.set_grad_enabled(training):
             outputs = torch.compile(module)(*inputs)
             if training:
@@ -85,22 +83,23 @@ def compiled(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], capture:
 
 def captured(gm: fx.GraphModule, capture: str) -> list[list[str]]:
     """The graphs ``gm`` (made by the capture ``capture``) hands a pass, each as :func:`described` gives it."""
-    if "_train" not in capture:
+    if not AT_HOOK[capture].training_graphs:
         return [described(state_as_placeholders(gm).graph)]
     return [described(gm.get_submodule(part).graph) for part in parts(capture)]
 
 
 def parts(capture: str) -> tuple[str, ...]:
     """The graphs ``capture`` hands a pass: the inference graph, the joint graph, or the forward and backward."""
-    if "_train" not in capture:
+    at = AT_HOOK[capture]
+    if not at.training_graphs:
         return ("inference",)
-    return ("joint_graph",) if "joint" in capture else ("forward_graph", "backward_graph")
+    return ("joint_graph",) if at.hook.stage == "joint" else ("forward_graph", "backward_graph")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", default="smoke,edge,layers")
-    parser.add_argument("--captures", default=",".join(HOOKS))
+    parser.add_argument("--captures", default=",".join(AT_HOOK))
     parser.add_argument("--modes", default="eval,train", help="the modes the model is built in")
     args = parser.parse_args()
     same = total = 0

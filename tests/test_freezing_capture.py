@@ -295,7 +295,7 @@ def test_the_post_capture_is_the_graph_a_frozen_compile_hands_post_grad_custom_p
             compiled = torch.compile(model)(*inputs)
     finally:
         torch._dynamo.reset()
-    gm = Freezing(position="post").capture(make()[0], training=False, inputs=inputs)
+    gm = Freezing("inductor_freezing_post").capture(make()[0], training=False, inputs=inputs)
     [received] = seen
     assert _at_post_hook(gm.graph) == received
     assert "qlinear" in received["calls"]  # torchao's x86 lowerings left lowering nodes, which the graph keeps

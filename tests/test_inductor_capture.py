@@ -14,12 +14,13 @@ from fxverify.corpus.edge_cases import HeadViewAttention
 from torch._inductor.pattern_matcher import PatternMatcherPass
 
 import fxverify
-from fxverify.capture.inductor import fired_in
+from fxverify.capture.inductor import Inductor, fired_in
 from fxverify.cases.case import load_case
 from fxverify.core.graph_passes import graph_pass, pattern_passes
 from fxverify.core.results import FAILED, PASSED, SKIPPED
 from fxverify.core.transform import Transform
 from fxverify.errors import TransformLoadError
+from fxverify.inductor import hooks
 from tests import inductor_passes
 
 aten = torch.ops.aten
@@ -33,6 +34,13 @@ def _doubling_graph() -> torch.fx.GraphModule:
 
 def _targets(gm: torch.fx.GraphModule) -> list[object]:
     return [node.target for node in gm.graph.nodes if node.op == "call_function"]
+
+
+def _inductor(hook: str, position: str, *, training: bool = False) -> Inductor:
+    """The Inductor capture of the graph (``training``: the training graphs) ``<hook>_custom_<position>_pass``
+    receives, named as the captures are named."""
+    return Inductor("inductor" + ("_train" if training else "") + ("_joint" if hook == "joint" else "")
+                    + ("_post" if position == "post" else ""))
 
 
 # -- the forms -----------------------------------------------------------------------------------
@@ -155,10 +163,8 @@ def _on_entry(transform, name: str, capture: str) -> fxverify.Verification:
 @pytest.mark.parametrize("hook", ["post_grad", "joint"])
 @pytest.mark.parametrize("position", ["pre", "post"])
 def test_the_training_capture_runs_forward_then_backward_and_returns_outputs_and_gradients(position, hook):
-    from fxverify.capture.inductor import Inductor
-
     model, x = _Gated(), torch.randn(3, 6)
-    gm = Inductor(training_graphs=True, position=position, hook=hook).capture(model, training=True, inputs=(x,))
+    gm = _inductor(hook, position, training=True).capture(model, training=True, inputs=(x,))
     tangent = gm.get_buffer("tangent_0")
     found = gm(x)
     out = model(x)
@@ -174,10 +180,8 @@ def test_the_training_capture_runs_forward_then_backward_and_returns_outputs_and
 
 @pytest.mark.slow
 def test_the_training_joint_capture_writes_back_the_buffers_the_model_updates():
-    from fxverify.capture.inductor import Inductor
-
     model, x = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)), torch.randn(3, 4)
-    gm = Inductor(training_graphs=True, hook="joint").capture(copy.deepcopy(model), training=True, inputs=(x,))
+    gm = Inductor("inductor_train_joint").capture(copy.deepcopy(model), training=True, inputs=(x,))
     gm(x)
     model.train()(x)
     torch.testing.assert_close(gm.get_buffer("1.running_mean").detach(), model[1].running_mean)
@@ -189,9 +193,8 @@ def test_the_training_joint_capture_writes_back_the_buffers_the_model_updates():
 @pytest.mark.parametrize("position", ["pre", "post"])
 def test_the_joint_captures_are_the_graph_torch_compile_hands_the_joint_hook(position, training):
     from benchmarks.inductor_capture_fidelity import captured, compiled
-    from fxverify.capture.inductor import Inductor
 
-    x, capture = torch.randn(3, 6), Inductor(training_graphs=training, hook="joint", position=position)
+    x, capture = torch.randn(3, 6), _inductor("joint", position, training=training)
     received = compiled(_Gated().train(training), (x,), capture.name)
     gm = capture.capture(_Gated(), training=training, inputs=(x,))
     assert received == captured(gm, capture.name)
@@ -223,9 +226,8 @@ def test_the_inference_capture_is_the_graph_torch_compile_hands_the_hook(positio
     ``make_fx(functionalize(f))`` had BatchNorm's dead ``empty``, RMSNorm's ``add_``, the padded ``copy_``, no
     decomposed upsampling, the dict as the graph's output), and the captured module still returns the dict."""
     from benchmarks.inductor_capture_fidelity import captured, compiled
-    from fxverify.capture.inductor import Inductor
 
-    x, capture = torch.randn(2, 3, 8, 8), Inductor(hook=hook, position=position)
+    x, capture = torch.randn(2, 3, 8, 8), _inductor(hook, position)
     received = compiled(_Decomposed().train(training), (x,), capture.name)
     model = _Decomposed().train(training)
     gm = capture.capture(model, training=training, inputs=(x,))
@@ -245,9 +247,8 @@ def test_the_training_capture_is_the_graphs_torch_compile_hands_the_hook(positio
     had the input before the parameters, BatchNorm's running statistics as forward outputs instead of ``copy_``
     into the buffers, and other tensors saved for the backward), and the captured module updates the buffers."""
     from benchmarks.inductor_capture_fidelity import captured, compiled
-    from fxverify.capture.inductor import Inductor
 
-    x, capture = torch.randn(2, 3, 8, 8), Inductor(training_graphs=True, hook=hook, position=position)
+    x, capture = torch.randn(2, 3, 8, 8), _inductor(hook, position, training=True)
     received = compiled(_Decomposed().train(), (x,), capture.name)
     model = _Decomposed().train()
     expected = copy.deepcopy(model)
@@ -301,10 +302,8 @@ def test_a_pass_building_the_graph_anew_still_returns_the_models_dict_and_one_ad
 @pytest.mark.parametrize("hook", ["post_grad", "joint"])
 @pytest.mark.parametrize("position", ["pre", "post"])
 def test_the_inference_capture_is_the_graph_the_hook_receives_and_computes_the_model(position, hook):
-    from fxverify.capture.inductor import Inductor
-
     model, x = _Gated().eval(), torch.randn(3, 6)
-    capture = Inductor(position=position, hook=hook)
+    capture = _inductor(hook, position)
     gm = capture.capture(model, training=False, inputs=(x,))
     torch.testing.assert_close(gm(x), model(x))
     assert all("val" in node.meta for node in gm.graph.nodes if node.op == "call_function")
@@ -504,7 +503,7 @@ def _linear_graph() -> torch.fx.GraphModule:
 
 
 def test_ordering_problem_names_a_cycle_an_erased_read_and_nodes_out_of_order():
-    from fxverify.capture.inductor import ordering_problem
+    from fxverify.inductor.order import ordering_problem
 
     gm = _linear_graph()
     assert ordering_problem(gm.graph) is None
@@ -525,9 +524,9 @@ def test_ordering_problem_names_a_cycle_an_erased_read_and_nodes_out_of_order():
     assert ordering_problem(gm.graph) == "%neg_default reads %add, which is no longer in the graph (erased)"
 
 
-@pytest.mark.parametrize(("hook", "position"), [("joint", "post"), ("post_grad", "pre"), ("post_grad", "post")])
-def test_an_out_of_order_graph_is_sorted_as_torch_sorts_it_after_the_hook(hook, position):
-    from fxverify.capture.inductor import carried_on
+@pytest.mark.parametrize("hook", [hooks.JOINT_POST, hooks.POST_GRAD_PRE, hooks.POST_GRAD_POST], ids=lambda h: h.name)
+def test_an_out_of_order_graph_is_sorted_as_torch_sorts_it_after_the_hook(hook):
+    from fxverify.inductor.graph_hooks import after_graph_hook
 
     gm, x = _linear_graph(), torch.randn(3, 4)
     expected = gm(x)
@@ -535,30 +534,29 @@ def test_an_out_of_order_graph_is_sorted_as_torch_sorts_it_after_the_hook(hook, 
     transform.apply(gm)
     with pytest.raises(RuntimeError, match="used before it has been defined"):
         gm.graph.lint()
-    carried_on(transform, gm, graph="inference", hook=hook, position=position)
+    after_graph_hook(transform.spec, gm, hook, None, graph="inference")
     gm.graph.lint()
     torch.testing.assert_close(gm(x), expected)
 
 
-@pytest.mark.parametrize(("given", "hook", "position", "refused"), [
-    (inductor_passes.add_to_mul_out_of_order, "joint", "pre",
+@pytest.mark.parametrize(("given", "hook", "refused"), [
+    (inductor_passes.add_to_mul_out_of_order, hooks.JOINT_PRE,
      "%mul_tensor reads %addmm before it is defined (acyclic: nodes out of order); joint_graph_passes runs "
      "constant_fold_uniform_value"),
-    (inductor_passes.copy_addmm_outputs_cyclic, "joint", "post",
+    (inductor_passes.copy_addmm_outputs_cyclic, hooks.JOINT_POST,
      "a cycle: %clone_default -> %clone_default (each reads the next); stable_topological_sort, which torch runs "
      "after the hook, asserts"),
-    (inductor_passes.copy_addmm_outputs_cyclic, "post_grad", "pre", "a cycle: %clone_default -> %clone_default"),
+    (inductor_passes.copy_addmm_outputs_cyclic, hooks.POST_GRAD_PRE, "a cycle: %clone_default -> %clone_default"),
 ], ids=["out_of_order_at_joint_pre", "cycle_at_joint_post", "cycle_at_post_grad_pre"])
-def test_what_torch_cannot_repair_after_the_hook_is_the_transforms_failure(given, hook, position, refused):
-    from fxverify.capture.inductor import carried_on
+def test_what_torch_cannot_repair_after_the_hook_is_the_transforms_failure(given, hook, refused):
     from fxverify.errors import TransformFailed
+    from fxverify.inductor.graph_hooks import after_graph_hook
 
     gm, transform = _linear_graph(), Transform.from_callable(given, "my:pass")
     transform.apply(gm)
     with pytest.raises(TransformFailed) as failed:
-        carried_on(transform, gm, graph="inference", hook=hook, position=position)
-    where = f"{hook}_custom_{position}_pass"
-    assert f"transform my:pass left the inference graph at {where} where torch.compile would refuse it" in str(
+        after_graph_hook(transform.spec, gm, hook, None, graph="inference")
+    assert f"transform my:pass left the inference graph at {hook.name} where torch.compile would refuse it" in str(
         failed.value)
     assert refused in str(failed.value)
 
@@ -711,7 +709,6 @@ def test_an_inference_hook_gets_parameters_and_buffers_as_placeholders_and_a_cou
     from torch._inductor.fx_passes.joint_graph import constant_fold_uniform_value
 
     from corpus.edge_cases import CounterBuffer
-    from fxverify.capture.inductor import Inductor
 
     x, handed = torch.randn(2, 8), []
     torch._dynamo.reset()
@@ -719,7 +716,7 @@ def test_an_inference_hook_gets_parameters_and_buffers_as_placeholders_and_a_cou
                        "force_disable_caches": True}), torch.no_grad():
         torch.compile(CounterBuffer().eval())(x)
     torch._dynamo.reset()
-    capture, model, given = Inductor(hook=hook, position=position), CounterBuffer().eval(), []
+    capture, model, given = _inductor(hook, position), CounterBuffer().eval(), []
     gm = capture.capture(model, training=False, inputs=(x,))
     result, _ = capture.apply(Transform.from_callable(lambda gm: given.append(_nodes(gm.graph)), "t:recorded"), gm,
                               timeout=None)
@@ -761,7 +758,6 @@ def test_the_inference_capture_holds_what_inductors_pre_grad_passes_leave():
     (here sink_cat_after_pointwise: torch.compile hands relu, relu, cat; a capture made from the module held cat,
     relu)."""
     from benchmarks.inductor_capture_fidelity import captured, compiled
-    from fxverify.capture.inductor import Inductor
 
     x, y = torch.randn(2, 3), torch.randn(2, 3)
     received = compiled(_CatRelu().eval(), (x, y), "inductor")

@@ -15,6 +15,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "fxverify"
 LAYERS: list[tuple[str, ...]] = [
     ("fxverify.errors",),
     ("fxverify.analysis",),
+    ("fxverify.inductor",),
     ("fxverify.core",),
     ("fxverify.capture",),
     ("fxverify.cases",),
@@ -145,9 +146,9 @@ HOMONYMS = {
     "fxverify/__init__.py": {"golden"},
     "fxverify/analysis/module_state.py": {"meta"},
     "fxverify/capture/copies.py": {"meta"},
-    "fxverify/capture/freezing.py": {"recompile", "lint"},  # torch's steps after the freezing pattern loop
     "fxverify/core/captures.py": {"opset"},
     "fxverify/core/contracts.py": {"cuda", "meta", "devices"},
+    "fxverify/inductor/freezing.py": {"recompile", "lint"},  # torch's steps after the freezing pattern loop
     "fxverify/strategies/patterns.py": {"meta"},
 }
 

@@ -1,15 +1,8 @@
 """The ``inductor_pre_grad`` capture: the graph Inductor's ``pre_grad_custom_pass`` receives, where libraries
-install torch-level passes (torchao's RoPE and attention fusions are ``CustomGraphPass`` objects there).
-
-``torch.compile`` hands Inductor Dynamo's torch-level graph, before AOTAutograd: ``compile_fx`` runs
-``run_pre_grad_passes`` (``_recursive_pre_grad_passes``, then ``fx_passes/pre_grad.py:pre_grad_passes``: Inductor's
-own pre-grad passes, then the custom pass, then ``stable_topological_sort``, ``quant_lift_up`` and ``lint``) and
-AOTAutograd differentiates what they made. The capture runs that very path, offline: ``torch.compile(model,
-backend=...)`` with a backend that calls Inductor's ``compile_fx`` as the ``inductor`` backend does, with a
-``pre_grad_custom_pass`` that stops it where the hook is called (``pre_grad_pass_timing="early"``: before
-AOTAutograd's cache lookup; the graph is the same at either timing), so no AOTAutograd tracing and no code
-generation run. Whatever Inductor's config says (``use_pre_grad_passes``, ``pattern_matcher``,
-``pre_grad_fusion_options``, ``freezing``) applies as it would; a config that never calls the hook is an error.
+install torch-level passes (torchao's RoPE and attention fusions are ``CustomGraphPass`` objects there): Dynamo's
+torch-level graph, before AOTAutograd, as ``torch.compile`` hands it to the hook
+(:func:`~fxverify.inductor.pre_grad.at_pre_grad_hook`: a real compile stopped there, without AOTAutograd tracing or
+code generation).
 
 Dynamo (2.14.1, nn modules always inlined) makes every parameter and buffer the graph reads a graph input, in the
 order it first read it, beside the model's inputs; the graph returns a flat tuple of tensors. The ``GraphModule``
@@ -25,9 +18,10 @@ into several graphs (a graph break) has no one graph that computes it: capturing
 Nodes carry Dynamo's ``meta['example_value']``, not ``meta['val']``, and shapes are static (``dynamic=False``).
 
 :meth:`PreGrad.apply` runs a pass as the hook runs it (a ``CustomGraphPass`` on ``gm.graph``), then what
-``pre_grad_passes`` does after the hook: ``stable_topological_sort`` (a pass may leave nodes out of order: torch
-sorts them), ``quant_lift_up``, and ``graph.lint()``, whose refusal fails the transform as it fails
-``torch.compile``; so does an output that is no longer a tuple, which AOTAutograd refuses. The module runs its
+``pre_grad_passes`` does after the hook (:func:`~fxverify.inductor.pre_grad.after_pre_grad`:
+``stable_topological_sort``, as a pass may leave nodes out of order, ``quant_lift_up``, and ``graph.lint()``, whose
+refusal fails the transform as it fails ``torch.compile``; so does an output that is no longer a tuple, which
+AOTAutograd refuses). The module runs its
 generated code, or its graph with ``torch.fx.Interpreter`` where a pass made code Python cannot compile, as
 AOTAutograd runs Dynamo's graph (:class:`PreGradModule`).
 
@@ -39,7 +33,6 @@ AOTAutograd runs Dynamo's graph (:class:`PreGradModule`).
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import inspect
 from collections.abc import Iterator
@@ -50,23 +43,23 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from fxverify.analysis.module_state import resolve
-from fxverify.capture.base import Capture, interpreted
-from fxverify.capture.hook_stops import HookReached
+from fxverify.capture.at_hooks import AtHook
+from fxverify.capture.base import interpreted
 from fxverify.capture.lifted_buffers import attach
-from fxverify.core import captures
 from fxverify.core.transform import Transform
-from fxverify.errors import TransformFailed
+from fxverify.inductor.after import before_pass, carried_on
+from fxverify.inductor.pre_grad import Handed, after_pre_grad_passes, at_pre_grad_hook
 
-HOOK = "pre_grad_custom_pass"
 _RETURNED = "_fx_returned"  # the generated code's name for the graph's output tuple
 
 
 @dataclasses.dataclass(frozen=True)
-class PreGrad(Capture):
+class PreGrad(AtHook):
     """The graph Inductor's ``pre_grad_custom_pass`` receives: Dynamo's graph after Inductor's own pre-grad passes,
     parameters and buffers read as attributes of the module."""
 
-    name = "inductor_pre_grad"
+    name: str = "inductor_pre_grad"
+    stages = ("pre_grad",)
     bakes_dtypes = True  # Dynamo bakes what the code read of a tensor (x.dtype, x.device, sizes) into the graph
     switches_mode = False  # the mode is traced in (batch_norm's and dropout's training argument)
     keeps_captures = True  # Dynamo costs tens of symbolic traces
@@ -78,132 +71,20 @@ class PreGrad(Capture):
             raise ValueError(f"the {self.name} capture needs example inputs")
         module.train(training)
         with torch.set_grad_enabled(training):
-            handed = at_hook(module, inputs)
+            handed = at_pre_grad_hook(module, inputs)
         return as_model(handed, module, inputs)
 
     def apply(self, transform: Transform, gm: fx.GraphModule, *, timeout: float | None) -> tuple[nn.Module, bool]:
         """``transform`` run on ``gm`` as the hook runs it, then what Inductor does after the hook; TransformFailed
         where the graph is left malformed beyond what it repairs."""
+        kept = before_pass(self.at.hook, gm)
         result, in_place = transform.apply(gm, timeout=timeout)
         if isinstance(result, fx.GraphModule):
-            after_hook(transform, result)
+            carried_on(transform.spec, result, self.at.hook, kept)
         return result, in_place
 
     def describe(self) -> str:
-        return f"{self.name} (Dynamo's graph where {HOOK} receives it; static shapes)"
-
-
-def for_model(facts: captures.ModelFacts) -> PreGrad:
-    """The ``inductor_pre_grad`` capture of a model (the registry's factory): static shapes."""
-    return PreGrad()
-
-
-@dataclasses.dataclass
-class Handed:
-    """What the hook received: the ``GraphModule`` whose graph it was given, the example inputs Dynamo gave the
-    backend (the model's inputs, parameters and buffers, one per placeholder), the tensors the graph returned on
-    them, and what the model returned."""
-
-    gm: fx.GraphModule
-    example_inputs: tuple[Any, ...]
-    returned: tuple[Any, ...] = ()
-    model_output: Any = None
-
-
-def at_hook(module: nn.Module, inputs: tuple[Any, ...]) -> Handed:
-    """``module`` compiled by ``torch.compile`` with Inductor's ``compile_fx`` stopped where it calls
-    ``pre_grad_custom_pass``, run once on ``inputs`` (Dynamo's graph run as it is, its buffer updates undone):
-    what the hook received. Dynamo's caches are reset before and after. Raises where Dynamo splits the model into
-    several graphs, or hands Inductor none."""
-    handed: list[Handed] = []
-
-    def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
-        found = Handed(_stopped_at_hook(gm, example_inputs), tuple(example_inputs))
-        handed.append(found)
-        found.gm.recompile()
-
-        def run(*args: Any) -> Any:
-            found.returned = tuple(found.gm(*args))
-            return found.returned
-        return run
-
-    with _dynamo_reset(), _state_kept(module):
-        output = torch.compile(module, backend=backend, dynamic=False)(*inputs)
-    if not handed:
-        raise RuntimeError("Dynamo handed Inductor no graph for this model (nothing to compile, or it skipped the "
-                           f"frame): {HOOK} is never called")
-    if len(handed) > 1:
-        raise NotImplementedError(
-            f"Dynamo splits this model into {len(handed)} graphs (graph breaks: {_breaks(module, inputs)}): {HOOK} "
-            "runs on each, and no one graph computes the model, which the checks need. Check a model "
-            "torch.compile(fullgraph=True) takes")
-    handed[0].model_output = output
-    return handed[0]
-
-
-def _breaks(module: nn.Module, inputs: tuple[Any, ...]) -> str:
-    """Where and why Dynamo breaks ``module``'s graph on ``inputs`` (``torch._dynamo.explain``, which runs it)."""
-    with _dynamo_reset(), _state_kept(module):
-        explained = torch._dynamo.explain(module)(*inputs)
-    found = []
-    for broken in explained.break_reasons:
-        frame = broken.user_stack[-1] if broken.user_stack else None
-        found.append(f"{broken.reason}" + (f" at {frame.filename}:{frame.lineno}" if frame is not None else ""))
-    return "; ".join(dict.fromkeys(found)) or "Dynamo gives no reason"
-
-
-def _stopped_at_hook(gm: fx.GraphModule, example_inputs: list[Any]) -> fx.GraphModule:
-    """The ``GraphModule`` whose graph Inductor's ``pre_grad_custom_pass`` receives when ``compile_fx(gm,
-    example_inputs)`` runs (as the ``inductor`` backend calls it), the hook stopping it there."""
-    from torch._inductor import config
-    from torch._inductor.compile_fx import compile_fx
-
-    reached: list[fx.Graph] = []
-
-    def stop(graph: fx.Graph) -> None:
-        reached.append(graph)
-        raise HookReached
-
-    try:
-        with config.patch({HOOK: stop, "pre_grad_pass_timing": "early"}):
-            compile_fx(gm, example_inputs)
-    except HookReached:
-        pass
-    if not reached:
-        raise RuntimeError(f"Inductor never called {HOOK} (config.use_pre_grad_passes is "
-                           f"{config.use_pre_grad_passes}): there is no graph at that hook to capture")
-    graph = reached[0]
-    owner = graph.owning_module
-    if any(isinstance(sub, fx.GraphModule) and sub.graph is graph for sub in gm.modules() if sub is not gm):
-        raise NotImplementedError(f"Dynamo's graph holds subgraphs (higher-order operators), on which Inductor calls "
-                                  f"{HOOK} first: capturing them is not built")
-    assert isinstance(owner, fx.GraphModule), "the hook's graph belongs to a GraphModule"
-    return owner
-
-
-@contextlib.contextmanager
-def _dynamo_reset() -> Iterator[None]:
-    """Dynamo's caches reset before (a compiled model recompiles, with automatic dynamic shapes, and gives up after
-    the recompile limit) and after (they would hold the model)."""
-    torch._dynamo.reset()
-    try:
-        yield
-    finally:
-        torch._dynamo.reset()
-
-
-@contextlib.contextmanager
-def _state_kept(module: nn.Module) -> Iterator[None]:
-    """The module's buffers, and the global random state, as they were before the block ran the model once."""
-    saved = {name: buffer.detach().clone() for name, buffer in module.named_buffers()}
-    try:
-        with torch.random.fork_rng(devices=[]):
-            yield
-    finally:
-        with torch.no_grad():
-            for name, buffer in module.named_buffers():
-                if name in saved and not torch.equal(buffer, saved[name]):
-                    buffer.copy_(saved[name])
+        return f"{self.name} (Dynamo's graph where {self.at.hook.name} receives it; static shapes)"
 
 
 def as_model(handed: Handed, module: nn.Module, inputs: tuple[Any, ...]) -> fx.GraphModule:
@@ -420,45 +301,17 @@ def _class_name(cls: type) -> str:
 def as_aot_receives(module: nn.Module, inputs: tuple[Any, ...], *, training: bool) -> nn.Module:
     """``module`` as ``torch.compile`` hands it to AOTAutograd, the start of the Inductor captures after the pre-grad
     hook: Dynamo's graph after the whole of ``pre_grad_passes`` (Inductor's own pre-grad passes, no custom pass, then
-    :func:`_after_hook`'s steps), taking the model's inputs and returning its outputs, reading the model's own
-    parameters and buffers under their names. ``module`` itself where Dynamo splits it into several graphs (each
-    goes through the pre-grad passes on its own: the captures trace the model whole) or hands Inductor none."""
+    :func:`~fxverify.inductor.pre_grad.after_pre_grad_passes`), taking the model's inputs and returning its outputs,
+    reading the model's own parameters and buffers under their names. ``module`` itself where Dynamo splits it into
+    several graphs (each goes through the pre-grad passes on its own: the captures trace the model whole) or hands
+    Inductor none."""
     module.train(training)
     try:
         with torch.set_grad_enabled(training):
-            handed = at_hook(module, inputs)
+            handed = at_pre_grad_hook(module, inputs)
     except (NotImplementedError, RuntimeError):
         return module
     gm = as_model(handed, module, inputs)
-    _after_hook(gm)
+    after_pre_grad_passes(gm)
     gm.recompile()
     return gm
-
-
-def _after_hook(gm: fx.GraphModule) -> None:
-    """What ``pre_grad_passes`` runs on the graph after the hook but ``recompile()``: ``stable_topological_sort``,
-    ``quant_lift_up`` and ``graph.lint()``."""
-    from torch._inductor.fx_passes.quantization import quant_lift_up
-    from torch._inductor.pattern_matcher import stable_topological_sort
-
-    stable_topological_sort(gm.graph)
-    quant_lift_up(gm)
-    gm.graph.lint()
-
-
-def after_hook(transform: Transform, gm: fx.GraphModule) -> None:
-    """What ``pre_grad_passes`` does to the graph after the hook: ``stable_topological_sort``, ``quant_lift_up``,
-    ``graph.lint()`` and ``recompile()``; TransformFailed where torch refuses the graph (a cycle, a node reading
-    an erased one), as ``torch.compile`` fails there."""
-    try:
-        _after_hook(gm)
-    except (AssertionError, RuntimeError) as error:
-        raise TransformFailed(f"transform {transform.spec} left the graph malformed, as torch.compile would refuse "
-                              f"it after {HOOK}: {error}", f"malformed graph: {error}") from error
-    returned = gm.graph.output_node().args[0]
-    if not isinstance(returned, (tuple, list)):
-        raise TransformFailed(f"transform {transform.spec} made the graph return a {type(returned).__name__}, not the "
-                              "tuple Dynamo's graph returns: AOTAutograd refuses it (RuntimeError: Graph output must "
-                              "be a (), in create_functional_call), so torch.compile fails",
-                              "graph output no tuple")
-    gm.recompile()

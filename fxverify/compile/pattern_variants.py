@@ -9,8 +9,8 @@ permutation, another dim, another scalar constant, view sizes swapped, an inner 
 pattern, an input defined late). Inputs are laid out as the example inputs are (shape, strides, storage
 offset: a transposed head view stays one, whose matmul traces to a clone), and keep that layout at other sizes.
 :func:`build` makes the program (a ``GraphModule`` and its inputs) that a variant describes, traced as the pass
-meets it (as the declared hook receives graphs, :func:`at_hook`), or None where the variant is not a well-typed
-program.
+meets it (as the declared hook receives graphs, :func:`~fxverify.inductor.graph_hooks.graph_at_hook`), or None where
+the variant is not a well-typed program.
 
 >>> import torch
 >>> from torch._inductor.pattern_matcher import fwd_only
@@ -32,7 +32,9 @@ from typing import Any
 import torch
 from torch import fx
 
-from fxverify.capture.inductor import HOOKS, Inductor, aot_roles, at_custom_pass, at_joint_pass
+from fxverify.inductor.aot import aot_roles
+from fxverify.inductor.graph_hooks import graph_at_hook
+from fxverify.inductor.hooks import GRAPH_HOOKS, HookCapture, plain_captures
 
 DIM_NAMES = ("dim", "dim0", "dim1", "start_dim", "end_dim")
 # edit kinds that spell the same computation otherwise: operands of a commutative op the search function writes
@@ -326,9 +328,13 @@ def build(search: Callable[..., Any], trace_fn: Callable[..., Any], example: Seq
     """The program ``variant`` describes, traced as the pass meets it (``trace_fn``: Inductor's ``fwd_only``, or
     ``joint_fwd_bwd`` for a training pattern, whose program is the joint graph of the variant's forward, taking its
     inputs and then a tangent for each output, drawn here), then, where the variant names a hook, as that hook
-    receives graphs (:func:`at_hook`), and its inputs; None where the variant is no well-typed program (its edits do
-    not apply at these inputs, or it raises). Edits change the forward program. Every node's ``meta['val']`` comes
-    from one fake mode, as in a graph Inductor compiles."""
+    receives graphs (:func:`~fxverify.inductor.graph_hooks.graph_at_hook`: Inductor's own passes up to the hook, as on a
+    model's graph, so an ``aten.view`` reaches a post-grad hook as ``aten.reshape``; random ops drawn as eager draws
+    them, as the captures run those passes), and its inputs; None where the variant is no well-typed program (its
+    edits do not apply at these inputs, or it raises). Edits change the forward program. Every node's ``meta['val']``
+    comes from one fake mode, as in a graph Inductor compiles."""
+    from torch._inductor import config
+
     inputs = inputs_for(example, variant)
     if inputs is None:
         return None
@@ -349,19 +355,23 @@ def build(search: Callable[..., Any], trace_fn: Callable[..., Any], example: Seq
         graph(*inputs)
         fake_outputs(graph, inputs)
         if variant.hook is not None:
-            graph = at_hook(graph, inputs, variant.hook, training=joint)
+            at = hooks()[variant.hook]
+            with config.patch(fallback_random=True):
+                graph = graph_at_hook(graph, at.hook, is_inference=not (joint or at.training_graphs))
             graph(*inputs)
     except Exception:  # a near miss that is no program (a shape or dtype error) is no variant
         return None
     return graph, inputs
 
 
-def hooks() -> dict[str, Inductor]:
-    """The Inductor captures by name, each the graphs one hook receives (``inductor_post``:
-    ``post_grad_custom_post_pass``'s)."""
-    return {capture.name: capture for capture in (Inductor(training_graphs=training, position=position, hook=hook)
-                                                  for training in (False, True) for hook in HOOKS
-                                                  for position in ("pre", "post"))}
+def hooks() -> dict[str, HookCapture]:
+    """The Inductor captures pattern fuzzing traces programs at, by name: those of a plain compile's joint-graph and
+    post-grad hooks (the graphs :func:`~fxverify.inductor.graph_hooks.graph_at_hook` reaches).
+
+    >>> hooks()["inductor_train_joint"].training_graphs
+    True
+    """
+    return plain_captures(GRAPH_HOOKS)
 
 
 def hook_name(capture: str) -> str:
@@ -370,35 +380,7 @@ def hook_name(capture: str) -> str:
     >>> hook_name("inductor_post"), hook_name("inductor_train_joint")
     ('post_grad_custom_post_pass', 'joint_custom_pre_pass')
     """
-    found = hooks()[capture]
-    return f"{found.hook}_custom_{found.position}_pass"
-
-
-def at_hook(graph: fx.GraphModule, inputs: Sequence[Any], capture: str, *, training: bool = False) -> fx.GraphModule:
-    """``graph`` as the hook of the Inductor capture ``capture`` receives it: Inductor's own passes run on it up to
-    that hook, as :mod:`fxverify.capture.inductor` runs them on a model's graph (the joint hooks after
-    ``canonicalize_aten_ir_passes``, the post hook after Inductor's joint-graph patterns; the post-grad hooks after
-    those passes and ``view_to_reshape``, so an ``aten.view`` arrives as ``aten.reshape``, the post hook after
-    Inductor's own post-grad passes). ``training``: a joint graph, told to the post-grad passes as not inference.
-    A copy, its ``meta['val']`` from one fake mode on fake copies of ``inputs``; ``graph`` is kept.
-
-    >>> from torch._inductor.pattern_matcher import fwd_only
-    >>> inputs = [torch.randn(3, 4)]
-    >>> graph = fwd_only(lambda x: x.view(2, 6) * 2, inputs)
-    >>> [str(node.target) for node in at_hook(graph, inputs, "inductor_post").graph.nodes if node.op == "call_function"]
-    ['aten.reshape.default', 'aten.mul.Tensor']
-    """
-    from torch._inductor import config, lowering  # noqa: F401  Inductor's decompositions read its lowering
-    from torch._inductor.fx_passes.joint_graph import joint_graph_passes
-
-    found = hooks()[capture]
-    graph = copied(graph)
-    fake_outputs(graph, inputs)
-    with config.patch(fallback_random=True):  # as the captures run them
-        if found.hook == "joint":
-            return at_joint_pass(graph, position=found.position)
-        return at_custom_pass(joint_graph_passes(graph), is_inference=not (training or found.training_graphs),
-                              position=found.position)
+    return hooks()[capture].hook.name
 
 
 def compiled_trace(fn: Callable[..., Any], inputs: Sequence[Any]) -> fx.GraphModule:

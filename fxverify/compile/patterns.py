@@ -55,7 +55,6 @@ from torch.utils import _pytree as pytree
 
 from fxverify import checks as registry
 from fxverify.analysis.compare import Tolerance, compare_trees
-from fxverify.capture.inductor import aot_roles
 from fxverify.compile.pattern_sources import PatternExample, pattern_contract, pattern_examples
 from fxverify.compile.pattern_variants import (
     LOW_PRECISION,
@@ -81,6 +80,7 @@ from fxverify.core.results import NOTE, CheckResult, Finding, exception_summary
 from fxverify.core.transform import load_object
 from fxverify.engine import judging
 from fxverify.errors import TransformLoadError
+from fxverify.inductor.aot import aot_roles
 
 SOUND, COMPLETE = "patterns-sound", "patterns-complete"  # its checks (the registry's)
 SWEEP_LIMIT = 600  # targeted variants per pattern, before Hypothesis draws combinations

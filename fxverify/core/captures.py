@@ -4,7 +4,8 @@ traits of its graphs that checks ask about.
 Importing this module imports no torch and no capture (the pytest plugin reads the names at
 start-up); :func:`for_model` imports a capture's module when a model is first captured with it.
 Adding a capture is one :class:`CaptureSpec` row below plus its module in ``fxverify/capture/``
-(``docs/architecture.md`` shows a worked example). Checks state the traits they need
+(``docs/architecture.md`` shows a worked example); the Inductor captures' rows are made from the table of
+Inductor's hooks (:mod:`fxverify.inductor.hooks`), one row each. Checks state the traits they need
 (``CheckSpec.requires``), so no capture names a check and no check tests a capture's name.
 
 >>> capture_names()[:8]
@@ -24,6 +25,8 @@ import dataclasses
 import importlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
+
+from fxverify.inductor import hooks
 
 Opset = Literal["aten", "functional", "core"]
 DEFAULT_CAPTURE = "symbolic_trace"  # the capture a run uses unless told otherwise
@@ -88,13 +91,15 @@ class CaptureSpec:
     """Where a capture is made: ``<module>.<factory>(facts)`` with the :class:`ModelFacts` of a model
     (``module`` a full module name, so a capture may live outside fxverify), what it is in one line, and the
     traits of its graphs (a capture instance may narrow them: an export of a model checked at one batch size
-    has no dynamic batch)."""
+    has no dynamic batch). ``by_name``: the factory, a class making the captures of several rows, is called with
+    the capture's name instead (``<module>.<factory>(name)``: the Inductor captures)."""
 
     name: str
     module: str
     factory: str
     summary: str
     traits: CaptureTraits
+    by_name: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +110,22 @@ class ModelFacts:
     tracer: str = "plain"
     concrete_args: tuple[tuple[str, Any], ...] = ()
     batch_sizes: tuple[int, ...] = ()
+
+
+def _at_hook(row: hooks.HookCapture) -> CaptureSpec:
+    """The registry row of an Inductor capture, from its row of the hooks table (:mod:`fxverify.inductor.hooks`).
+    Dynamo's graph at the pre-grad hook is torch-level (``PreGrad``); AOTAutograd's graphs at the later hooks carry
+    ``meta['val']``, are functional ATen, and are not differentiated by autograd (``Inductor``; ``Freezing`` where the
+    compile freezes the model's state, whose graphs do not pickle where they come from); at the joint hooks torch's
+    own patterns leave strides stale behind a replacement."""
+    if row.hook == hooks.PRE_GRAD:
+        return CaptureSpec(row.name, "fxverify.capture.pre_grad", "PreGrad", row.summary,
+                           CaptureTraits(pickles=False, moves_device=False), by_name=True)
+    module, factory = ("fxverify.capture.freezing", "Freezing") if row.frozen else ("fxverify.capture.inductor", "Inductor")
+    return CaptureSpec(row.name, module, factory, row.summary,
+                       CaptureTraits(carries_meta_val=True, opset="functional", pickles=not row.frozen,
+                                     moves_device=False, differentiated=False,
+                                     kept_strides_read=row.hook.stage != "joint"), by_name=True)
 
 
 REGISTRY: tuple[CaptureSpec, ...] = (
@@ -120,57 +141,7 @@ REGISTRY: tuple[CaptureSpec, ...] = (
                               moves_device=False)),
     CaptureSpec("make_fx", "fxverify.capture.make_fx", "for_model", "make_fx of the functionalized model, static shapes",
                 CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False)),
-    CaptureSpec("inductor", "fxverify.capture.inductor", "for_model",
-                "the inference graph Inductor's post_grad_custom_pre_pass receives, made offline (no codegen)",
-                CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False,
-                              differentiated=False)),
-    CaptureSpec("inductor_post", "fxverify.capture.inductor", "post_for_model",
-                "the same inference graph where post_grad_custom_post_pass receives it, after Inductor's own "
-                "post-grad passes",
-                CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False,
-                              differentiated=False)),
-    CaptureSpec("inductor_train", "fxverify.capture.inductor", "training_for_model",
-                "Inductor's training forward and backward graphs at post_grad_custom_pre_pass, run as one module "
-                "returning outputs and gradients",
-                CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False,
-                              differentiated=False)),
-    CaptureSpec("inductor_train_post", "fxverify.capture.inductor", "training_post_for_model",
-                "the same training graphs where post_grad_custom_post_pass receives them",
-                CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False,
-                              differentiated=False)),
-    CaptureSpec("inductor_joint", "fxverify.capture.inductor", "joint_for_model",
-                "the inference graph Inductor's joint_custom_pre_pass receives, made offline (no codegen)",
-                CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False,
-                              differentiated=False, kept_strides_read=False)),
-    CaptureSpec("inductor_joint_post", "fxverify.capture.inductor", "joint_post_for_model",
-                "the same inference graph where joint_custom_post_pass receives it, after Inductor's own "
-                "joint-graph passes",
-                CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False,
-                              differentiated=False, kept_strides_read=False)),
-    CaptureSpec("inductor_train_joint", "fxverify.capture.inductor", "training_joint_for_model",
-                "AOTAutograd's training joint graph at joint_custom_pre_pass (before partitioning), run as one "
-                "module returning outputs and gradients",
-                CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False,
-                              differentiated=False, kept_strides_read=False)),
-    CaptureSpec("inductor_train_joint_post", "fxverify.capture.inductor", "training_joint_post_for_model",
-                "the same training joint graph where joint_custom_post_pass receives it",
-                CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False,
-                              differentiated=False, kept_strides_read=False)),
-    CaptureSpec("inductor_pre_grad", "fxverify.capture.pre_grad", "for_model",
-                "Dynamo's torch-level graph where Inductor's pre_grad_custom_pass receives it, before AOTAutograd, "
-                "parameters read as attributes (no codegen)",
-                CaptureTraits(pickles=False, moves_device=False)),
-    CaptureSpec("inductor_freezing", "fxverify.capture.freezing", "for_model",
-                "the inference graph at Inductor's freezing pattern loop (config.freezing=True), where "
-                "register_freezing_graph_pattern passes run: unmutated parameters and buffers frozen to constants "
-                "(no codegen)",
-                CaptureTraits(carries_meta_val=True, opset="functional", pickles=False, moves_device=False,
-                              differentiated=False)),
-    CaptureSpec("inductor_freezing_post", "fxverify.capture.freezing", "post_for_model",
-                "the same frozen compile's inference graph where post_grad_custom_post_pass receives it: the "
-                "freezing patterns (torchao's x86 lowerings included) and Inductor's post-grad passes run (no codegen)",
-                CaptureTraits(carries_meta_val=True, opset="functional", pickles=False, moves_device=False,
-                              differentiated=False)),
+    *(_at_hook(row) for row in hooks.CAPTURES),
 )
 
 
@@ -196,7 +167,8 @@ def for_model(name: str, facts: ModelFacts) -> Any:
     """The capture ``name`` of a model with these facts, a :class:`fxverify.capture.Capture` (imports the
     capture's module, and torch; typed ``Any`` here, below the capture layer)."""
     row = spec(name)
-    return getattr(importlib.import_module(row.module), row.factory)(facts)
+    factory = getattr(importlib.import_module(row.module), row.factory)
+    return factory(name) if row.by_name else factory(facts)
 
 
 def lacking(traits: CaptureTraits, requires: Sequence[str], capture: str | None = None) -> str | None:
