@@ -629,6 +629,22 @@ def test_the_x86_quantizer_refuses_a_module_called_at_two_call_sites():
         prepare_pt2e(torch.export.export(block, (torch.randn(2, 4, 8, 8),)).module(), quantizer)
 
 
+def test_prepare_pt2e_cannot_fold_a_batchnorm_into_a_grouped_transposed_conv():
+    torchao()
+    import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as x86
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
+
+    def prepared(conv: nn.Module) -> torch.fx.GraphModule:
+        model = nn.Sequential(conv, nn.BatchNorm2d(6)).eval()
+        quantizer = x86.X86InductorQuantizer().set_global(x86.get_default_x86_inductor_quantization_config())
+        return prepare_pt2e(torch.export.export(model, (torch.randn(2, 4, 8, 8),)).module(), quantizer)
+
+    prepared(nn.Conv2d(4, 6, 3, groups=2))  # a grouped conv folds
+    prepared(nn.ConvTranspose2d(4, 6, 3))  # and an ungrouped transposed one
+    with pytest.raises(RuntimeError, match="must match the size of tensor b"):
+        prepared(nn.ConvTranspose2d(4, 6, 3, groups=2))
+
+
 # -- OpenVINO's torch.compile backend -------------------------------------------------------------------------
 
 

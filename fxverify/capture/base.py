@@ -18,12 +18,13 @@ module and factory; its ``traits`` come from that row unless the capture narrows
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 import torch
 from torch import fx, nn
 
+from fxverify.analysis.compare import Tolerance
 from fxverify.capture.copies import converted_copy
 from fxverify.core import captures
 from fxverify.core.transform import Transform
@@ -75,6 +76,15 @@ class Capture:
         """A fresh graph of ``module`` in the given mode (``inputs``: example inputs, for captures that run it)."""
         raise NotImplementedError(f"{type(self).__name__} must define capture()")
 
+    reads_settings = False
+    """Whether :meth:`configured` reads the run's settings (a process capturing the model again is then sent the
+    configured capture, not its name)."""
+
+    def configured(self, settings: Mapping[str, Any]) -> Capture:
+        """This capture with what it reads of the run's ``settings`` (``quantizer``: the ``pt2e`` capture's,
+        ``--fxverify-quantizer``; None where not given); itself (the default) where it reads none."""
+        return self
+
     def for_transform(self, transform: Transform) -> Capture:
         """This capture set up for ``transform`` (an export keeps its program for a transform that takes one)."""
         return self
@@ -87,6 +97,11 @@ class Capture:
     def in_dtype(self, gm: fx.GraphModule, dtype: torch.dtype) -> fx.GraphModule | None:
         """``gm``, a fresh capture of a model, as capturing the model in ``dtype`` gives it, made without
         capturing again (a converted copy); None (the default) where only capturing the model again gives that."""
+        return None
+
+    def tolerance(self, original: fx.GraphModule) -> Tolerance | None:
+        """How far a result may move the outputs of ``original`` (a fresh capture) beyond the dtype's rounding, as
+        its graphs compute (a quantized graph: in quantization steps); None (the default): nothing more."""
         return None
 
     def recapture(self, gm: fx.GraphModule) -> fx.Graph:

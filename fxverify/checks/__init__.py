@@ -176,6 +176,9 @@ REGISTRY: tuple[CheckSpec, ...] = (
               requires=("has_program",), verify_each=True),
     CheckSpec("opset", "opset", "check", "on ATen graphs, the result keeps the capture's operator set (ATen, "
                                          "functional, core ATen)", requires=("opset",), verify_each=True),
+    CheckSpec("qdq", "qdq", "check", "on quantized graphs, every quantize / dequantize pair stays consistent: "
+                                     "parameters, per-channel axes, shared parameters, no observer left",
+              requires=("quantized",), verify_each=True),
     CheckSpec("variants", "variants", "check", "the ops the transform rewrote, and the variants of them it left "
                                                "untouched (a warning; a failure under rewrites_every_occurrence)"),
     CheckSpec("recompile", "roundtrips", "check_recompile", "a copy recompiled gives the same code and outputs"),

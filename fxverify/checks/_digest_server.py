@@ -247,6 +247,8 @@ class CrossProcessService:
 
     def prepare(self, transform: Transform, case: ModelCase, capture: Capture) -> CrossProcessDigests:
         digests = self.digests[transform.spec, capture.name]
+        if capture.reads_settings:  # set up by the run's settings (a quantizer): the server is sent it whole
+            digests.capture = capture
         if (transform.spec, case.name, capture.name) in self.wanted:  # the server works while the other checks run
             mode, static = cross_process_capture(transform.contract, capture, self.train_capture)
             digests.request(case.name, mode=mode, static=static)

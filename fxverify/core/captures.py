@@ -12,7 +12,7 @@ Inductor's hooks (:mod:`fxverify.inductor.hooks`), one row each. Checks state th
 ('symbolic_trace', 'export', 'export_core', 'make_fx', 'inductor', 'inductor_post', 'inductor_train', 'inductor_train_post')
 >>> capture_names()[8:]  # doctest: +NORMALIZE_WHITESPACE
 ('inductor_joint', 'inductor_joint_post', 'inductor_train_joint', 'inductor_train_joint_post', 'inductor_pre_grad',
- 'inductor_freezing', 'inductor_freezing_post')
+ 'inductor_freezing', 'inductor_freezing_post', 'pt2e')
 >>> spec("make_fx").traits.carries_meta_val, spec("make_fx").traits.has_program
 (True, False)
 >>> lacking(spec("symbolic_trace").traits, ("has_program",), "symbolic_trace")
@@ -52,6 +52,8 @@ class CaptureTraits:
     ``kept_strides_read``: what reads the graph after a pass trusts the strides in the ``meta['val']`` of nodes
     the pass left alone (ExecuTorch takes dim order from them); False at Inductor's joint hooks, where torch's
     own joint-graph patterns leave such strides stale behind a replacement and recomputes none of them.
+    ``quantized``: activations and weights pass through quantize / dequantize pairs (PT2E's converted graphs): no
+    float64 run is made of them (the q/dq ops take float32 only) and the ``qdq`` check judges those pairs.
     """
 
     carries_meta_val: bool = False
@@ -63,6 +65,7 @@ class CaptureTraits:
     moves_device: bool = True
     differentiated: bool = True
     kept_strides_read: bool = True
+    quantized: bool = False
 
 
 # what a capture's graphs lack when a trait is false, and what the captures that have it give
@@ -80,6 +83,7 @@ _LACKS = {
                        "where no gradient is needed; a training capture runs its own backward graph, whose "
                        "gradients numerics compares): backward through a result is nothing the pass promises",
                        "are differentiated"),
+    "quantized": ("hold no quantize / dequantize pairs", "do"),
 }
 
 # why an instance lacks a trait its registry row has
@@ -142,6 +146,11 @@ REGISTRY: tuple[CaptureSpec, ...] = (
     CaptureSpec("make_fx", "fxverify.capture.make_fx", "for_model", "make_fx of the functionalized model, static shapes",
                 CaptureTraits(carries_meta_val=True, opset="functional", moves_device=False)),
     *(_at_hook(row) for row in hooks.CAPTURES),
+    CaptureSpec("pt2e", "fxverify.capture.pt2e", "for_model",
+                "torch.export, then PT2E quantization with the run's quantizer (--fxverify-quantizer): prepare_pt2e, "
+                "calibration on the example inputs, convert_pt2e; the transform takes the q/dq GraphModule",
+                CaptureTraits(dynamic_batch=True, pickles=False, moves_device=False, differentiated=False,
+                              quantized=True)),
 )
 
 

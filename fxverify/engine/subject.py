@@ -149,9 +149,16 @@ class Subject:
 
     @functools.cached_property
     def tolerance(self) -> Tolerance:
+        """The contract's, the entry's and the capture's tolerances (a quantized capture's: its quantization
+        steps), the loosest of each."""
         entry = self.case.entry
         declared = Tolerance(self.contract.rtol, self.contract.atol, self.contract.range_tol)
-        return declared.loosest(Tolerance(entry.rtol, entry.atol))
+        found = declared.loosest(Tolerance(entry.rtol, entry.atol))
+        try:
+            captured = self.capture.tolerance(self.capture_source(self.contract.primary_mode))
+        except (CaptureFailed, Skip):  # no graph to read it from: the checks say so themselves
+            captured = None
+        return found if captured is None else found.loosest(captured)
 
     @property
     def float64_tolerance(self) -> Tolerance:

@@ -77,7 +77,7 @@ class FxVerifyRun:
                     service.release(self._verification[1])
             self._verification = None  # release the previous model before building the next
             release_memory()
-            captured = case.capture_named(capture)
+            captured = case.capture_named(capture).configured(self.options.capture_settings)
             handed = {name: service.prepare(transform, case, captured) for name, service in self.services.items()}
             verification = Verification(transform, case, timeout=self.options.timeout, capture=captured,
                                         repro_dir=self.options.repro_dir,

@@ -107,6 +107,10 @@ class Ledger:
             return "error", "E", "ERROR"
         return None
 
+    def _checks_of(self, subject: str) -> list[str]:
+        """The run's checks that take ``subject`` (a kind of :data:`fxverify.checks.KINDS`): a block's columns."""
+        return [check for check in self.checks if checks.spec(check).subject == subject]
+
     def sorted_records(self) -> list[dict[str, Any]]:
         """The records by transform, model and the checks' order."""
         return sorted_records(self.records.values(), self.checks)
@@ -122,7 +126,7 @@ class Ledger:
             changes = self.changes[transform.spec]
             cells = {key: outcomes[key].short for key in sorted(outcomes, key=lambda key: row.get(key[0], len(row)))}
             terminalreporter.write_line(format_table(transform.spec, transform.contract.describe(), cells,
-                                                     list(self.checks), changes))
+                                                     self._checks_of(checks.MODEL), changes))
             warning = rewrite_warning(transform.spec, changes, self.random_graphs)
             if warning:
                 terminalreporter.write_line(warning, yellow=True, bold=True)
@@ -135,9 +139,9 @@ class Ledger:
             outcomes = self.outcomes.get(spec)
             if outcomes:
                 option, _, given = spec.partition(":")
-                taken = [check for check in self.checks if checks.spec(check).subject == checks.kind(option).name]
                 cells = {key: outcome.short for key, outcome in outcomes.items()}
-                terminalreporter.write_line(format_table(given, "", cells, taken, None, kind=option) + "\n")
+                terminalreporter.write_line(format_table(given, "", cells, self._checks_of(checks.kind(option).name),
+                                                         None, kind=option) + "\n")
         if self.golden_updates:
             terminalreporter.write_line(format_updates(self.golden_updates, terminalreporter.config.rootpath))
         for path in self.written:

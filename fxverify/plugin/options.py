@@ -76,6 +76,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("fxverify_capture", "CAPTURES", DEFAULT_CAPTURE, "how the models become the graphs the transform takes, "
            f"comma-separated: {'; '.join(f'{name}: {summary}' for name, summary in summaries().items())}. Items of "
            "another capture than the first are named model@capture, and the capture's name is a -k keyword"),
+    Option("fxverify_quantizer", "MOD:FN", "", "the PT2E quantizer the pt2e capture quantizes the models with: "
+           "'package.module:factory' naming a function of no arguments that returns a Quantizer",
+           shown_default="torchao's X86InductorQuantizer, default config"),
     Option("fxverify_checks", "CHECKS", "", f"comma-separated subset of checks: {','.join(names(None))}",
            shown_default="all"),
     Option("fxverify_order", "ORDER", FAST_ORDER, "the order the items run in: 'fast' (what failed last time first, "
@@ -173,6 +176,7 @@ class RunOptions:
     shard: str
     durations: Path | None
     captures: tuple[str, ...]
+    capture_settings: dict[str, Any]  # what the captures read of the run (Capture.configured): the quantizer
     checks: tuple[str, ...]
     order: str
     reference_cache: bool
@@ -216,6 +220,7 @@ class RunOptions:
             shard=raw(config, "fxverify_shard") or "",
             durations=_path(config, "fxverify_durations"),
             captures=captures,
+            capture_settings={"quantizer": (raw(config, "fxverify_quantizer") or "").strip() or None},
             checks=chosen,
             order=_choice("fxverify_order", raw(config, "fxverify_order") or FAST_ORDER, (FAST_ORDER, CATALOGUE_ORDER)),
             reference_cache=_value(config, _named("fxverify_reference_cache")),

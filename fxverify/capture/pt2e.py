@@ -1,0 +1,104 @@
+"""The ``pt2e`` capture: the converted PT2E graph, the ``GraphModule`` a pass over a quantized model takes.
+
+The model is exported as the ``export`` capture exports it (``torch.export``, its training IR; a dynamic batch
+where it is checked at several batch sizes), then quantized as its users quantize it: ``prepare_pt2e`` with
+the run's quantizer (:func:`quantizer_of`: ``--fxverify-quantizer module:factory``, by default torchao's
+``X86InductorQuantizer`` with its default config), calibrated on the example inputs (the entry's input domain),
+and ``convert_pt2e``: activations and weights pass through ``quantized_decomposed`` quantize / dequantize pairs,
+the form ExecuTorch's and torchao's q/dq passes take.
+
+What differs from the float captures, and how the checks meet it: the q/dq ops take float32 only, so no
+float64 run is made of these graphs (numerics compares the result with the graph before the pass in float32,
+within a tolerance counted in the graph's quantization steps: :meth:`Pt2e.tolerance`); the q/dq nodes carry no
+``meta['val']`` (no ``meta`` check); PT2E quantization is for inference, so the graph is captured in eval
+mode whatever mode is asked; the ``qdq`` check judges the quantize / dequantize nodes
+(:mod:`fxverify.analysis.qdq`).
+
+>>> Pt2e().name, Pt2e().traits.quantized
+('pt2e', True)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from fxverify.analysis.compare import Tolerance
+from fxverify.analysis.qdq import quantization_step
+from fxverify.capture.export import Export
+from fxverify.capture.export import for_model as export_for_model
+from fxverify.core import captures
+from fxverify.core.transform import load_object
+from fxverify.errors import TransformLoadError
+
+DEFAULT_QUANTIZER = "fxverify.capture.pt2e:x86_quantizer"
+STEPS = 2.0  # a pass over a q/dq graph may move an output by this many of its coarsest quantization steps
+
+
+def x86_quantizer() -> Any:
+    """torchao's ``X86InductorQuantizer`` with its default config (static, per-channel weights): the default."""
+    import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as x86
+
+    return x86.X86InductorQuantizer().set_global(x86.get_default_x86_inductor_quantization_config())
+
+
+def quantizer_of(spec: str) -> Any:
+    """A fresh quantizer from ``spec`` (``'package.module:factory'``, a function of no arguments returning a
+    ``Quantizer``); :class:`~fxverify.errors.TransformLoadError` saying what to give otherwise."""
+    factory = load_object(spec, "quantizer")
+    made = factory() if callable(factory) else factory
+    if not hasattr(made, "annotate"):
+        raise TransformLoadError(f"quantizer spec {spec!r} gives a {type(made).__name__}, not a PT2E Quantizer: give "
+                                 "'package.module:factory' naming a function of no arguments that returns one "
+                                 "(torchao.quantization.pt2e.quantizer.Quantizer)")
+    return made
+
+
+@dataclasses.dataclass(frozen=True)
+class Pt2e(Export):
+    """``torch.export``, ``prepare_pt2e`` with ``quantizer``, calibration on the example inputs, ``convert_pt2e``."""
+
+    quantizer: str = DEFAULT_QUANTIZER
+    keeps_captures = True  # an export and a calibration: one per mode, copied for each use
+    reads_settings = True  # the quantizer
+
+    @property
+    def name(self) -> str:
+        return "pt2e"
+
+    def configured(self, settings: Mapping[str, Any]) -> Pt2e:
+        """This capture with the run's quantizer (``settings["quantizer"]``) where one is given."""
+        given = settings.get("quantizer")
+        return dataclasses.replace(self, quantizer=given) if given else self
+
+    def capture(self, module: nn.Module, *, training: bool, inputs: tuple[Any, ...] = ()) -> fx.GraphModule:
+        """The converted graph of ``module`` in eval mode (PT2E quantization is for inference; ``training`` is
+        not read), calibrated on ``inputs``."""
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+        if not inputs:
+            raise ValueError("the pt2e capture needs example inputs")
+        exported = self.program(module, training=False, inputs=inputs).module()
+        prepared = prepare_pt2e(exported, quantizer_of(self.quantizer))
+        with torch.no_grad():
+            prepared(*inputs)  # calibration, on the entry's own inputs
+        return convert_pt2e(prepared)
+
+    def tolerance(self, original: fx.GraphModule) -> Tolerance | None:
+        """What a pass may move the outputs of ``original`` by: :data:`STEPS` of its coarsest activation's
+        quantization step (an absolute tolerance), or None where it quantizes no activation."""
+        step = quantization_step(original)
+        return None if step is None else Tolerance(atol=STEPS * step)
+
+    def describe(self) -> str:
+        """e.g. ``pt2e (fxverify.capture.pt2e:x86_quantizer, dynamic batch 1..8)``."""
+        return f"pt2e ({self.quantizer}, {super().describe().partition(', ')[2]}"
+
+
+def for_model(facts: captures.ModelFacts) -> Pt2e:
+    """The ``pt2e`` capture of a model (the registry's factory): exported as the ``export`` capture exports it."""
+    return Pt2e(dynamic_batch=export_for_model(facts).dynamic_batch)

@@ -1,0 +1,66 @@
+"""Passes over converted PT2E graphs, written the way torchao's and ExecuTorch's authors write them (a function
+over the converted ``GraphModule``, edited in place, returning it), each buggy one beside its correct twin:
+
+- ``fold_weight_dequants`` computes each constant weight's dequantize once (a float weight in place of the
+  ``dequantize_per_channel`` of a frozen int8 weight), as lowering to a float backend does;
+  ``fold_weight_dequants_first_scale`` dequantizes with the first channel's scale and zero point for every
+  channel (a per-tensor habit): wrong numbers, caught by ``numerics``;
+- ``scales_in_float16`` rounds every quantize's and dequantize's scale to float16 (a backend keeping its
+  parameters in half precision); ``dequant_scales_in_float16`` rounds the dequantizes' only, so a dequantize
+  no longer reads the scale its quantize wrote: caught by ``qdq`` (the numbers move by a fraction of a step).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.ao.quantization.fx._decomposed  # noqa: F401 (the quantized_decomposed ops)
+from torch import fx
+
+QD = torch.ops.quantized_decomposed
+PER_TENSOR = (QD.quantize_per_tensor.default, QD.dequantize_per_tensor.default)
+
+
+def _fold_weight_dequants(gm: fx.GraphModule, *, first_scale: bool) -> fx.GraphModule:
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target != QD.dequantize_per_channel.default:
+            continue
+        weight, scales, zero_points = (getattr(gm, str(arg.target)) for arg in node.args[:3])
+        axis, qmin, qmax, dtype = node.args[3:7]
+        if first_scale:
+            folded = (weight.float() - zero_points[0]) * scales[0]
+        else:
+            folded = QD.dequantize_per_channel.default(weight, scales, zero_points, axis, qmin, qmax, dtype)
+        name = f"{node.name}_folded"
+        gm.register_buffer(name, folded)
+        with gm.graph.inserting_before(node):
+            constant = gm.graph.get_attr(name)
+        node.replace_all_uses_with(constant)
+        gm.graph.erase_node(node)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return gm
+
+
+def fold_weight_dequants(gm: fx.GraphModule) -> fx.GraphModule:
+    return _fold_weight_dequants(gm, first_scale=False)
+
+
+def fold_weight_dequants_first_scale(gm: fx.GraphModule) -> fx.GraphModule:
+    return _fold_weight_dequants(gm, first_scale=True)
+
+
+def _scales_in_float16(gm: fx.GraphModule, targets: tuple[object, ...]) -> fx.GraphModule:
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in targets:
+            scale = float(torch.tensor(node.args[1], dtype=torch.float16))
+            node.args = (node.args[0], scale, *node.args[2:])
+    gm.recompile()
+    return gm
+
+
+def scales_in_float16(gm: fx.GraphModule) -> fx.GraphModule:
+    return _scales_in_float16(gm, PER_TENSOR)
+
+
+def dequant_scales_in_float16(gm: fx.GraphModule) -> fx.GraphModule:
+    return _scales_in_float16(gm, PER_TENSOR[1:])
