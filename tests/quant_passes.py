@@ -13,7 +13,7 @@ over the converted ``GraphModule``, edited in place, returning it), each buggy o
 from __future__ import annotations
 
 import torch
-import torch.ao.quantization.fx._decomposed  # noqa: F401 (the quantized_decomposed ops)
+import torch.ao.quantization.fx._decomposed
 from torch import fx
 
 QD = torch.ops.quantized_decomposed

@@ -204,7 +204,8 @@ def _sharing_problems(gm: fx.GraphModule) -> Iterator[Problem]:
 
 def _groups(node: fx.Node) -> int:
     """The ``groups`` argument of a (transposed) convolution node: its seventh argument either way (1 for linear)."""
-    return int(node.kwargs.get("groups", node.args[6] if len(node.args) > 6 else 1))
+    groups = node.kwargs.get("groups", node.args[6] if len(node.args) > 6 else 1)
+    return groups if isinstance(groups, int) else 1  # a symbolic groups: none of the kinds this reads
 
 
 def _op(node: fx.Node) -> str:

@@ -362,7 +362,7 @@ class Trial:
         return self.case.name
 
     @property
-    def spec(self) -> str:
+    def under_test(self) -> str:
         return self.name
 
     def header(self) -> list[tuple[str, str]]:

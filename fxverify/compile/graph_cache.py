@@ -294,6 +294,10 @@ class PassSet:
     def model(self) -> str:
         return self.compiles.name
 
+    @property
+    def under_test(self) -> str:
+        return self.label
+
     def input_text(self) -> str:
         leaves = pytree.tree_leaves(self.compiles.inputs)
         return ", ".join(f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}" if isinstance(x, torch.Tensor)

@@ -185,6 +185,10 @@ class Fuzzer:
         return self.pattern.name
 
     @property
+    def under_test(self) -> str:
+        return self.spec
+
+    @property
     def capture(self) -> str:
         """The Inductor capture each variant is traced as (the first hook the pattern is declared for)."""
         return self.hook or "inductor"

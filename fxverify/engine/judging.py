@@ -7,7 +7,7 @@ no verdict). :func:`attempt` is that mapping; :func:`judge` renders it for a sub
 
 >>> from fxverify.core.results import Finding
 >>> class Toy:
-...     model, spec, capture, about = "m", "my:backend", None, "the backend"
+...     model, under_test, capture, about = "m", "my:backend", None, "the backend"
 ...     def header(self): return [("model", "m"), ("backend", "my:backend")]
 ...     def not_applicable(self, check): return None
 ...     def reproduce(self, check): return None
@@ -44,10 +44,21 @@ Check = Callable[[Any], "dict[str, Any] | None"]  # a check: details on success,
 class Judged(Protocol):
     """A subject that is no model under a capture, as its results and messages name it."""
 
-    model: str  # the result's ``model``: the pattern, the model compiled, the model the passes compile
-    spec: str  # the result's ``transform``: what is under test (the patterns', backend's or passes' spec)
-    capture: str | None  # the result's ``capture`` (None: none applies)
-    about: str  # what a verdict is about, in an error's words ("the backend")
+    @property
+    def model(self) -> str:
+        """The result's ``model``: the pattern, the model compiled, the model the passes compile."""
+
+    @property
+    def under_test(self) -> str:
+        """The result's ``transform``: what is under test (the patterns', backend's or passes' spec)."""
+
+    @property
+    def capture(self) -> str | None:
+        """The result's ``capture``: how the graphs were made (None: the default)."""
+
+    @property
+    def about(self) -> str:
+        """What a verdict is about, in an error's words (``the backend``)."""
 
     def header(self) -> Sequence[tuple[str, str]]:
         """The lines naming the subject at the top of a failure's message, ``(label, text)``."""
@@ -75,7 +86,7 @@ def attempt(check: Check, subject: Any) -> tuple[Outcome, Any]:
 def judge(name: str, check: Check, subject: Judged) -> CheckResult:
     """The result of check ``name`` (the function ``check``) on ``subject``."""
     def result(outcome: Outcome, **fields: Any) -> CheckResult:
-        return CheckResult(name, subject.model, subject.spec, outcome, capture=subject.capture, **fields)
+        return CheckResult(name, subject.model, subject.under_test, outcome, capture=subject.capture, **fields)
 
     outside = subject.not_applicable(name)
     if outside:

@@ -98,8 +98,8 @@ class FxVerifyRun:
     @pytest.hookimpl(trylast=True)  # after -k, --deselect and --lf have had their say
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         for item in items:
-            if isinstance(item, CheckItem) and item.check in self.services:
-                self.services[item.check].want(item.transform, item.case, item.capture)
+            if isinstance(item, CheckItem) and item.check in self.services and item.case and item.capture:
+                self.services[item.check].want(item.transform, item.case, item.capture)  # a model's item
 
     def pytest_unconfigure(self) -> None:
         for service in self.services.values():

@@ -40,7 +40,7 @@ def run_header(options: RunOptions, ledger: Ledger) -> dict[str, Any]:
     models (labels, in catalogue order) of the whole selection and of this run, which
     :mod:`fxverify.reports.merge` needs to merge the shards' reports as one run."""
     whole = catalogue.select(options.corpus, exclude=options.exclude, tags=options.tags)
-    passes = dict(reversed(spec.split(":", 1)) for spec in ledger.passes)  # a compile spec -> its option
+    passes = {spec.partition(":")[2]: spec.partition(":")[0] for spec in ledger.passes}  # a compile spec -> its option
     return {"checks": list(ledger.checks),
             "contracts": {**{t.spec: t.contract.describe() for t in ledger.transforms}, **passes},
             "shard": options.shard or None, "selection": [model_label(e.name, c) for e in whole for c in options.captures],
