@@ -49,6 +49,22 @@ def test_a_buggy_pass_over_a_converted_graph_fails_first_through_its_check(model
     assert [r.message for r in verification(twin, model).run_all() if not r.ok] == []
 
 
+def test_a_model_counting_its_calls_is_compared_from_one_fresh_state():
+    """No float64 run rescues float32 outputs that earlier checks' runs (lint's interpreter) stepped apart: the
+    comparison restarts from a fresh pair, and still sees a pass that changes what the counter multiplies."""
+    def doubled_weight(gm: fx.GraphModule) -> fx.GraphModule:
+        for node in gm.graph.nodes:
+            if node.target == torch.ops.aten.mul.Tensor and 0.25 in node.args:
+                node.args = (node.args[0], 0.5)
+        gm.recompile()
+        return gm
+
+    for transform, outcome in ((fxverify.examples.identity, "passed"), (doubled_weight, "failed")):
+        counted = verification(transform, "edge_counter_buffer")
+        assert counted.run("lint").ok
+        assert counted.run("numerics").outcome == outcome
+
+
 def test_qdq_names_the_node_the_parameter_and_the_fix():
     result = verification(quant_passes.dequant_scales_in_float16, "edge_linear_bn").run("qdq")
     assert result.node is not None and result.node.startswith("dequantize_per_tensor")
