@@ -176,3 +176,13 @@ def test_no_module_outside_the_checks_spells_a_check_name():
                     and node.value not in HOMONYMS.get(relative, ()) and node.value not in mine:
                 spelled.append(f"{relative}:{node.lineno} spells {node.value!r}")
     assert not spelled, "\n".join(spelled)
+
+
+def test_every_folder_of_the_package_is_shipped():
+    """pyproject.toml lists the packages a wheel holds; a folder left out (fxverify.core was, having no
+    __init__.py) installs in editable mode and is missing from a regular install."""
+    import tomllib
+
+    listed = set(tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {module_name(path.parent / "__init__.py") for path in PACKAGE.rglob("*.py") if "__pycache__" not in path.parts}
+    assert folders <= listed, sorted(folders - listed)
