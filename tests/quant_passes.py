@@ -64,3 +64,10 @@ def scales_in_float16(gm: fx.GraphModule) -> fx.GraphModule:
 
 def dequant_scales_in_float16(gm: fx.GraphModule) -> fx.GraphModule:
     return _scales_in_float16(gm, PER_TENSOR[1:])
+
+
+def x86_dynamic_quantizer() -> object:
+    """torchao's X86InductorQuantizer with dynamic activations: their scale and zero point computed at run time."""
+    import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as x86
+
+    return x86.X86InductorQuantizer().set_global(x86.get_default_x86_inductor_quantization_config(is_dynamic=True))

@@ -121,3 +121,17 @@ def test_only_the_problems_a_pass_made_are_new_and_the_step_is_the_coarsest_acti
     assert len(qdq_problems(before)) == 1 and new_problems(before, before) == []
     assert [p.what.split(" where")[0] for p in new_problems(before, after)] == ["scale 0.3"]
     assert quantization_step(after) == 0.3
+
+
+def test_dynamic_quantization_parameters_computed_at_run_time_are_read_by_their_node():
+    from fxverify.analysis.qdq import params
+    from fxverify.capture.pt2e import Pt2e
+
+    case = fxverify.load_case("edge_linear_bn")
+    capture = Pt2e(quantizer="tests.quant_passes:x86_dynamic_quantizer", dynamic_batch=case.capture_named("pt2e").dynamic_batch)
+    dynamic = fxverify.Verification(fxverify.examples.identity, case, capture=capture)
+    assert [r.message for r in dynamic.run_all() if not r.ok] == []
+    graph = dynamic.subject.applied().original
+    runtime = [params(graph, n).scale for n in graph.graph.nodes if n.target == QD.quantize_per_tensor.tensor]
+    assert runtime and all(isinstance(scale[0], str) and scale[0].startswith("%") for scale in runtime)
+    assert quantization_step(graph) is None  # no activation step known before it runs: no extra tolerance

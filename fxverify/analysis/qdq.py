@@ -57,10 +57,12 @@ OBSERVER_WORDS = ("Observer", "FakeQuantize")  # the class names of what prepare
 
 @dataclasses.dataclass(frozen=True)
 class Params:
-    """A q/dq node's parameters: scale(s) and zero point(s) as tuples, range, dtype and axis (None: per-tensor)."""
+    """A q/dq node's parameters: scale(s) and zero point(s) as tuples, range, dtype and axis (None: per-tensor). A
+    scale or zero point computed at run time (dynamic quantization: ``choose_qparams``) is the name of the node
+    computing it (``'%choose_qparams'``): a dequantize must read the same node."""
 
-    scale: tuple[float, ...]
-    zero_point: tuple[int, ...]
+    scale: tuple[float | str, ...]
+    zero_point: tuple[int | str, ...]
     qmin: int
     qmax: int
     dtype: torch.dtype
@@ -135,10 +137,11 @@ def new_problems(before: fx.GraphModule, after: fx.GraphModule) -> list[Problem]
 
 
 def quantization_step(gm: fx.GraphModule) -> float | None:
-    """The largest step (scale) of a per-tensor dequantize of ``gm``'s activations: what one quantization step
-    of its coarsest activation is worth, the unit a tolerance on its outputs is counted in; None without one."""
-    scales = [max(params(gm, n).scale) for n in gm.graph.nodes
-              if n.op == "call_function" and n.target in DEQUANTIZE - PER_CHANNEL]
+    """The largest step (scale) of a per-tensor dequantize of ``gm``'s activations known before it runs: what one
+    quantization step of its coarsest activation is worth, the unit a tolerance on its outputs is counted in; None
+    without one (none, or only scales computed at run time)."""
+    scales = [scale for n in gm.graph.nodes if n.op == "call_function" and n.target in DEQUANTIZE - PER_CHANNEL
+              for scale in params(gm, n).scale if isinstance(scale, float)]
     return max(scales) if scales else None
 
 
@@ -147,10 +150,10 @@ def _parameter_problems(node: fx.Node, own: Params) -> Iterator[Problem]:
     if info is not None and not info.min <= own.qmin <= own.qmax <= info.max:
         yield Problem("parameters", node.name, f"range [{own.qmin}, {own.qmax}] outside {own.dtype}'s "
                                                f"[{info.min}, {info.max}]")
-    bad = [s for s in own.scale if not (math.isfinite(s) and s > 0)]
+    bad = [s for s in own.scale if isinstance(s, float) and not (math.isfinite(s) and s > 0)]
     if bad:
         yield Problem("parameters", node.name, f"scale {_shown(bad[0])}: a scale must be positive and finite")
-    outside = [z for z in own.zero_point if not own.qmin <= z <= own.qmax]
+    outside = [z for z in own.zero_point if isinstance(z, int) and not own.qmin <= z <= own.qmax]
     if outside:
         yield Problem("parameters", node.name, f"zero point {outside[0]} outside its range [{own.qmin}, {own.qmax}]")
 
@@ -218,13 +221,17 @@ def _value(gm: fx.GraphModule, arg: Any) -> Any:
     return arg
 
 
-def _floats(value: Any) -> tuple[float, ...]:
+def _floats(value: Any) -> tuple[float | str, ...]:
+    if isinstance(value, fx.Node):  # computed at run time
+        return (f"%{value.name}",)
     if isinstance(value, torch.Tensor):
         return tuple(float(v) for v in value.flatten().tolist())
     return (float(value),)
 
 
-def _ints(value: Any) -> tuple[int, ...]:
+def _ints(value: Any) -> tuple[int | str, ...]:
+    if isinstance(value, fx.Node):
+        return (f"%{value.name}",)
     if isinstance(value, torch.Tensor):
         return tuple(int(v) for v in value.flatten().tolist())
     return (int(value),)

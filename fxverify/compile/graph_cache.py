@@ -59,9 +59,10 @@ from fxverify.core.transform import CallTimedOut, call_with_timeout, load_object
 from fxverify.engine.judging import judge
 from fxverify.engine.subject import DEFAULT_TIMEOUT
 from fxverify.errors import CorpusError, FxVerifyError, TransformLoadError
+from fxverify.inductor.hooks import GRAPH_HOOKS
 
 UUID, STALE, BYPASS = "graph-cache-uuid", "graph-cache-stale", "graph-cache-bypass"  # its checks (the registry's)
-HOOKS = ("post_grad_custom_pre_pass", "post_grad_custom_post_pass", "joint_custom_pre_pass", "joint_custom_post_pass")
+HOOKS = tuple(hook.name for hook in GRAPH_HOOKS)  # the config hooks a CustomGraphPass is installed at
 HASH_SEEDS = ("0", "1")  # the PYTHONHASHSEED of the two processes uuid() must agree in
 DEFAULT_MODEL = "relu_mul_add"
 Digests = dict[str, list[dict[str, str]]]  # per PYTHONHASHSEED, uuid_digests of the passes in a fresh process
