@@ -12,7 +12,8 @@ float64 run is made of these graphs (numerics compares the result with the graph
 within a tolerance counted in the graph's quantization steps: :meth:`Pt2e.tolerance`); the q/dq nodes carry no
 ``meta['val']`` (no ``meta`` check); PT2E quantization is for inference, so the graph is captured in eval
 mode whatever mode is asked; the ``qdq`` check judges the quantize / dequantize nodes
-(:mod:`fxverify.analysis.qdq`).
+(:mod:`fxverify.analysis.qdq`). Where the quantizer's flow raises on a model, its items skip, saying so: no
+graph to check a pass on, and nothing about the pass.
 
 >>> Pt2e().name, Pt2e().traits.quantized
 ('pt2e', True)
@@ -32,6 +33,7 @@ from fxverify.analysis.qdq import quantization_step
 from fxverify.capture.export import Export
 from fxverify.capture.export import for_model as export_for_model
 from fxverify.core import captures
+from fxverify.core.results import Skip, exception_summary
 from fxverify.core.transform import load_object
 from fxverify.errors import TransformLoadError
 
@@ -83,10 +85,16 @@ class Pt2e(Export):
         if not inputs:
             raise ValueError("the pt2e capture needs example inputs")
         exported = self.program(module, training=False, inputs=inputs).module()
-        prepared = prepare_pt2e(exported, quantizer_of(self.quantizer))
-        with torch.no_grad():
-            prepared(*inputs)  # calibration, on the entry's own inputs
-        return convert_pt2e(prepared)
+        quantizer = quantizer_of(self.quantizer)
+        try:
+            prepared = prepare_pt2e(exported, quantizer)
+            with torch.no_grad():
+                prepared(*inputs)  # calibration, on the entry's own inputs
+            return convert_pt2e(prepared)
+        except Exception as exc:  # the quantizer's flow refuses the model: no graph for a pass to be checked on
+            raise Skip(f"quantizing it with {self.quantizer} raised {exception_summary(exc)} (prepare_pt2e, calibration "
+                       "or convert_pt2e), before any transform: the pass cannot be checked on this model, which says "
+                       "nothing of the pass; a quantizer's own defects are listed in docs/bugs-found.md") from exc
 
     def tolerance(self, original: fx.GraphModule) -> Tolerance | None:
         """What a pass may move the outputs of ``original`` by: :data:`STEPS` of its coarsest activation's
