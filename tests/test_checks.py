@@ -643,3 +643,28 @@ def test_stateful_follows_a_buffer_the_result_holds_under_another_name():
     assert Verification(mutations.nest_in_wrapper, "edge_running_statistics").run("stateful").ok
     case = fxverify.case_from_module("moving_average", MovingAverage, [(2, 4)])
     assert Verification(drops_the_average_update, case).run("stateful").outcome == "failed"
+
+
+def test_lint_holds_a_pass_result_to_its_modified_bit():
+    from torch.fx.passes.infra.pass_base import PassBase, PassResult
+
+    class TimesOne(PassBase):
+        """Multiplies the output by 1.0 (the graph changes, the numbers do not), then says what it did."""
+
+        def __init__(self, says: bool, rewrites: bool = True) -> None:
+            self.says, self.rewrites = says, rewrites
+
+        def call(self, gm: torch.fx.GraphModule) -> PassResult:
+            if self.rewrites:
+                output = next(n for n in gm.graph.nodes if n.op == "output")
+                with gm.graph.inserting_before(output):
+                    times = gm.graph.call_function(operator.mul, (output.args[0], 1.0))
+                output.args = (times,)
+                gm.recompile()
+            return PassResult(gm, self.says)
+
+    lint = fxverify.Verification(TimesOne(says=False), "edge_conv_bn_head").run("lint")
+    assert lint.outcome == "failed" and "PassResult(modified=False) but changed the module's graph" in lint.finding
+    assert fxverify.Verification(TimesOne(says=True), "edge_conv_bn_head").run("lint").details["modified"] is True
+    quiet = fxverify.Verification(TimesOne(says=True, rewrites=False), "edge_conv_bn_head").run("lint")
+    assert quiet.ok and quiet.details["modified"].startswith("True, with nothing changed")

@@ -3,7 +3,8 @@
 ``graph.lint()``; generated code in sync with the graph (a forgotten
 ``recompile()``); every get_attr / call_module target resolvable; no value
 used before it is defined; placeholders and output structure (pytree spec)
-unchanged; runs under ``torch.fx.Interpreter``; survives ``copy.deepcopy`` where the contract
+unchanged; runs under ``torch.fx.Interpreter``; a ``PassResult`` saying ``modified=False`` changed nothing
+(its callers trust the bit); survives ``copy.deepcopy`` where the contract
 declares ``serializable=False`` (otherwise the pickle check, whose job the copy is, reports it once).
 """
 
@@ -19,6 +20,7 @@ from fxverify.analysis.compare import leaves_with_paths
 from fxverify.analysis.module_state import first_line_difference, resolve
 from fxverify.checks._common import graph_result
 from fxverify.core.results import Finding, exception_summary
+from fxverify.core.transform import CLAIMED_MODIFIED
 from fxverify.engine.subject import Subject
 
 
@@ -61,7 +63,7 @@ def check(subject: Subject) -> dict[str, Any]:
             input=subject.primary.describe(),
             where="output",
         )
-    details = {"nodes": len(graph.nodes), "interpreter": interpreter_note or "runs"}
+    details = {"nodes": len(graph.nodes), "interpreter": interpreter_note or "runs", **_modified_bit(result, applied.changes)}
     if subject.contract.serializable:
         return details  # check_pickle deep-copies the result first and reports what the copy gets wrong
     try:
@@ -88,6 +90,26 @@ def _interpret(subject: Subject, result: fx.GraphModule, original: fx.GraphModul
         except Exception as exc:
             return None, f"the original does not run under torch.fx.Interpreter either: {exception_summary(exc)}"
     raise Finding(f"the result does not run under torch.fx.Interpreter: {failure}", input=subject.primary.describe())
+
+
+CHANGES_THAT_COUNT = ("graph", "state", "code", "modules")  # what a modified=False may not have changed
+
+
+def _modified_bit(result: fx.GraphModule, changes: list[str] | None) -> dict[str, Any]:
+    """Hold a ``PassResult``'s ``modified`` bit to what the pass changed: ``False`` where it changed the graph, the
+    state, the code or the submodules is a finding (a ``PassManager`` stops iterating on it, ExecuTorch's pass
+    manager skips what it runs after a modifying pass); ``True`` where it changed nothing is reported in the
+    details only (a conservative bit costs a caller a recompile, nothing more)."""
+    claimed = result.meta.get(CLAIMED_MODIFIED)
+    if claimed is None:
+        return {}
+    changed = [change for change in changes or () if change in CHANGES_THAT_COUNT]
+    if claimed is False and changed:
+        raise Finding(f"the pass returned PassResult(modified=False) but changed the module's {' and '.join(changed)}: "
+                      "callers trust the bit (torch.fx's PassManager stops iterating on it, ExecuTorch's pass manager "
+                      "skips re-validating and re-propagating after it); return modified=True whenever the graph "
+                      "changes", where="PassResult.modified")
+    return {"modified": claimed if changed or claimed is False else "True, with nothing changed (conservative)"}
 
 
 def _placeholders(graph: fx.Graph) -> list[str]:

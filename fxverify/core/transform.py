@@ -45,6 +45,7 @@ ACCEPTED_RETURNS = (
     "or a torch.fx.passes.infra.pass_base.PassResult"
 )
 PROGRAM_RETURNS = "a torch.export.ExportedProgram, or None (the program was modified in place)"
+CLAIMED_MODIFIED = "fxverify_claimed_modified"  # result.meta key: the modified bit of the PassResult it came in
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,6 +216,8 @@ class Transform:
                 f"{type(returned).__module__}.{type(returned).__qualname__} ({short_repr(returned)}); accepted: "
                 f"{PROGRAM_RETURNS}. A pass on the program's graph_module declares form='lifted'.")
         if isinstance(returned, PassResult):
+            if isinstance(returned.graph_module, torch.fx.GraphModule):  # what it says it did, for lint to hold it to
+                returned.graph_module.meta[CLAIMED_MODIFIED] = bool(returned.modified)
             returned = returned.graph_module
         if isinstance(returned, torch.nn.Module):
             # a new GraphModule over the very Graph it was given (`GraphModule(gm, gm.graph)`, as torchao's
