@@ -7,7 +7,9 @@ directory: a quantizer as the capture's quantizer (`--fxverify-quantizer`) with 
 (every item then judges what the quantizer made against itself: it must capture, run and keep its q/dq
 pairs), a pass as the transform over the graph torchao's X86InductorQuantizer made. The failures are printed
 grouped by check and finding, with the models that show each; read each as the pass's author would, and
-prove it in a few lines of plain torch before calling it a defect (docs/bugs-found.md).
+prove it in a few lines of plain torch before calling it a defect (docs/bugs-found.md). Inductor's
+``constant_fold`` is not among them: it runs on frozen graphs, where a buffer updated in forward is a
+placeholder, and folds such a buffer's update where it is a ``get_attr`` (outside what it is called on).
 """
 
 from __future__ import annotations
@@ -99,14 +101,6 @@ def ao_constant_fold(gm: fx.GraphModule) -> fx.GraphModule:
     return gm
 
 
-def inductor_constant_fold(gm: fx.GraphModule) -> fx.GraphModule:
-    """Inductor's constant_fold (torch._inductor.constant_folding), as freezing runs it, in place."""
-    from torch._inductor.constant_folding import constant_fold
-
-    constant_fold(gm)
-    return gm
-
-
 def cse(gm: fx.GraphModule) -> Any:
     """torch.fx's CSEPass (a PassBase)."""
     from torch.fx.passes.dialect.common.cse_pass import CSEPass
@@ -153,7 +147,7 @@ ROWS = (
     *(Row(name, "torchao", _here(name)) for name in
       ("duplicate_dq", "port_metadata", "reference_representation", "ao_constant_fold")),
     *(Row(name, "torch", _here(name)) for name in
-      ("inductor_constant_fold", "cse", "dead_code", "split_constants")),
+      ("cse", "dead_code", "split_constants")),
 )
 
 

@@ -645,6 +645,31 @@ def test_prepare_pt2e_cannot_fold_a_batchnorm_into_a_grouped_transposed_conv():
         prepared(nn.ConvTranspose2d(4, 6, 3, groups=2))
 
 
+def test_torchaos_constant_fold_freezes_a_buffer_updated_in_place():
+    torchao()
+    from torchao.quantization.pt2e.constant_fold import constant_fold
+
+    class Counter(nn.Module):
+        def __init__(self, in_place: bool) -> None:
+            super().__init__()
+            self.in_place, self.fc = in_place, nn.Linear(4, 4)
+            self.register_buffer("count", torch.zeros((), dtype=torch.long))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if self.in_place:
+                self.count.add_(1)
+            else:
+                self.count += 1  # recorded with its copy_ write-back
+            return self.fc(x) * self.count
+
+    x = torch.randn(2, 4)
+    for in_place, counts in ((False, True), (True, False)):
+        gm = torch.export.export(Counter(in_place).eval(), (x,)).module()
+        constant_fold(gm)
+        first, second = gm(x), gm(x)
+        assert torch.equal(second, first) is not counts  # the count moves between calls, or is frozen
+
+
 # -- OpenVINO's torch.compile backend -------------------------------------------------------------------------
 
 
