@@ -352,6 +352,25 @@ def test_move_to_device_pass_unties_tied_weights():
     assert moved.embed.weight.grad is None and moved.head.weight.grad is not None  # one of them gets no gradient
 
 
+def test_split_const_subgraphs_drops_the_output_structure_of_an_exported_module():
+    from torch.fx.experimental.const_fold import split_const_subgraphs
+
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(4, 4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x @ (self.w * 2).t()  # a constant subgraph: the scaled weight
+
+    x = torch.randn(2, 4)
+    for traced, returns in ((torch.fx.symbolic_trace(Scaled()), torch.Tensor),
+                            (torch.export.export(Scaled(), (x,)).module(), tuple)):
+        folded = split_const_subgraphs(traced)
+        folded.run_folding()
+        assert isinstance(folded(x), returns) and isinstance(traced(x), torch.Tensor)
+
+
 def test_cse_pass_drops_the_output_structure_of_the_module_it_copies():
     from torch.fx.passes.dialect.common.cse_pass import CSEPass
 
