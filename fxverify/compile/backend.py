@@ -32,7 +32,7 @@ eager model run in float64 may be a small multiple of eager's own. The aspects, 
   sequence length, then the batch at a size dynamo keeps symbolic, then the entry's other batch size). The
   dimensions no call varies are marked static (``torch._dynamo.mark_static``): eager runs at no other size of
   them, so no call could show a backend wrong there, and symbolic they can cost dynamo more than the whole check
-  (maxvit_t's 224 x 224 windows: over 30 minutes of shape reasoning on 2 cores, 10 s with them static);
+  (maxvit_t's window partitioning: many times the whole check's time in shape reasoning);
 - ``backend-gradients``: gradients of ``sum(outputs * fixed random weights)`` with respect to the inputs and
   parameters, in eval mode (no dropout mask or batch statistics to match);
 - ``backend-backward-graph``: for a backend made by ``aot_autograd``, its ``bw_compiler`` got the backward graph.
@@ -46,9 +46,8 @@ a model in another dtype, skip); ``rtol`` / ``atol`` / ``range_tol`` loosen the 
 
 A backend that raises, hangs or returns what is not callable fails the aspects that needed it, naming it, the model
 and the graph it was handed; where ``torch.compile(backend="eager")`` (dynamo alone) fails on the same calls too,
-the aspect skips, naming dynamo. Costs measured on 2 cores: 0.1-0.8 s a dynamo capture of an edge entry or
-resnet18; the dtype sequence adds two static compiles a model, the sizes ``backend-dynamic-shapes`` varies one call
-(and an eager probe) each.
+the aspect skips, naming dynamo. What it costs: a dynamo capture a run of calls, two static compiles a model for
+the dtype sequence, one call (and an eager probe) a size ``backend-dynamic-shapes`` varies (docs/performance.md).
 """
 
 from __future__ import annotations
