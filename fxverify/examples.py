@@ -27,8 +27,12 @@ def fuse_conv_bn(gm: fx.GraphModule) -> nn.Module:
 
 
 def identity(gm: fx.GraphModule) -> fx.GraphModule:
-    """Rebuild the module through ``torch.fx.Transformer``: changes nothing."""
-    return KeepWrappedTransformer(gm).transform()
+    """Rebuild the module through ``torch.fx.Transformer``, each node keeping its ``meta`` (the Transformer drops
+    ``meta['val']``, which ATen graphs carry and ExecuTorch's verifier requires): changes nothing."""
+    result = KeepWrappedTransformer(gm).transform()
+    for before, after in zip(gm.graph.nodes, result.graph.nodes, strict=True):
+        after.meta = {**before.meta, **after.meta}
+    return result
 
 
 class KeepWrappedTransformer(fx.Transformer):

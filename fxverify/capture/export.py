@@ -93,12 +93,16 @@ class Export(Capture):
     def program(self, module: nn.Module, *, training: bool, inputs: tuple[Any, ...]) -> torch.export.ExportedProgram:
         """The exported program of ``module`` in the given mode on ``inputs`` (decomposed for ``export_core``)."""
         self.set_mode(module, training)
-        dynamic = None
-        if self.dynamic_batch and inputs:
-            batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
-            dynamic = tuple({0: batch} if isinstance(t, torch.Tensor) and t.dim() else None for t in inputs)
-        program = torch.export.export(module, tuple(inputs), dynamic_shapes=dynamic, strict=False)
+        program = torch.export.export(module, tuple(inputs), dynamic_shapes=self.dynamic_shapes(inputs), strict=False)
         return program.run_decompositions() if self.core else program
+
+    def dynamic_shapes(self, inputs: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        """``torch.export``'s ``dynamic_shapes`` for ``inputs``: dimension 0 of each tensor one ``Dim("batch")``
+        where the batch is dynamic, else None."""
+        if not self.dynamic_batch or not inputs:
+            return None
+        batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
+        return tuple({0: batch} if isinstance(t, torch.Tensor) and t.dim() else None for t in inputs)
 
     def in_dtype(self, gm: fx.GraphModule, dtype: torch.dtype) -> fx.GraphModule | None:
         """``gm`` (a fresh capture) retyped to ``dtype`` (:func:`~fxverify.capture.copies.retyped_copy`),

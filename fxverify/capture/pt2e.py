@@ -41,6 +41,25 @@ DEFAULT_QUANTIZER = "fxverify.capture.pt2e:x86_quantizer"
 STEPS = 2.0  # a pass over a q/dq graph may move an output by this many of its coarsest quantization steps
 
 
+def converted(exported: fx.GraphModule, quantizer: str, inputs: tuple[Any, ...]) -> fx.GraphModule:
+    """``exported`` (an ``ep.module()``) quantized with the quantizer ``quantizer`` names (:func:`quantizer_of`) as its
+    users quantize: ``prepare_pt2e``, one calibration call on ``inputs`` (the entry's own, in its domain),
+    ``convert_pt2e``. Where that flow raises, :class:`~fxverify.core.results.Skip`: no graph for a pass to be checked
+    on, which says nothing of the pass."""
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    made = quantizer_of(quantizer)
+    try:
+        prepared = prepare_pt2e(exported, made)
+        with torch.no_grad():
+            prepared(*inputs)  # calibration, on the entry's own inputs
+        return convert_pt2e(prepared)
+    except Exception as exc:  # the quantizer's flow refuses the model
+        raise Skip(f"quantizing it with {quantizer} raised {exception_summary(exc)} (prepare_pt2e, calibration or "
+                   "convert_pt2e), before any transform: the pass cannot be checked on this model, which says nothing "
+                   "of the pass; a quantizer's own defects are listed in docs/bugs-found.md") from exc
+
+
 def x86_quantizer() -> Any:
     """torchao's ``X86InductorQuantizer`` with its default config (static, per-channel weights): the default."""
     import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as x86
@@ -80,21 +99,9 @@ class Pt2e(Export):
     def capture(self, module: nn.Module, *, training: bool, inputs: tuple[Any, ...] = ()) -> fx.GraphModule:
         """The converted graph of ``module`` in eval mode (PT2E quantization is for inference; ``training`` is
         not read), calibrated on ``inputs``."""
-        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-
         if not inputs:
             raise ValueError("the pt2e capture needs example inputs")
-        exported = self.program(module, training=False, inputs=inputs).module()
-        quantizer = quantizer_of(self.quantizer)
-        try:
-            prepared = prepare_pt2e(exported, quantizer)
-            with torch.no_grad():
-                prepared(*inputs)  # calibration, on the entry's own inputs
-            return convert_pt2e(prepared)
-        except Exception as exc:  # the quantizer's flow refuses the model: no graph for a pass to be checked on
-            raise Skip(f"quantizing it with {self.quantizer} raised {exception_summary(exc)} (prepare_pt2e, calibration "
-                       "or convert_pt2e), before any transform: the pass cannot be checked on this model, which says "
-                       "nothing of the pass; a quantizer's own defects are listed in docs/bugs-found.md") from exc
+        return converted(self.program(module, training=False, inputs=inputs).module(), self.quantizer, inputs)
 
     def tolerance(self, original: fx.GraphModule) -> Tolerance | None:
         """What a pass may move the outputs of ``original`` by: :data:`STEPS` of its coarsest activation's

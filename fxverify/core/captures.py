@@ -54,6 +54,8 @@ class CaptureTraits:
     own joint-graph patterns leave such strides stale behind a replacement and recomputes none of them.
     ``quantized``: activations and weights pass through quantize / dequantize pairs (PT2E's converted graphs): no
     float64 run is made of them (the q/dq ops take float32 only) and the ``qdq`` check judges those pairs.
+    ``lowers``: its programs are ExecuTorch Edge programs, which lower to a ``.pte`` that ``executorch.runtime``
+    runs (the ``runtime`` check).
     """
 
     carries_meta_val: bool = False
@@ -66,6 +68,7 @@ class CaptureTraits:
     differentiated: bool = True
     kept_strides_read: bool = True
     quantized: bool = False
+    lowers: bool = False
 
 
 # what a capture's graphs lack when a trait is false, and what the captures that have it give
@@ -84,6 +87,7 @@ _LACKS = {
                        "gradients numerics compares): backward through a result is nothing the pass promises",
                        "are differentiated"),
     "quantized": ("hold no quantize / dequantize pairs", "do"),
+    "lowers": ("are not ExecuTorch Edge programs: they are not lowered to a .pte here", "are"),
 }
 
 # why an instance lacks a trait its registry row has
@@ -151,6 +155,16 @@ REGISTRY: tuple[CaptureSpec, ...] = (
                 "calibration on the example inputs, convert_pt2e; the transform takes the q/dq GraphModule",
                 CaptureTraits(dynamic_batch=True, pickles=False, moves_device=False, differentiated=False,
                               quantized=True)),
+    CaptureSpec("edge", "fxverify.capture.edge", "for_model",
+                "torch.export, then ExecuTorch's to_edge: the Edge-dialect program; a pass runs as "
+                "EdgeProgramManager.transform runs it, static shapes (needs the edge extra)",
+                CaptureTraits(carries_meta_val=True, has_program=True, pickles=False,
+                              moves_device=False, differentiated=False, lowers=True)),
+    CaptureSpec("edge_pt2e", "fxverify.capture.edge", "quantized_for_model",
+                "torch.export, PT2E quantization with the run's quantizer (ExecuTorch's XNNPACKQuantizer by default), "
+                "torch.export again, to_edge: the quantized Edge program, static shapes (needs the edge extra)",
+                CaptureTraits(carries_meta_val=True, has_program=True, pickles=False,
+                              moves_device=False, differentiated=False, quantized=True, lowers=True)),
 )
 
 

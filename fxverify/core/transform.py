@@ -143,6 +143,7 @@ class Transform:
         >>> Transform.from_callable(fold).form
         'graph'
         """
+        fn = _instance_of_pass_class(fn, spec or getattr(fn, "__qualname__", repr(fn)))
         if _is_pipeline(fn):
             return cls.from_steps(fn, spec or "pipeline")
         if not callable(fn) and not takes_graph(fn):
@@ -150,7 +151,7 @@ class Transform:
         importable = spec or _importable_spec(fn)
         declared = contract_of(fn)
         form = declared.form or _form_of(fn)
-        named = getattr(fn, "__qualname__", f"{type(fn).__qualname__}()" if form == "graph" else repr(fn))
+        named = getattr(fn, "__qualname__", f"{type(fn).__qualname__}()")  # an instance: its class
         return cls(
             fn=GraphPassRunner.of(fn, importable or named) if form == "graph" else fn,
             spec=importable or cast(str, named),
@@ -167,7 +168,7 @@ class Transform:
         >>> Transform.load("fxverify.examples:fuse_conv_bn").spec
         'fxverify.examples:fuse_conv_bn'
         """
-        obj = load_object(spec)
+        obj = _instance_of_pass_class(load_object(spec), spec)
         if _is_pipeline(obj):
             return dataclasses.replace(cls.from_steps(obj, spec), reloadable=True)
         if not callable(obj) and not takes_graph(obj):
@@ -209,6 +210,8 @@ class Transform:
         if returned is None:
             return given, True
         if self.form == "program":
+            if isinstance(getattr(returned, "exported_program", None), torch.export.ExportedProgram):
+                returned = returned.exported_program  # ExecuTorch's ExportedProgramPassResult
             if isinstance(returned, torch.export.ExportedProgram):
                 return returned, returned is given
             raise TransformFailed(
@@ -279,6 +282,19 @@ def _raised(exc: BaseException) -> str:
     if isinstance(exc, SystemExit):
         return f"SystemExit({exc.code!r})"
     return exception_summary(exc)
+
+
+def _instance_of_pass_class(obj: Any, spec: str) -> Any:
+    """``obj()`` where ``obj`` is a pass class (a ``PassBase`` subclass such as ExecuTorch's ``ExportPass`` ones, or an
+    ``ExportedProgramPassBase``), as its authors' pipelines make them; ``obj`` itself otherwise."""
+    if not isinstance(obj, type) or not any(cls.__name__ in ("PassBase", "ExportedProgramPassBase") for cls in obj.__mro__):
+        return obj
+    try:
+        return obj()
+    except TypeError as exc:
+        raise TransformLoadError(f"transform spec {spec!r} names the pass class {obj.__qualname__}, whose constructor "
+                                 f"needs arguments ({exception_summary(exc)}): name an instance instead (a module-level "
+                                 f"`my_pass = {obj.__name__}(...)`)") from exc
 
 
 def as_transform(transform: Transform | Callable[..., Any] | str) -> Transform:
