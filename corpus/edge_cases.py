@@ -800,6 +800,94 @@ class TiedEmbeddingHead(nn.Module):
         return self.head(h)
 
 
+# -- what quantization and ExecuTorch Edge passes mishandle: shared q/dq ranges, layouts, dim order, state --------
+
+
+class CatRanges(nn.Module):
+    """``torch.cat`` of two branches whose value ranges differ about a hundredfold (a conv's ReLU'd output, and a
+    second conv's output times 100, each through a max pool: an op quantizers keep in int8, so each branch ends
+    quantized), then a conv over the concatenation. The cat's inputs come with quantization parameters a hundredfold
+    apart (XNNPACK's quantizer gives each its own; one that shares them gives the large branch's to both): a
+    quantizer or lowering that assumes the inputs of a cat share one quantization, and drops the q/dq around it or
+    takes one input's scale for the whole cat, crushes the small branch to zero or clips the large one
+    (pytorch#106760)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.small = nn.Conv2d(3, 4, 3, padding=1)
+        self.large = nn.Conv2d(3, 4, 3, padding=1)
+        self.mix = nn.Conv2d(8, 6, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        small = F.max_pool2d(F.relu(self.small(x)), 3, stride=1, padding=1)
+        large = F.max_pool2d(self.large(x) * 100.0, 3, stride=1, padding=1)
+        return self.mix(torch.cat([small, large], dim=1))
+
+
+class ChannelsLastClone(nn.Module):
+    """A conv net on a channels-last input whose forward copies tensors without naming a layout: ``x.clone()`` of
+    the input (``aten.clone`` with no ``memory_format``: ``preserve_format``, so the copy keeps the input's
+    channels-last strides) and, after a conv, a copy that keeps the dtype, ``h.to(h.dtype, copy=True)``
+    (``aten._to_copy`` once decomposed, also ``preserve_format``). Each copy is an output too. A pass that makes
+    ``clone`` / ``_to_copy`` contiguous instead of preserving the format (as ExecuTorch's dim-order passes did,
+    executorch#16032) returns tensors in other strides than eager's, and the convs after them run in another
+    layout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        kept = x.clone()
+        h = F.relu(self.conv1(kept))
+        copied = h.to(h.dtype, copy=True)
+        return self.conv2(copied), copied, kept
+
+
+class SizeOneDims(nn.Module):
+    """A keyword-spotting front end on an input with a size-1 dimension past the batch (``[2, 1, 49, 10]``: one
+    channel of 49 frames of 10 coefficients; at batch 1 two of its dimensions are 1): a conv with
+    ``in_channels=1``, its output permuted and flattened to frames, the input itself permuted to
+    ``[b, 49, 10, 1]`` (a permute that moves only a size-1 dimension: the same strides are contiguous and
+    channels-last at once) and flattened, a Linear over both, and an output with a size-1 dimension. A pass that
+    derives a dim order from strides, where size-1 dimensions make it ambiguous, picks another order than the
+    graph's (executorch#22520, executorch#19153); the number of frames varies between configurations."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 8, 3, padding=1)
+        self.fc = nn.Linear(8 * 10 + 10, 12)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.conv(x)).permute(0, 2, 1, 3).flatten(2)
+        frames = x.permute(0, 2, 3, 1).flatten(2)
+        out = self.fc(torch.cat([h, frames], dim=-1))
+        return out.mean(dim=1, keepdim=True)
+
+
+class FinalBufferCopy(nn.Module):
+    """A buffer overwritten by ``self.total.copy_(...)`` as the last op of forward: the state a streaming model
+    carries to its next call, here a running sum of the features' batch means, which the next call subtracts from
+    its features (read with a traced value, so that symbolic tracing reads the buffer rather than baking it in). The
+    sum changes at every call, even one on the same inputs as the last (a quantizer's calibration call included).
+    Nothing in the graph reads the ``copy_``'s result, and it comes after the output's last computation: a dead-code
+    elimination, a pass that rebuilds the graph up to the output, or ExecuTorch's lowering of a mutated buffer
+    (executorch#7515) can drop it or move it, and the model forgets its state. The value copied is detached (a
+    buffer holds no autograd history)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.register_buffer("total", torch.zeros(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        out = torch.tanh(h - self.total)
+        self.total.copy_(self.total + h.detach().mean(dim=0))
+        return out
+
+
 # -- expected failures: untraceable, or wrong once traced --------------------------------------------
 
 

@@ -11,6 +11,7 @@ import re
 
 import pytest
 import torch
+import torch.ao.quantization.fx._decomposed  # at collection: pytester's sys.modules snapshots would forget it
 import torch.nn.functional as F
 from fxverify.corpus import edge_cases
 from torch import fx, nn
@@ -344,7 +345,8 @@ def exported(name: str):
     return case, module, torch.export.export(case.build(training=False), case.example_inputs())
 
 
-@pytest.mark.parametrize("name", ["edge_buffer_written_through_view", "edge_counter_buffer", "edge_kv_cache_attention"])
+@pytest.mark.parametrize("name", ["edge_buffer_written_through_view", "edge_counter_buffer", "edge_kv_cache_attention",
+                                  "edge_final_buffer_copy"])
 def test_buffers_written_in_forward_feed_the_output_and_export_keeps_every_call_right(name):
     case, eager, ep = exported(name)
     program = ep.module()
@@ -422,3 +424,87 @@ def test_tied_embedding_head_shares_one_parameter_through_the_trace_and_the_expo
     _, _, ep = exported("edge_tied_embedding_head")
     program = ep.module()
     assert program.head.weight is program.embed.weight
+
+
+# -- what quantization and ExecuTorch Edge passes mishandle ------------------------------------------------------
+
+QUANTIZED_EDGE = ["edge_cat_ranges", "edge_channels_last_clone", "edge_size_one_dims", "edge_final_buffer_copy"]
+
+
+@pytest.mark.parametrize("name", QUANTIZED_EDGE)
+def test_entries_meant_to_be_quantized_declare_their_input_domain_and_capture_under_pt2e(name):
+    entry = catalogue.find(name)
+    assert "quantization" in entry.profiles
+    assert all(spec.low is not None and spec.high is not None for spec in entry.inputs)
+    case = fxverify.load_case(name)
+    assert [c for c in case.configs if c.scale != 1.0] == []  # a declared domain: no large-magnitude set
+    gm = case.captured(capture=case.capture_named("pt2e"))
+    assert any("quantize_per_tensor" in str(n.target) for n in gm.graph.nodes)
+    with torch.no_grad():
+        assert all(torch.isfinite(t).all() for t in pytree.tree_leaves(gm(*case.example_inputs())))
+
+
+def test_cat_ranges_concatenates_branches_a_hundredfold_apart():
+    case = fxverify.load_case("edge_cat_ranges")
+    module, (x,) = case.build(), case.example_inputs()
+    seen = {}
+    module.mix.register_forward_pre_hook(lambda _, args: seen.setdefault("cat", args[0]))
+    with torch.no_grad():
+        module(x)
+    small, large = seen["cat"].split(4, dim=1)
+    assert large.abs().max() > 30 * small.abs().max()
+    _, _, ep = exported("edge_cat_ranges")
+    (cat,) = [n for n in ep.graph.nodes if n.target == torch.ops.aten.cat.default]
+    assert [a.target for a in cat.args[0]] == [torch.ops.aten.max_pool2d.default] * 2
+    assert [n.target for n in cat.users] == [torch.ops.aten.conv2d.default]
+
+
+def channels_last(t: torch.Tensor) -> bool:
+    return t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous()
+
+
+def test_channels_last_clone_keeps_the_input_layout_in_every_output_eager_traced_and_exported():
+    case = fxverify.load_case("edge_channels_last_clone")
+    module, gm = case.build(), case.captured()
+    program = case.captured(capture=case.capture_named("export"))  # a dynamic batch
+    with torch.no_grad():
+        for config in case.configs:
+            (x,) = config.make(case.seed)
+            assert channels_last(x), config.name
+            same_size = x.shape[1:] == case.example_inputs()[0].shape[1:]  # the export's batch alone is dynamic
+            for outputs in (module(x), gm(x), program(x) if same_size else ()):
+                assert all(channels_last(t) for t in outputs), config.name
+    assert [n.target for n in gm.graph.nodes if n.op == "call_method"] == ["clone", "to"]
+    contiguous = x.clone(memory_format=torch.contiguous_format)  # what a pass making clone contiguous gives
+    assert torch.equal(contiguous, x) and contiguous.stride() != x.stride()
+
+
+def test_size_one_dims_make_contiguous_and_channels_last_strides_the_same():
+    case = fxverify.load_case("edge_size_one_dims")
+    module = case.build()
+    assert module.conv.in_channels == 1
+    for config in case.configs:
+        (x,) = config.make(case.seed)
+        assert x.shape[1] == 1 and x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+        moved = x.permute(0, 2, 3, 1)  # moves only the size-1 dim: the same strides read as either order
+        assert moved.is_contiguous()
+        with torch.no_grad():
+            assert module(x).shape == (x.shape[0], 1, 12)
+    _, _, ep = exported("edge_size_one_dims")
+    assert [n.target for n in ep.graph.nodes if n.target == torch.ops.aten.permute.default] == \
+        [torch.ops.aten.permute.default] * 2
+
+
+def test_final_buffer_copy_is_the_last_op_under_every_capture_and_changes_the_state_at_every_call():
+    case, gm, (x,) = trace_and_inputs("edge_final_buffer_copy")
+    last = list(gm.graph.nodes)[-2]
+    assert (last.op, last.target) == ("call_method", "copy_") and not last.users
+    _, eager, ep = exported("edge_final_buffer_copy")
+    ops = [n for n in ep.graph.nodes if n.op == "call_function"]
+    assert ops[-1].target == torch.ops.aten.copy_.default or ep.graph_signature.buffers_to_mutate
+    states = []
+    with torch.no_grad():
+        for _ in range(3):
+            eager(x)
+            states.append(eager.total.clone())
+    assert not torch.allclose(states[0], states[1]) and not torch.allclose(states[1], states[2])  # same input

@@ -3,6 +3,8 @@ selection, comparison, canonical text, snapshots, summary formatting."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch import fx, nn
@@ -265,6 +267,39 @@ def test_a_floating_input_declaring_its_domain_stays_in_it_in_the_large_set():
     large = input_configs((domain, free), (2,))[-1]
     bounded, scaled = large.make()
     assert large.name == "b2-8-large" and bounded.abs().max() <= 3.0 and scaled.abs().max() > 100
+
+
+def test_a_channels_last_input_is_channels_last_in_every_configuration_dtype_and_device():
+    from fxverify.cases.inputs import input_configs, with_batch, with_size
+
+    spec = fxverify.InputSpec((2, 3, 8, 8), memory_format="channels_last")
+    configs = input_configs((spec, fxverify.InputSpec((2, 4))), (1, 2, 3), ((8, 8), (6, 10)))
+    configs += [with_batch(configs[0], 5), with_size(configs[0], 8, 12)]
+    assert [c.name for c in configs] == ["b2-3x8x8", "b1-3x8x8", "b3-3x8x8", "b2-3x6x10", "b2-3x8x8-large",
+                                         "b5-3x8x8", "b2-3x12x12"]
+    for config in configs:
+        assert "x0: " in config.describe() and "float32 channels_last, x1:" in config.describe()
+        for dtype in (None, torch.float64):
+            for device in ("cpu", "meta"):
+                x, other = config.make(3, dtype=dtype, device=device)
+                assert x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous(), config.name
+                assert other.is_contiguous(), config.name
+    contiguous = input_configs((fxverify.InputSpec((2, 3, 8, 8)),), (2,))[0]
+    assert torch.equal(configs[0].make(3)[0], contiguous.make(3)[0])  # the same values, in other strides
+    volume = fxverify.InputSpec((2, 3, 4, 4, 4), memory_format="channels_last_3d")
+    assert input_configs((volume,), (1, 2))[1].make()[0].is_contiguous(memory_format=torch.channels_last_3d)
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"shape": [2, 3, 8], "memory_format": "channels_last"}, "memory_format='channels_last' needs a 4-D shape"),
+    ({"shape": [2, 3, 8, 8], "memory_format": "channel_last"}, "memory_format must be one of"),
+    ({"shape": [2, 3, 8, 8], "memory_fromat": "channels_last"}, "unknown fields ['memory_fromat']"),
+])
+def test_a_bad_input_memory_format_is_a_corpus_error_naming_the_entry(fields, message):
+    with pytest.raises(CorpusError, match=re.escape(message)) as raised:
+        catalogue.CorpusEntry.from_data({"name": "mine", "source": "user", "factory": "torch.nn:Identity",
+                                         "inputs": [fields]})
+    assert "corpus entry 'mine'" in str(raised.value)
 
 
 def test_fresh_builds_are_identical_and_state_is_randomised():

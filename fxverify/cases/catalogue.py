@@ -27,6 +27,8 @@ from fxverify.errors import CorpusError
 SOURCES = ("torchvision", "timm", "edge", "user")
 TRACERS = ("plain", "timm")  # or "module:TracerClass", a torch.fx.Tracer subclass
 DTYPES = ("float32", "bfloat16")  # a model's dtype: its floating parameters, buffers and inputs
+# an input's memory format (torch's names), and the number of dimensions each other than contiguous_format needs
+MEMORY_FORMATS = {"contiguous_format": None, "channels_last": 4, "channels_last_3d": 5}
 
 
 def model_label(model: str, capture: str) -> str:
@@ -66,24 +68,47 @@ RANDOM_GRAPH_TAG = "random_graph"  # the tag of drawn graphs (fxverify.strategie
 
 @dataclasses.dataclass(frozen=True)
 class InputSpec:
-    """One positional input: its shape (batch first) and dtype.
+    """One positional input: its shape (batch first), dtype and memory format.
 
     ``low`` / ``high`` bound the values drawn (integer inputs need them). On a floating input they declare
     the model's domain (a quantized model's calibration range): the large-magnitude input set leaves it as drawn.
+    ``memory_format`` (one of :data:`MEMORY_FORMATS`, torch's names: ``"channels_last"`` for a 4-D input,
+    ``"channels_last_3d"`` for a 5-D one) is the layout of the tensors drawn, the same values in those strides, in
+    every configuration of the input (other batch and spatial sizes, the float64 and device copies).
+
+    >>> InputSpec((2, 3, 8), memory_format="channels_last")
+    Traceback (most recent call last):
+    ...
+    fxverify.errors.CorpusError: input of shape (2, 3, 8): memory_format='channels_last' needs a 4-D shape
     """
 
     shape: tuple[int, ...]
     dtype: str = "float32"
     low: float | None = None
     high: float | None = None
+    memory_format: str = "contiguous_format"
+
+    def __post_init__(self) -> None:
+        if self.memory_format not in MEMORY_FORMATS:
+            raise CorpusError(f"input of shape {self.shape}: memory_format must be one of {tuple(MEMORY_FORMATS)}, "
+                              f"got memory_format={self.memory_format!r}")
+        rank = MEMORY_FORMATS[self.memory_format]
+        if rank is not None and len(self.shape) != rank:
+            raise CorpusError(f"input of shape {self.shape}: memory_format={self.memory_format!r} needs a {rank}-D "
+                              f"shape")
 
     @classmethod
     def from_data(cls, data: Mapping[str, Any]) -> InputSpec:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise CorpusError(f"input {dict(data)}: unknown fields {unknown}; known: {sorted(known)}")
         return cls(
             shape=tuple(int(d) for d in data["shape"]),
             dtype=str(data.get("dtype", "float32")),
             low=data.get("low"),
             high=data.get("high"),
+            memory_format=str(data.get("memory_format", "contiguous_format")),
         )
 
 
@@ -166,7 +191,10 @@ class CorpusEntry:
         if unknown:
             raise CorpusError(f"corpus entry {data.get('name')!r}: unknown fields {unknown}; known: {sorted(known)}")
         fields = dict(data)
-        fields["inputs"] = tuple(InputSpec.from_data(i) for i in data.get("inputs", ()))
+        try:
+            fields["inputs"] = tuple(InputSpec.from_data(i) for i in data.get("inputs", ()))
+        except CorpusError as error:
+            raise CorpusError(f"corpus entry {data.get('name')!r}: {error}") from None
         fields["spatial_sizes"] = tuple(tuple(s) for s in data.get("spatial_sizes", ()))
         if "concrete_args" in data:
             fields["concrete_args"] = {k: None if v == NONE else v for k, v in data["concrete_args"].items()}

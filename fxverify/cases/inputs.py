@@ -35,7 +35,8 @@ class InputConfig:
         device: torch.device | str = "cpu",
     ) -> tuple[torch.Tensor, ...]:
         """The input tensors. Same seed, same values; ``dtype`` recasts floating inputs
-        after drawing them, so float32 and float64 inputs hold the same numbers."""
+        after drawing them, so float32 and float64 inputs hold the same numbers; each in its spec's
+        memory format (the same values as contiguous ones, in other strides), on every device."""
         gen_seed = seed ^ zlib.crc32(self.name.encode())
         with torch.random.fork_rng(devices=[]):
             torch.default_generator.manual_seed(gen_seed)  # the CPU generator only: fork_rng restores just that one
@@ -52,13 +53,17 @@ class InputConfig:
                         t = t * self.scale
                     if dtype is not None:
                         t = t.to(dtype)
-                tensors.append(t.to(device))
+                if spec.memory_format != "contiguous_format":
+                    t = t.contiguous(memory_format=getattr(torch, spec.memory_format))
+                tensors.append(t.to(device))  # preserve_format: the strides go along
         return tuple(tensors)
 
     def describe(self) -> str:
-        """e.g. ``b2-3x64x64 (x0: 2x3x64x64 float32)``."""
+        """e.g. ``b2-3x64x64 (x0: 2x3x64x64 float32)``, ``(x0: 2x3x64x64 float32 channels_last)``."""
         shapes = ", ".join(
-            f"x{i}: {'x'.join(map(str, s.shape))} {s.dtype}" for i, s in enumerate(self.specs)
+            f"x{i}: {'x'.join(map(str, s.shape))} {s.dtype}"
+            + ("" if s.memory_format == "contiguous_format" else f" {s.memory_format}")
+            for i, s in enumerate(self.specs)
         )
         scale = f", values x{self.scale:g}" if self.scale != 1.0 else ""
         return f"{self.name} ({shapes}{scale})"
@@ -74,7 +79,8 @@ def input_configs(
     """The configurations a model is checked at: the primary one first, then other
     batch sizes, other spatial sizes of the first input, and a large-magnitude set (each floating
     input without declared ``low``/``high`` scaled; none where every one declares them);
-    with ``dtype`` (the model's), every floating input in that dtype.
+    with ``dtype`` (the model's), every floating input in that dtype. Each input keeps its memory format
+    in every configuration.
 
     >>> input_configs((InputSpec((2, 4)), InputSpec((2,), "int64", 0, 3)), (2,), dtype="bfloat16")[0].describe()
     'b2-4 (x0: 2x4 bfloat16, x1: 2 int64)'

@@ -5,8 +5,9 @@ code that builds its inputs. This is what a falsifying example prints.
 >>> import torch
 >>> from fxverify.cases.catalogue import InputSpec
 >>> gm = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.ReLU()))
->>> print(module_source(gm, (InputSpec((2,)),)).splitlines()[-2])
-inputs = input_configs([InputSpec(shape=(2,), dtype='float32', low=None, high=None)], (2,))[0].make(0)
+>>> print(module_source(gm, (InputSpec((2,)),)).splitlines()[-2])  # doctest: +NORMALIZE_WHITESPACE
+inputs = input_configs([InputSpec(shape=(2,), dtype='float32', low=None, high=None,
+                                  memory_format='contiguous_format')], (2,))[0].make(0)
 """
 
 from __future__ import annotations
