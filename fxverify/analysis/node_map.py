@@ -207,11 +207,37 @@ def _rewired_around(removed: fx.Node, new_input: fx.Node, counterpart: dict[fx.N
 
 def _same_constants(old: fx.Node, new: fx.Node) -> bool:
     """A retrace renumbers nodes: ``getattr_2`` may now read another attribute. Normalising
-    passes move arguments into kwargs, so only equally many positional arguments are compared."""
-    if len(old.args) != len(new.args):
+    passes move arguments into kwargs, so only equally many positional arguments are compared, after filling the
+    shorter list from the operator's schema (an argument given as a keyword or left to its default: a pass that
+    drops ``keepdim=True`` from a ``mean`` changes what it computes)."""
+    size = max(len(old.args), len(new.args))
+    filled = [_positional(node, size) for node in (old, new)]
+    if filled[0] is None or filled[1] is None:
         return True
-    constants = [[repr(a) for a in pytree.tree_leaves(n.args) if not isinstance(a, fx.Node)] for n in (old, new)]
+    constants = [[repr(a) for a in pytree.tree_leaves(args) if not isinstance(a, fx.Node)] for args in filled]
     return constants[0] == constants[1]
+
+
+def _positional(node: fx.Node, size: int) -> list[Any] | None:
+    """The first ``size`` positional arguments of ``node``: its own, then from its keywords or its operator schema's
+    defaults; None where they are not known (no schema, a keyword-only or required argument)."""
+    args = list(node.args)
+    if len(args) >= size:
+        return args
+    schema = getattr(node.target, "_schema", None)
+    arguments = list(getattr(schema, "arguments", ()))
+    if len(arguments) < size:
+        return None
+    for argument in arguments[len(args):size]:
+        if argument.kwarg_only:
+            return None
+        if argument.name in node.kwargs:
+            args.append(node.kwargs[argument.name])
+        elif argument.has_default_value():
+            args.append(argument.default_value)
+        else:
+            return None
+    return args
 
 
 def _same_attribute(original: nn.Module, result: nn.Module, target: str) -> bool:

@@ -1,5 +1,6 @@
 """What the quantize / dequantize nodes of a quantized graph promise, read from the graph alone: the q/dq
-nodes ``convert_pt2e`` leaves (``torch.ops.quantized_decomposed``), and the problems a pass over such a graph
+nodes ``convert_pt2e`` leaves (``torch.ops.quantized_decomposed``, or their Edge ops in an ExecuTorch Edge program:
+:func:`op_of`), and the problems a pass over such a graph
 can make of them (:func:`qdq_problems`):
 
 - ``pairing``: a quantize feeds dequantizes with its own scale, zero point, range and dtype (and axis);
@@ -45,13 +46,14 @@ QUANTIZE = {_QD.quantize_per_tensor.default, _QD.quantize_per_tensor.tensor, _QD
 DEQUANTIZE = {_QD.dequantize_per_tensor.default, _QD.dequantize_per_tensor.tensor, _QD.dequantize_per_channel.default}
 PER_CHANNEL = {_QD.quantize_per_channel.default, _QD.dequantize_per_channel.default}
 # ops that only move values: a quantizer shares one set of parameters between their input and output
-MOVES_VALUES = {torch.ops.aten.cat.default, torch.ops.aten.view.default, torch.ops.aten.reshape.default,
-                torch.ops.aten.permute.default, torch.ops.aten.flatten.using_ints, torch.ops.aten.slice.Tensor,
-                torch.ops.aten.max_pool2d.default, torch.ops.aten.transpose.int, torch.ops.aten.squeeze.dim,
-                torch.ops.aten.unsqueeze.default}
-WEIGHTED = {torch.ops.aten.conv1d.default: 0, torch.ops.aten.conv2d.default: 0, torch.ops.aten.conv3d.default: 0,
-            torch.ops.aten.linear.default: 0, torch.ops.aten.conv_transpose1d.default: 1,
-            torch.ops.aten.conv_transpose2d.input: 1, torch.ops.aten.conv_transpose3d.input: 1}
+_A = torch.ops.aten
+MOVES_VALUES = {_A.cat.default, _A.view.default, _A.reshape.default, _A.permute.default, _A.flatten.using_ints,
+                _A.slice.Tensor, _A.max_pool2d.default, _A.transpose.int, _A.squeeze.dim, _A.unsqueeze.default,
+                # their core ATen forms, in Edge programs
+                _A.view_copy.default, _A.permute_copy.default, _A.slice_copy.Tensor, _A.squeeze_copy.dims,
+                _A.unsqueeze_copy.default, _A.transpose_copy.int}
+WEIGHTED = {_A.conv1d.default: 0, _A.conv2d.default: 0, _A.conv3d.default: 0, _A.linear.default: 0,
+            _A.conv_transpose1d.default: 1, _A.conv_transpose2d.input: 1, _A.conv_transpose3d.input: 1}
 OBSERVER_WORDS = ("Observer", "FakeQuantize")  # the class names of what prepare_pt2e inserts
 
 
@@ -94,10 +96,17 @@ class Problem:
         return self.kind, self.what
 
 
+def op_of(node: fx.Node) -> Any:
+    """The operator ``node`` calls: its target, or for an ExecuTorch Edge op (``EdgeOpOverload``) the ATen or
+    ``quantized_decomposed`` operator it wraps."""
+    target = node.target
+    return getattr(target, "_op", target) if type(target).__name__ == "EdgeOpOverload" else target
+
+
 def params(gm: fx.GraphModule, node: fx.Node) -> Params:
     """The parameters a quantize or dequantize ``node`` of ``gm`` reads (tensors from ``get_attr`` nodes resolved)."""
     args = [_value(gm, a) for a in node.args]
-    if node.target in PER_CHANNEL:
+    if op_of(node) in PER_CHANNEL:
         _, scale, zero_point, axis, qmin, qmax, dtype = args[:7]
         return Params(_floats(scale), _ints(zero_point), int(qmin), int(qmax), dtype, int(axis))
     _, scale, zero_point, qmin, qmax, dtype = args[:6]
@@ -112,13 +121,13 @@ def qdq_problems(gm: fx.GraphModule) -> list[Problem]:
                                             for word in OBSERVER_WORDS):
             found.append(Problem("observer", node.name, f"{type(resolve(gm, str(node.target))).__name__} "
                                  f"{node.target} is left: convert_pt2e replaces each observer with its q/dq pair"))
-        if node.op != "call_function" or node.target not in QUANTIZE | DEQUANTIZE:
+        if node.op != "call_function" or op_of(node) not in QUANTIZE | DEQUANTIZE:
             continue
         own = params(gm, node)
         found.extend(_parameter_problems(node, own))
-        if node.target in QUANTIZE:
+        if op_of(node) in QUANTIZE:
             found.extend(_pairing_problems(gm, node, own))
-        elif node.target in PER_CHANNEL:
+        elif op_of(node) in PER_CHANNEL:
             found.extend(_axis_problems(gm, node, own))
     found.extend(_sharing_problems(gm))
     return found
@@ -140,7 +149,7 @@ def quantization_step(gm: fx.GraphModule) -> float | None:
     """The largest step (scale) of a per-tensor dequantize of ``gm``'s activations known before it runs: what one
     quantization step of its coarsest activation is worth, the unit a tolerance on its outputs is counted in; None
     without one (none, or only scales computed at run time)."""
-    scales = [scale for n in gm.graph.nodes if n.op == "call_function" and n.target in DEQUANTIZE - PER_CHANNEL
+    scales = [scale for n in gm.graph.nodes if n.op == "call_function" and op_of(n) in DEQUANTIZE - PER_CHANNEL
               for scale in params(gm, n).scale if isinstance(scale, float)]
     return max(scales) if scales else None
 
@@ -160,7 +169,7 @@ def _parameter_problems(node: fx.Node, own: Params) -> Iterator[Problem]:
 
 def _pairing_problems(gm: fx.GraphModule, node: fx.Node, own: Params) -> Iterator[Problem]:
     for user in node.users:
-        if user.op == "call_function" and user.target in DEQUANTIZE:
+        if user.op == "call_function" and op_of(user) in DEQUANTIZE:
             differs = params(gm, user).differs(own)
             if differs:
                 yield Problem("pairing", user.name, differs.format(other=f"its quantize %{node.name}")
@@ -169,11 +178,11 @@ def _pairing_problems(gm: fx.GraphModule, node: fx.Node, own: Params) -> Iterato
 
 def _axis_problems(gm: fx.GraphModule, node: fx.Node, own: Params) -> Iterator[Problem]:
     for user in node.users:
-        if user.op != "call_function" or user.target not in WEIGHTED or len(user.args) < 2 or user.args[1] is not node:
+        want = _output_channels(user)
+        if want is None or len(user.args) < 2 or user.args[1] is not node:
             continue
         weight = _value(gm, node.args[0])
         shape = tuple(weight.shape) if isinstance(weight, torch.Tensor) else None
-        want = WEIGHTED[user.target]
         groups = _groups(user)
         if want == 1 and groups > 1:
             yield Problem("axis", node.name, f"per-channel on axis {own.axis} of the weight of %{user.name}, a transposed "
@@ -191,10 +200,10 @@ def _sharing_problems(gm: fx.GraphModule) -> Iterator[Problem]:
     """An op that moves values, read through dequantizes and quantized after: its output keeps its inputs'
     parameters where those are all alike."""
     for node in gm.graph.nodes:
-        if node.op != "call_function" or node.target not in MOVES_VALUES:
+        if node.op != "call_function" or op_of(node) not in MOVES_VALUES:
             continue
-        read = [params(gm, a) for a in node.all_input_nodes if a.op == "call_function" and a.target in DEQUANTIZE]
-        written = [params(gm, u) for u in node.users if u.op == "call_function" and u.target in QUANTIZE]
+        read = [params(gm, a) for a in node.all_input_nodes if a.op == "call_function" and op_of(a) in DEQUANTIZE]
+        written = [params(gm, u) for u in node.users if u.op == "call_function" and op_of(u) in QUANTIZE]
         if not read or not written or any(r != read[0] for r in read[1:]):
             continue
         for out in written:
@@ -205,14 +214,26 @@ def _sharing_problems(gm: fx.GraphModule) -> Iterator[Problem]:
                                                     "parameters")
 
 
+def _output_channels(node: fx.Node) -> int | None:
+    """The dimension of its weight (second argument) holding the output channels, for a convolution or linear
+    ``node``; None for any other node. ``aten.convolution`` (core ATen) says by its ``transposed`` argument."""
+    if node.op != "call_function":
+        return None
+    if op_of(node) is _A.convolution.default:
+        return 1 if len(node.args) > 6 and node.args[6] else 0
+    return WEIGHTED.get(op_of(node))
+
+
 def _groups(node: fx.Node) -> int:
-    """The ``groups`` argument of a (transposed) convolution node: its seventh argument either way (1 for linear)."""
-    groups = node.kwargs.get("groups", node.args[6] if len(node.args) > 6 else 1)
+    """The ``groups`` argument of a (transposed) convolution node: its seventh argument either way (ninth of
+    ``aten.convolution``; 1 for linear)."""
+    position = 8 if op_of(node) is _A.convolution.default else 6
+    groups = node.kwargs.get("groups", node.args[position] if len(node.args) > position else 1)
     return groups if isinstance(groups, int) else 1  # a symbolic groups: none of the kinds this reads
 
 
 def _op(node: fx.Node) -> str:
-    return str(node.target).removeprefix("aten.")
+    return str(op_of(node)).removeprefix("aten.")
 
 
 def _value(gm: fx.GraphModule, arg: Any) -> Any:

@@ -53,6 +53,10 @@ class Capture:
     switches_mode = True
     """Whether ``.train()`` / ``.eval()`` of a captured module is checked (numerics' switched runs)."""
 
+    inference_only = False
+    """Whether it captures every model in eval mode, whatever mode is asked (a graph for inference: a quantized or
+    an Edge program): no check runs the transform on a train-mode capture, which would be the same graph."""
+
     repro_given: tuple[str, str] | None = None
     """For a capture that the minimiser uses to capture each candidate again (its transform needs what the
     capture gives, e.g. ``meta['val']``): how a repro script makes the graph the transform is given from

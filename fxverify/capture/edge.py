@@ -65,6 +65,7 @@ class Edge(Export):
     quantizer: str | None = None  # edge_pt2e: the quantizer's spec; None: the float program (edge)
     keeps_program: bool = True  # every pass is run on the program
     reads_settings = True  # the quantizer (edge_pt2e)
+    inference_only = True  # an Edge program is for inference
 
     @property
     def name(self) -> str:
@@ -109,6 +110,13 @@ class Edge(Export):
         if "modified" in claims and isinstance(result, fx.GraphModule):
             result.meta[CLAIMED_MODIFIED] = claims["modified"]
         return result, in_place
+
+    def input_change(self, original: fx.GraphModule, given: fx.GraphModule) -> str | None:
+        """None: ExecuTorch's pass manager runs a pass on a shallow copy of the program, so the program given to
+        ``EdgeProgramManager.transform`` (or to ``_transform``, which a pass over the program may call) is edited
+        wherever a pass edits the graph in place, as ExecuTorch's own passes do; the pass is given a copy of the
+        capture's program, and what it edits there is not held against it."""
+        return None
 
     def tolerance(self, original: fx.GraphModule) -> Tolerance | None:
         """For ``edge_pt2e``, what ``pt2e`` allows (:data:`~fxverify.capture.pt2e.STEPS` quantization steps); None

@@ -86,6 +86,7 @@ class Pt2e(Export):
     quantizer: str = DEFAULT_QUANTIZER
     keeps_captures = True  # an export and a calibration: one per mode, copied for each use
     reads_settings = True  # the quantizer
+    inference_only = True  # PT2E quantization is for inference
 
     @property
     def name(self) -> str:

@@ -109,7 +109,7 @@ def cross_process_capture(contract: Contract, capture: Capture, train_capture: b
     >>> cross_process_capture(Contract(modes=("eval",)), Export(), True), cross_process_capture(Contract(), Export(), False)
     (('eval', False), ('eval', False))
     """
-    others = [mode for mode in contract.modes if mode != contract.primary_mode]
+    others = [mode for mode in contract.modes if mode != contract.primary_mode and not capture.inference_only]
     if others and train_capture and not capture.switches_mode and capture.at_example_shapes() != capture:
         return others[0], True
     return contract.primary_mode, False

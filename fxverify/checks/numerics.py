@@ -99,7 +99,9 @@ def check(subject: Subject) -> dict[str, Any]:
         subject.release_copy(which, torch.float64)
     modes = [m for m in subject.contract.modes if m != subject.contract.primary_mode]
     unchecked = None
-    if modes and not subject.capture.switches_mode and not option(subject.settings, "train_capture"):
+    if modes and subject.capture.inference_only:
+        modes, unchecked = [], f"not compared: {subject.capture.name} captures the model in eval mode only (for inference)"
+    elif modes and not subject.capture.switches_mode and not option(subject.settings, "train_capture"):
         modes, unchecked = [], (f"not compared: {subject.capture.name} fixes the mode when it captures, and "
                                 "--fxverify-train-capture off leaves out capturing the model in train mode too")
     try:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fxverify.analysis.qdq import DEQUANTIZE, QUANTIZE, new_problems, qdq_problems
+from fxverify.analysis.qdq import DEQUANTIZE, QUANTIZE, new_problems, op_of, qdq_problems
 from fxverify.checks._common import graph_result
 from fxverify.core.results import Finding
 from fxverify.engine.subject import Subject
@@ -46,5 +46,5 @@ def check(subject: Subject) -> dict[str, Any]:
                       f"captured graph does not have; the first: {first.describe()}{also}{more}. "
                       f"Advice: {ADVICE[first.kind]}", node=first.node,
                       details={"problems": [problem.describe() for problem in made]})
-    counted = sum(node.op == "call_function" and node.target in QUANTIZE | DEQUANTIZE for node in result.graph.nodes)
+    counted = sum(node.op == "call_function" and op_of(node) in QUANTIZE | DEQUANTIZE for node in result.graph.nodes)
     return {"qdq_nodes": counted, "problems_left_as_given": len(qdq_problems(applied.original))}

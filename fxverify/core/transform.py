@@ -143,7 +143,7 @@ class Transform:
         >>> Transform.from_callable(fold).form
         'graph'
         """
-        fn = _instance_of_pass_class(fn, spec or getattr(fn, "__qualname__", repr(fn)))
+        fn = _instance_of_pass_class(fn, spec or str(getattr(fn, "__qualname__", fn)))
         if _is_pipeline(fn):
             return cls.from_steps(fn, spec or "pipeline")
         if not callable(fn) and not takes_graph(fn):
