@@ -149,3 +149,37 @@ class ClampForReluClaimingNoChange(PassBase):
                 node.target, node.args = EDGE.aten.clamp.default, (node.args[0], 0.0)
         graph_module.recompile()
         return PassResult(graph_module, False)
+
+
+def _copy_outputs(graph_module: fx.GraphModule, *, every_run: bool) -> PassResult:
+    """Each tensor output read through a ``_clone_dim_order`` in its own dim order (a copy the runtime may hand
+    out), edited in place."""
+    output = graph_module.graph.output_node()
+    values = list(output.args[0])
+    for position, value in enumerate(values):
+        val = value.meta.get("val") if isinstance(value, fx.Node) else None
+        if not isinstance(val, torch.Tensor) or (not every_run and value.target is EDGE.dim_order_ops._clone_dim_order.default):
+            continue
+        with graph_module.graph.inserting_before(output):
+            copied = graph_module.graph.call_function(EDGE.dim_order_ops._clone_dim_order.default, (value,),
+                                                      {"dim_order": list(val.dim_order())})
+        copied.meta = {**value.meta, "val": val.clone()}
+        values[position] = copied
+    output.args = (tuple(values),)
+    graph_module.recompile()
+    return PassResult(graph_module, True)
+
+
+class CopyOutputsOnce(PassBase):
+    """idempotence, correct: each output copied once; an output that is a copy already is left."""
+
+    def call(self, graph_module: fx.GraphModule) -> PassResult:
+        return _copy_outputs(graph_module, every_run=False)
+
+
+class CopyOutputsEveryRun(PassBase):
+    """idempotence, buggy: each output copied again on every run (a pass that does not recognise its own rewrite,
+    as a pad or q/dq insertion wrapping what it already wrapped)."""
+
+    def call(self, graph_module: fx.GraphModule) -> PassResult:
+        return _copy_outputs(graph_module, every_run=True)

@@ -52,6 +52,8 @@ TWINS = [  # buggy pass, its correct twin, the model, the check that must fail f
      "buffer 'count' after call 1"),
     (edge_passes.ClampForReluClaimingNoChange, edge_passes.ClampForRelu, "edge_conv_bn_head", "lint",
      "PassResult(modified=False) but changed"),
+    (edge_passes.CopyOutputsEveryRun, edge_passes.CopyOutputsOnce, "edge_conv_bn_head", "idempotence",
+     "running the pass again on its own result changes it again"),
 ]
 
 

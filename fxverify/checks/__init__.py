@@ -179,6 +179,8 @@ REGISTRY: tuple[CheckSpec, ...] = (
     CheckSpec("qdq", "qdq", "check", "on quantized graphs, every quantize / dequantize pair stays consistent: "
                                      "parameters, per-channel axes, shared parameters, no observer left",
               requires=("quantized",), verify_each=True),
+    CheckSpec("idempotence", "idempotence", "check", "on Edge programs, running the pass again on its result "
+                                                     "changes nothing more", requires=("lowers",)),
     CheckSpec("variants", "variants", "check", "the ops the transform rewrote, and the variants of them it left "
                                                "untouched (a warning; a failure under rewrites_every_occurrence)"),
     CheckSpec("recompile", "roundtrips", "check_recompile", "a copy recompiled gives the same code and outputs"),
@@ -192,7 +194,7 @@ REGISTRY: tuple[CheckSpec, ...] = (
                                                       "and outputs", requires=("pickles",)),
     CheckSpec("serde", "roundtrips", "check_serde", "a program the transform returns saved with torch.export.save "
                                                     "and loaded again computes the same",
-              requires=("has_program",)),
+              requires=("has_program", "saves")),
     CheckSpec("interpreter", "roundtrips", "check_interpreter", "torch.fx.Interpreter running the graph equals the "
                                                                 "generated forward"),
     CheckSpec("golden", "golden", "check", "the generated code and graph match the committed golden file",

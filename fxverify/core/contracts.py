@@ -91,6 +91,10 @@ class Contract:
     ``fxverify.also_spelled``). The contract's ``dtypes`` are promised too: a pattern not firing on its
     program with every floating input in one of them fails (a pattern traced in float32 misses bfloat16
     graphs, where decompositions insert upcasts).
+    ``idempotent``: that running the transform again on its own result changes nothing more (the ``idempotence``
+    check, on ExecuTorch Edge programs, where a pass manager with ``steps`` runs its passes until they change
+    nothing and ExecuTorch's pass tests check it). False: a pass meant to change its result again each run (one
+    adding a level of partitioning, say).
     ``fires_in``: the graphs Inductor hands the pass where it may change anything (``inference``,
     ``forward``, ``backward``, ``joint``: the training joint graph; None: any). Under the ``inductor``
     captures a transform that changes another graph fails, naming it (an inference-only fusion that also
@@ -115,6 +119,7 @@ class Contract:
     rewrites_every_occurrence: bool = False
     fires_in: tuple[str, ...] | None = None
     rewrites_spellings: tuple[str, ...] | None = None
+    idempotent: bool = True
 
     def __post_init__(self) -> None:
         if self.form is not None and self.form not in FORMS:
@@ -140,7 +145,8 @@ class Contract:
                 raise FxVerifyError(
                     f"contract {name} must be a non-negative number, got {name}={value!r}"
                 )
-        for name in ("changes_parameters", "serializable", "keeps_opset", "verify_each", "rewrites_every_occurrence"):
+        for name in ("changes_parameters", "serializable", "keeps_opset", "verify_each", "rewrites_every_occurrence",
+                     "idempotent"):
             if not isinstance(getattr(self, name), bool):
                 raise FxVerifyError(f"contract {name} must be True or False, got {name}={getattr(self, name)!r}")
 
@@ -185,6 +191,8 @@ class Contract:
             parts.append("verify_each=yes")
         if self.rewrites_every_occurrence:
             parts.append("rewrites_every_occurrence=yes")
+        if not self.idempotent:
+            parts.append("idempotent=no")
         if self.rewrites_spellings is not None:
             parts.append(f"rewrites_spellings={'+'.join(self.rewrites_spellings) or 'none'}")
         for name in ("rtol", "atol", "range_tol"):
@@ -226,6 +234,7 @@ def contract(
     rewrites_every_occurrence: bool = False,
     fires_in: tuple[str, ...] | None = None,
     rewrites_spellings: tuple[str, ...] | None = None,
+    idempotent: bool = True,
 ) -> Callable[[F], F]:
     """Declare a transform's contract (see :class:`Contract` for each promise).
 
@@ -258,6 +267,10 @@ def contract(
         def fuse_attention(graph: torch.fx.Graph):
             ...
 
+        @fxverify.contract(idempotent=False)  # each run nests the partitions once more
+        def partition(gm):
+            ...
+
         @fxverify.contract(rewrites_spellings=("operand_orders",), dtypes=("float32", "bfloat16"))
         def register_silu_and_mul(pass_dict):  # pattern fuzzing: both orders of the gate product, in both dtypes
             ...
@@ -266,7 +279,7 @@ def contract(
                         serializable=serializable, rtol=rtol, atol=atol, range_tol=range_tol, captures=captures,
                         keeps_opset=keeps_opset, form=form, verify_each=verify_each,
                         rewrites_every_occurrence=rewrites_every_occurrence, fires_in=fires_in,
-                        rewrites_spellings=rewrites_spellings)
+                        rewrites_spellings=rewrites_spellings, idempotent=idempotent)
 
     def decorate(fn: F) -> F:
         if not callable(fn):
