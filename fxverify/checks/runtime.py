@@ -8,16 +8,16 @@ that breaks one of those leaves a program whose ``module()`` computes the right 
 runtime refuses at load, that raises in ``execute()``, or that computes other numbers (executorch#16032,
 executorch#21829, executorch#20376).
 
-Each program is lowered as ExecuTorch's XNNPACK flow lowers it, ``EdgeProgramManager({"forward": program})``
-(the captures' ``EdgeCompileConfig``) ``.to_backend(XnnpackPartitioner())`` ``.to_executorch()``, loaded from
-its ``.buffer`` by ``executorch.runtime`` and run on the model's primary example inputs (their memory format
-kept); its outputs are compared, in the order ExecuTorch returns them (the program's user outputs, flattened),
-with ``program.module()``'s on the same inputs (its mutated buffers started at zero, as ExecuTorch starts
-them). The verdict is differential: the captured program goes first, and where it does not lower, load or
-run, or its ``.pte`` already computes other numbers than it does, the check skips (the model, or ExecuTorch, not the pass). The result fails when a stage raises on it (named:
-``to_backend``, ``to_executorch``, ``load``, ``execute``) or when an output differs by more than the
-tolerance and twice what the captured program's own ``.pte`` differed by at that output. A program XNNPACK
-takes no part of runs on the portable kernels alike.
+Each program is lowered as ExecuTorch's XNNPACK flow lowers it, ``EdgeProgramManager({"forward": program})`` (the
+captures' ``EdgeCompileConfig``) ``.to_backend(XnnpackPartitioner())`` ``.to_executorch()``, loaded from its
+``.buffer`` by ``executorch.runtime`` and run on the model's primary example inputs (their memory format kept); its
+outputs are compared, in the order ExecuTorch returns them (the program's user outputs, flattened), with
+``program.module()``'s on the same inputs (its mutated buffers started at zero, as ExecuTorch starts them). The
+verdict is differential: the captured program goes first, and where it does not lower, load or run, or its ``.pte``
+already computes other numbers than it does, the check skips (the model, or ExecuTorch, not the pass). The result
+fails when a stage raises on it (named: ``to_backend``, ``to_executorch``, ``load``, ``execute``) or when an output
+differs by more than the tolerance and twice what the captured program's own ``.pte`` differed by at that output. A
+program XNNPACK takes no part of runs on the portable kernels alike.
 """
 
 from __future__ import annotations
