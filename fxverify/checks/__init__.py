@@ -179,6 +179,9 @@ REGISTRY: tuple[CheckSpec, ...] = (
     CheckSpec("qdq", "qdq", "check", "on quantized graphs, every quantize / dequantize pair stays consistent: "
                                      "parameters, per-channel axes, shared parameters, no observer left",
               requires=("quantized",), verify_each=True),
+    CheckSpec("runtime", "runtime", "check", "on Edge programs, the result lowered to an ExecuTorch .pte (XNNPACK) "
+                                             "loads and runs through executorch.runtime and computes what its "
+                                             "program computes", requires=("lowers",)),
     CheckSpec("idempotence", "idempotence", "check", "on Edge programs, running the pass again on its result "
                                                      "changes nothing more", requires=("lowers",)),
     CheckSpec("variants", "variants", "check", "the ops the transform rewrote, and the variants of them it left "
