@@ -16,6 +16,7 @@ from typing import Any
 from fxverify.analysis.graph_text import canonical_text
 from fxverify.analysis.module_state import first_line_difference
 from fxverify.capture.export import program_of
+from fxverify.checks._common import graph_result
 from fxverify.core.results import Finding, Skip
 from fxverify.engine.subject import Subject
 
@@ -24,10 +25,13 @@ def check(subject: Subject) -> dict[str, Any]:
     if not subject.contract.idempotent:
         raise Skip("the contract declares that the transform changes its own result again (idempotent=False)")
     once = subject.applied().result
-    twice, _ = subject.capture.apply(subject.transform, copy.deepcopy(once), timeout=subject.timeout)
-    first, second = (program_of(module) for module in (once, twice))
-    if first is None or second is None:
+    if program_of(once) is None:
         raise Skip("the transform's result carries no program to run it on again")
+    twice, _ = subject.capture.apply(subject.transform, copy.deepcopy(graph_result(once, "no graph to run it on")),
+                                     timeout=subject.timeout)
+    first, second = program_of(once), program_of(twice)
+    if first is None or second is None:
+        raise Skip("the transform's second run returned no program")
     before, after = (canonical_text(program.graph, anonymous=True) for program in (first, second))
     if before != after:
         raise Finding(
