@@ -15,7 +15,8 @@ import fxverify.plugin.items
 fxverify.api.Verification(fxverify.examples.identity, "edge_conv_bn_head").run_all()
 _CASE = fxverify.cases.case.load_case("edge_conv_bn_head")
 # Not the Inductor captures: no in-process run uses them (the compile options' runs are subprocesses), and
-# loading Inductor's passes costs every worker seconds; nor pt2e, which needs torchao (an extra).
+# loading Inductor's passes costs every worker seconds; nor pt2e and the Edge captures, which need torchao and
+# ExecuTorch (extras; their tests import them when collected, before any in-process run).
 for _capture in fxverify.core.captures.capture_names()[1:]:
-    if not _capture.startswith("inductor") and _capture != "pt2e":
+    if not _capture.startswith("inductor") and _capture not in ("pt2e", "edge", "edge_pt2e"):
         fxverify.api.Verification(lambda gm: gm, _CASE, capture=_CASE.capture_named(_capture)).run_all()
