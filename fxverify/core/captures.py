@@ -12,11 +12,11 @@ Inductor's hooks (:mod:`fxverify.inductor.hooks`), one row each. Checks state th
 ('symbolic_trace', 'export', 'export_core', 'make_fx', 'inductor', 'inductor_post', 'inductor_train', 'inductor_train_post')
 >>> capture_names()[8:]  # doctest: +NORMALIZE_WHITESPACE
 ('inductor_joint', 'inductor_joint_post', 'inductor_train_joint', 'inductor_train_joint_post', 'inductor_pre_grad',
- 'inductor_freezing', 'inductor_freezing_post', 'pt2e')
+ 'inductor_freezing', 'inductor_freezing_post', 'pt2e', 'edge', 'edge_pt2e')
 >>> spec("make_fx").traits.carries_meta_val, spec("make_fx").traits.has_program
 (True, False)
 >>> lacking(spec("symbolic_trace").traits, ("has_program",), "symbolic_trace")
-'symbolic_trace graphs come with no ExportedProgram (captures whose graphs do: export, export_core)'
+'symbolic_trace graphs come with no ExportedProgram (captures whose graphs do: export, export_core, edge, edge_pt2e)'
 """
 
 from __future__ import annotations
