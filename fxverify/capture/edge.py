@@ -31,7 +31,7 @@ from torch import fx, nn
 
 from fxverify.analysis.compare import Tolerance
 from fxverify.capture.export import Export, named_as_exported
-from fxverify.capture.pt2e import STEPS, converted
+from fxverify.capture.pt2e import converted, stepped_tolerance
 from fxverify.core import captures
 from fxverify.core.results import Skip, exception_summary
 from fxverify.core.transform import CLAIMED_MODIFIED, Transform
@@ -119,15 +119,12 @@ class Edge(Export):
         return None
 
     def tolerance(self, original: fx.GraphModule) -> Tolerance | None:
-        """For ``edge_pt2e``, what ``pt2e`` allows (:data:`~fxverify.capture.pt2e.STEPS` quantization steps); None
-        for the float program."""
-        from fxverify.analysis.qdq import quantization_step
-
-        step = None if self.quantizer is None else quantization_step(original)
-        return None if step is None else Tolerance(atol=STEPS * step)
+        """For ``edge_pt2e``, what ``pt2e`` allows (:func:`~fxverify.capture.pt2e.stepped_tolerance`); None for the
+        float program."""
+        return None if self.quantizer is None else stepped_tolerance(original)
 
     def describe(self) -> str:
-        """e.g. ``edge_pt2e (to_edge, fxverify.capture.edge:xnnpack_quantizer, dynamic batch 1..8)``."""
+        """e.g. ``edge_pt2e (to_edge, fxverify.capture.edge:xnnpack_quantizer, static shapes)``."""
         shapes = super().describe().rpartition(", ")[2]
         return f"{self.name} (to_edge, {f'{self.quantizer}, ' if self.quantizer else ''}{shapes}"
 

@@ -60,6 +60,13 @@ def converted(exported: fx.GraphModule, quantizer: str, inputs: tuple[Any, ...])
                    "of the pass; a quantizer's own defects are listed in docs/bugs-found.md") from exc
 
 
+def stepped_tolerance(original: fx.GraphModule) -> Tolerance | None:
+    """What a pass may move the outputs of ``original``, a quantized graph, by: :data:`STEPS` of its coarsest
+    activation's quantization step (an absolute tolerance), or None where it quantizes no activation."""
+    step = quantization_step(original)
+    return None if step is None else Tolerance(atol=STEPS * step)
+
+
 def x86_quantizer() -> Any:
     """torchao's ``X86InductorQuantizer`` with its default config (static, per-channel weights): the default."""
     import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as x86
@@ -105,10 +112,8 @@ class Pt2e(Export):
         return converted(self.program(module, training=False, inputs=inputs).module(), self.quantizer, inputs)
 
     def tolerance(self, original: fx.GraphModule) -> Tolerance | None:
-        """What a pass may move the outputs of ``original`` by: :data:`STEPS` of its coarsest activation's
-        quantization step (an absolute tolerance), or None where it quantizes no activation."""
-        step = quantization_step(original)
-        return None if step is None else Tolerance(atol=STEPS * step)
+        """:func:`stepped_tolerance` of ``original``."""
+        return stepped_tolerance(original)
 
     def describe(self) -> str:
         """e.g. ``pt2e (fxverify.capture.pt2e:x86_quantizer, dynamic batch 1..8)``."""
