@@ -45,12 +45,7 @@ def runtime(transform, case, capture):  # type: ignore[no-untyped-def]
     return Verification(transform, case, capture=case.capture_named(capture)).run("runtime")
 
 
-@pytest.mark.parametrize("model,capture", [
-    ("edge_conv_bn_head", "edge"),
-    ("layer_conv_bn", "edge_pt2e"),
-    pytest.param("layer_conv_bn", "edge", marks=pytest.mark.slow),
-    pytest.param("edge_conv_bn_head", "edge_pt2e", marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize("model,capture", [("edge_conv_bn_head", "edge"), ("layer_conv_bn", "edge_pt2e")])
 def test_identity_passes(model, capture):
     result = runtime(fxverify.examples.identity, model, capture)
     assert result.outcome == "passed", result.message
