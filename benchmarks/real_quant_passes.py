@@ -1,21 +1,30 @@
-"""fxverify on real quantizers and real passes over quantized graphs, written by others (torchao, torch.fx).
+"""fxverify on real quantizers and real passes over quantized graphs and Edge programs, written by others
+(torchao, torch.fx, ExecuTorch).
 
     python benchmarks/real_quant_passes.py [--corpus quantization] [--workers 2] [--only reference_repr,...]
+                                           [--library executorch]
 
-Each row runs `pytest -n WORKERS --fxverify SPEC --fxverify-capture pt2e --fxverify-corpus CORPUS` in a scratch
-directory: a quantizer as the capture's quantizer (`--fxverify-quantizer`) with the identity as the transform
-(every item then judges what the quantizer made against itself: it must capture, run and keep its q/dq
-pairs), a pass as the transform over the graph torchao's X86InductorQuantizer made. The failures are printed
+Each row runs `pytest -n WORKERS --fxverify SPEC --fxverify-capture CAPTURE --fxverify-corpus CORPUS` in a scratch
+directory: a quantizer as the `pt2e` capture's quantizer (`--fxverify-quantizer`) with the identity as the
+transform (every item then judges what the quantizer made against itself: it must capture, run and keep its q/dq
+pairs), a pass as the transform over the graph torchao's X86InductorQuantizer made (`pt2e`), and ExecuTorch's own
+passes over its Edge programs: `edge` (float) and `edge_pt2e` (quantized with ExecuTorch's XNNPACKQuantizer),
+each called as ExecuTorch's pipeline calls it (the adapters below say how). The failures are printed
 grouped by check and finding, with the models that show each; read each as the pass's author would, and
 prove it in a few lines of plain torch before calling it a defect (docs/bugs-found.md). Inductor's
 ``constant_fold`` is not among them: it runs on frozen graphs, where a buffer updated in forward is a
 placeholder, and folds such a buffer's update where it is a ``get_attr`` (outside what it is called on).
+
+ExecuTorch's Arm passes (``executorch.backends.arm._passes``) are not among the rows: they import
+``tosa_serializer``, which ExecuTorch's wheel does not bring; they need ``pip install tosa-tools`` (about 200 MB,
+the ``ethos-u`` / ``vgf`` extras pin ``tosa-tools==2026.5.0``), not installed here.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import copy
 import dataclasses
 import json
 import subprocess
@@ -25,7 +34,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import fx
+
+import fxverify
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve()
@@ -124,16 +136,123 @@ def split_constants(gm: fx.GraphModule) -> Any:
     return folded
 
 
+# -- ExecuTorch's passes over Edge programs (the edge and edge_pt2e captures) ------------------------------------
+# A pass of ExecuTorch's own (exir.passes) with a no-arg constructor is given as its class: the capture builds it
+# and runs it through EdgeProgramManager.transform([pass]), as a user's pipeline does, the Edge verifier included.
+# XNNPACK's passes are run by the adapters below, as XNNPACK runs them.
+
+
+def as_xnnpack(ep: torch.export.ExportedProgram, pass_type: type) -> torch.export.ExportedProgram:
+    """``pass_type`` run on ``ep`` as XNNPACK runs its passes: ``XnnpackBackend.preprocess`` re-wraps the Edge
+    program with XNNPACK's verifier (``EXIREdgeDialectVerifier`` under ``get_xnnpack_edge_compile_config()``:
+    ``_check_ir_validity=False``, since its passes make non-core ops such as ``aten.linear``) and calls
+    ``XNNPACKPassManager(ep, passes=[pass_type]).transform()``, which builds an ``XNNPACKPass`` from the program
+    (``FuseBatchNormPass(ep)``: it reads and deletes the program's parameters), any other ``ExportPass`` with no
+    argument, and runs ``_transform(ep, pass)``. XNNPACK's own pass tests (``RunPasses`` of its ``Tester``,
+    after ``to_edge`` under the same config) do the same. Its passes edit the program they were built from (the
+    graph in place, parameters deleted and added): preprocess gets a partition's program of its own, so the
+    pass is given a copy here, as there, and the caller's ``ep`` is left as it was."""
+    from executorch.backends.xnnpack._passes import XNNPACKPassManager
+
+    return XNNPACKPassManager(_xnnpack_program(ep), passes=[pass_type]).transform()
+
+
+def _xnnpack_program(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """A copy of ``ep`` (its graph, signature and tensor dicts; the tensors shared) under XNNPACK's verifier, as
+    ``XnnpackBackend.preprocess`` wraps the program it is given."""
+    from executorch.backends.xnnpack.utils.configs import get_xnnpack_edge_compile_config
+    from executorch.exir.verification.verifier import EXIREdgeDialectVerifier
+
+    gm = copy.deepcopy(ep.graph_module)
+    return torch.export.ExportedProgram(
+        root=gm, graph=gm.graph, graph_signature=copy.deepcopy(ep.graph_signature), state_dict=dict(ep.state_dict),
+        range_constraints=ep.range_constraints, module_call_graph=ep.module_call_graph,
+        example_inputs=ep.example_inputs, constants=dict(ep.constants),
+        verifiers=[EXIREdgeDialectVerifier(edge_compile_config=get_xnnpack_edge_compile_config(), class_only=True)])
+
+
+def xnn_fuse_batch_norm(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """XNNPACK's ``FuseBatchNormPass(ep)``: a BatchNorm after a conv or linear folded into its weights (see
+    :func:`as_xnnpack`)."""
+    from executorch.backends.xnnpack._passes import FuseBatchNormPass
+
+    return as_xnnpack(ep, FuseBatchNormPass)
+
+
+def xnn_decompose_batch_norm(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """XNNPACK's ``DecomposeBatchNorm(ep)``: a BatchNorm left alone written as a depthwise conv or a mul/add
+    (:func:`as_xnnpack`). Its one failed item, ``reexport`` on ``edge_linear_bn`` (a ``_clone_dim_order`` where the
+    result had a ``convolution``), is a false alarm, reported to fxverify's maintainers: the pass writes a
+    BatchNorm1d as ``unsqueeze_copy``, conv1d, ``squeeze_copy``, and ``to_edge`` of an exported Edge module adds
+    a ``_clone_dim_order`` after each such view copy (plain ``x.unsqueeze(2) * 2`` lowered twice shows it), so
+    the second lowering differs for a reason of ``to_edge``'s, not the pass's; the result's outputs match."""
+    from executorch.backends.xnnpack._passes import DecomposeBatchNorm
+
+    return as_xnnpack(ep, DecomposeBatchNorm)
+
+
+@fxverify.contract(keeps_opset=False)
+def xnn_convert_to_linear(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """XNNPACK's ``ConvertToLinearPass``: ``addmm`` / ``mm`` (with their ``permute`` of the weight) back to
+    ``aten.linear`` (:func:`as_xnnpack`). ``aten.linear`` is no core ATen op: the result is XNNPACK's own IR,
+    for its serializer, under a verifier that does not check the op set, and never lowered to Edge again, so
+    it declares ``keeps_opset=False`` (``opset`` and ``reexport`` skip; undeclared, ``reexport`` failed on the
+    five models with a linear: a second ``to_edge`` decomposes ``linear`` to ``permute_copy`` + ``addmm``)."""
+    from executorch.backends.xnnpack._passes import ConvertToLinearPass
+
+    return as_xnnpack(ep, ConvertToLinearPass)
+
+
+@fxverify.contract(keeps_opset=False)
+def xnn_remove_getitem(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """ExecuTorch's ``RemoveGetItemPass`` (``backends.transforms``, in XNNPACK's pipeline): ``max_pool2d_with_indices``
+    and ``max`` whose indices nobody reads as ``max_pool2d`` / ``amax`` (:func:`as_xnnpack`). ``max_pool2d`` is no
+    core ATen op: XNNPACK's IR, as for :func:`xnn_convert_to_linear` (undeclared, ``reexport`` failed on the three
+    models with a max pool: a second ``to_edge`` gives ``max_pool2d_with_indices`` back)."""
+    from executorch.backends.xnnpack._passes import RemoveGetItemPass
+
+    return as_xnnpack(ep, RemoveGetItemPass)
+
+
+@fxverify.contract(keeps_opset=False)
+def xnn_channels_last(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """XNNPACK's ``ChannelsLastTaggedReshapePass(ep)``: NHWC-tagged copies inserted around the ops XNNPACK runs
+    channels-last (:func:`as_xnnpack`): ``_to_copy`` with a ``memory_format``, an op the Edge verifier refuses in
+    dim-order mode: XNNPACK's IR, as for :func:`xnn_convert_to_linear`. Its row leaves out ``edge_final_buffer_copy``
+    and ``edge_size_one_dims``: there the pass raises "Attempting to convert non-NHWC compatible node to NHWC" on a
+    ``mean.dim`` of a 2-D / 3-D tensor (it takes every ``mean.dim`` for an NHWC op), which XNNPACK's pipeline
+    never hands it: the pass runs in ``preprocess`` on what the partitioner delegated, and ``MeanDimConfig``
+    delegates only a 4-D mean over dims 2 and 3 (outside the pass's contract, not a defect)."""
+    from executorch.backends.xnnpack._passes import ChannelsLastTaggedReshapePass
+
+    return as_xnnpack(ep, ChannelsLastTaggedReshapePass)
+
+
+@fxverify.contract(keeps_opset=False)
+def xnn_dim_order_revert(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """ExecuTorch's ``DimOrderOpsRevertPass`` (``exir.passes``) as XNNPACK runs it, first in its pipeline:
+    ``_to_dim_order_copy`` / ``_clone_dim_order`` back to ``_to_copy`` / ``clone`` with a ``memory_format``, ops
+    the Edge verifier refuses in dim-order mode, so only under XNNPACK's verifier (:func:`as_xnnpack`), and
+    outside the Edge op set by design (``keeps_opset=False``, as :func:`xnn_convert_to_linear`)."""
+    from executorch.exir.passes.memory_format_ops_pass import DimOrderOpsRevertPass
+
+    return as_xnnpack(ep, DimOrderOpsRevertPass)
+
+
 @dataclasses.dataclass(frozen=True)
 class Row:
     name: str
     library: str
     transform: str  # the transform's spec
-    quantizer: str | None = None  # the pt2e capture's quantizer's spec (None: the default, X86InductorQuantizer)
+    quantizer: str | None = None  # the capture's quantizer's spec (None: the capture's default)
+    capture: str = "pt2e"
+    exclude: str = ""  # models the row leaves out (--fxverify-exclude), its adapter's docstring saying why
 
     def args(self, corpus: str) -> list[str]:
         quantizer = ["--fxverify-quantizer", self.quantizer] if self.quantizer else []
-        return ["--fxverify", self.transform, "--fxverify-capture", "pt2e", f"--fxverify-corpus={corpus}", *quantizer]
+        exclude = [f"--fxverify-exclude={self.exclude}"] if self.exclude else []
+        return ["--fxverify", self.transform, "--fxverify-capture", self.capture, f"--fxverify-corpus={corpus}",
+                *quantizer, *exclude]
 
 
 def _here(name: str) -> str:
@@ -148,6 +267,18 @@ ROWS = (
       ("duplicate_dq", "port_metadata", "reference_representation", "ao_constant_fold")),
     *(Row(name, "torch", _here(name)) for name in
       ("cse", "dead_code", "split_constants")),
+    # ExecuTorch: XNNPACK's passes through the adapters above, exir's own by their classes
+    *(Row(f"{name}@edge", "executorch", _here(name), capture="edge") for name in (
+        "xnn_fuse_batch_norm", "xnn_decompose_batch_norm", "xnn_convert_to_linear", "xnn_remove_getitem")),
+    Row("xnn_channels_last@edge", "executorch", _here("xnn_channels_last"), capture="edge",
+        exclude="edge_final_buffer_copy,edge_size_one_dims"),
+    Row("xnn_dim_order_revert@edge", "executorch", _here("xnn_dim_order_revert"), capture="edge"),
+    *(Row(f"{spec.rpartition(':')[2]}@{capture}", "executorch", f"executorch.exir.passes.{spec}", capture=capture)
+      for spec, capture in (
+          ("remove_noop_pass:RemoveNoopPass", "edge"), ("memory_format_ops_pass:MemoryFormatOpsPass", "edge"),
+          ("spec_prop_pass:SpecPropPass", "edge"), ("cse_pass:CSEPass", "edge"),
+          ("constant_prop_pass:constant_prop_pass", "edge"),
+          ("fold_redundant_qdq_pass:FoldRedundantDequantizeQuantizePass", "edge_pt2e")))
 )
 
 
@@ -178,16 +309,18 @@ def main() -> None:
     parser.add_argument("--corpus", default="quantization")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--only", default="", help="comma-separated row names")
+    parser.add_argument("--library", default="", help="comma-separated libraries (torchao, torch, executorch)")
     args = parser.parse_args()
     wanted = {n.strip() for n in args.only.split(",") if n.strip()}
-    rows = [row for row in ROWS if not wanted or row.name in wanted]
-    print(f"{len(rows)} rows ({', '.join(sorted({r.library for r in rows}))}), corpus {args.corpus}, capture pt2e, "
-          f"-n {args.workers}")
+    libraries = {n.strip() for n in args.library.split(",") if n.strip()}
+    rows = [row for row in ROWS if (not wanted or row.name in wanted) and (not libraries or row.library in libraries)]
+    print(f"{len(rows)} rows ({', '.join(sorted({r.library for r in rows}))}), corpus {args.corpus}, captures "
+          f"{', '.join(sorted({r.capture for r in rows}))}, -n {args.workers}")
     with tempfile.TemporaryDirectory() as cwd:
         for row in rows:
             found = run(row, args.corpus, args.workers, cwd)
             kind = "quantizer" if row.transform == IDENTITY else "pass"
-            print(f"{row.name:26} {row.library:8} {kind:9} {len(found['failed']):3} failed  {found['seconds']:5.0f} s  "
+            print(f"{row.name:40} {row.library:10} {kind:9} {len(found['failed']):3} failed  {found['seconds']:5.0f} s  "
                   f"{found['last']}", flush=True)
             groups: dict[tuple[str, str], list[str]] = collections.defaultdict(list)
             for record in found["failed"]:

@@ -31,6 +31,7 @@ from tests.test_docs import page, table
 PAGE = "docs/bugs-found.md"
 TORCHAO_MEASURED = "0.18.0"  # torchao is no dependency: its rows were measured with this version installed
 OPENVINO_MEASURED = "2026.4.1"
+EXECUTORCH_MEASURED = "1.5.1"
 # OpenVINO's backend as the benchmark calls it: its default path fails in torch 2.14.1's guard creation
 OPENVINO_OPTIONS = {"aot_autograd": True, "config": {"INFERENCE_PRECISION_HINT": "f32"}}
 
@@ -59,6 +60,14 @@ def torchao() -> None:
     pytest.importorskip("torchao", reason="the torchao rows need torchao installed (it is no dependency)")
     if metadata.version("torchao") != TORCHAO_MEASURED:
         pytest.skip(f"re-check this row on torchao {metadata.version('torchao')} (measured on {TORCHAO_MEASURED})")
+
+
+def executorch() -> None:
+    """Skip unless ExecuTorch is installed at the version its rows were measured with (the edge extra)."""
+    pytest.importorskip("executorch.exir", reason="the ExecuTorch rows need executorch installed (the edge extra)")
+    if metadata.version("executorch") != EXECUTORCH_MEASURED:
+        pytest.skip(f"re-check this row on executorch {metadata.version('executorch')} "
+                    f"(measured on {EXECUTORCH_MEASURED})")
 
 
 @pytest.fixture
@@ -773,6 +782,61 @@ def test_the_efficient_conv_bn_eval_of_a_grouped_transposed_conv_does_not_broadc
         else:
             with pytest.raises(RuntimeError, match="The size of tensor a \\(2\\) must match the size of tensor b \\(4\\)"):
                 efficient_conv_bn_eval(bn, conv, x)
+
+
+# -- ExecuTorch's XNNPACK passes ---------------------------------------------------------------------------------
+
+
+def _xnnpack_fuse_batch_norm(model: nn.Module, x: torch.Tensor):
+    """``model``'s Edge program after XNNPACK's ``FuseBatchNormPass``, run as ``XNNPACKPassManager`` runs it."""
+    from executorch.backends.xnnpack._passes import FuseBatchNormPass
+    from executorch.exir import to_edge
+    from executorch.exir.program._program import _transform
+
+    program = to_edge(torch.export.export(model, (x,))).exported_program()
+    return _transform(program, FuseBatchNormPass(program))
+
+
+class _SharedConvTwoNorms(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn_a, self.bn_b = nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4), nn.BatchNorm2d(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn_a(self.conv(x)) + self.bn_b(self.conv(x.flip(-1)))
+
+
+@pytest.mark.slow
+def test_xnnpacks_batchnorm_fusion_gives_both_calls_of_a_shared_conv_one_fused_weight():
+    executorch()
+    torch.manual_seed(0)
+    model, x = _SharedConvTwoNorms().eval(), torch.randn(2, 4, 8, 8)
+    with torch.no_grad():
+        for bn in (model.bn_a, model.bn_b):
+            bn.running_mean.uniform_(-1, 1), bn.running_var.uniform_(0.5, 2), bn.weight.uniform_(0.5, 2)
+        fused = _xnnpack_fuse_batch_norm(model, x)
+        # each fold asks for a placeholder named after the conv's weight, "conv_weight_fused_bn": the second call's
+        # request returns the first's (create_constant_placeholder shares a name it finds), so both convs read it
+        convs = [n for n in fused.graph.nodes if n.op == "call_function" and "convolution" in str(n.target)]
+        assert len(convs) == 2 and convs[0].args[1] is convs[1].args[1]
+        assert convs[0].args[1].name == "conv_weight_fused_bn"
+        assert float((fused.module()(x) - model(x)).abs().max()) > 0.5
+
+
+@pytest.mark.slow
+def test_xnnpacks_batchnorm_fusion_raises_on_a_grouped_transposed_conv():
+    executorch()
+    x = torch.randn(2, 4, 8, 8)
+    for groups in (1, 2):  # a transposed weight is (in, out / groups, kH, kW): scaled along dim 1 by out entries
+        model = nn.Sequential(nn.ConvTranspose2d(4, 4, 3, padding=1, groups=groups), nn.BatchNorm2d(4)).eval()
+        if groups == 1:
+            with torch.no_grad():
+                torch.testing.assert_close(_xnnpack_fuse_batch_norm(model, x).module()(x), model(x))
+        else:
+            with pytest.raises(Exception, match="FuseBatchNormPass") as raised:
+                _xnnpack_fuse_batch_norm(model, x)
+            cause = raised.value.__cause__ or raised.value.__context__
+            assert "The size of tensor a (2) must match the size of tensor b (4)" in str(cause)
 
 
 # -- the page and the proofs in step --------------------------------------------------------------------
