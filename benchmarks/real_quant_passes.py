@@ -37,8 +37,6 @@ from typing import Any
 import torch
 from torch import fx
 
-import fxverify
-
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve()
 IDENTITY = "fxverify.examples:identity"
@@ -181,40 +179,30 @@ def xnn_fuse_batch_norm(ep: torch.export.ExportedProgram) -> torch.export.Export
 
 def xnn_decompose_batch_norm(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     """XNNPACK's ``DecomposeBatchNorm(ep)``: a BatchNorm left alone written as a depthwise conv or a mul/add
-    (:func:`as_xnnpack`). Its one failed item, ``reexport`` on ``edge_linear_bn`` (a ``_clone_dim_order`` where the
-    result had a ``convolution``), is a false alarm, reported to fxverify's maintainers: the pass writes a
-    BatchNorm1d as ``unsqueeze_copy``, conv1d, ``squeeze_copy``, and ``to_edge`` of an exported Edge module adds
-    a ``_clone_dim_order`` after each such view copy (plain ``x.unsqueeze(2) * 2`` lowered twice shows it), so
-    the second lowering differs for a reason of ``to_edge``'s, not the pass's; the result's outputs match."""
+    (:func:`as_xnnpack`)."""
     from executorch.backends.xnnpack._passes import DecomposeBatchNorm
 
     return as_xnnpack(ep, DecomposeBatchNorm)
 
 
-@fxverify.contract(keeps_opset=False)
 def xnn_convert_to_linear(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     """XNNPACK's ``ConvertToLinearPass``: ``addmm`` / ``mm`` (with their ``permute`` of the weight) back to
     ``aten.linear`` (:func:`as_xnnpack`). ``aten.linear`` is no core ATen op: the result is XNNPACK's own IR,
-    for its serializer, under a verifier that does not check the op set, and never lowered to Edge again, so
-    it declares ``keeps_opset=False`` (``opset`` and ``reexport`` skip; undeclared, ``reexport`` failed on the
-    five models with a linear: a second ``to_edge`` decomposes ``linear`` to ``permute_copy`` + ``addmm``)."""
+    for its serializer, under a verifier that does not check the op set, and never lowered to Edge again."""
     from executorch.backends.xnnpack._passes import ConvertToLinearPass
 
     return as_xnnpack(ep, ConvertToLinearPass)
 
 
-@fxverify.contract(keeps_opset=False)
 def xnn_remove_getitem(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     """ExecuTorch's ``RemoveGetItemPass`` (``backends.transforms``, in XNNPACK's pipeline): ``max_pool2d_with_indices``
     and ``max`` whose indices nobody reads as ``max_pool2d`` / ``amax`` (:func:`as_xnnpack`). ``max_pool2d`` is no
-    core ATen op: XNNPACK's IR, as for :func:`xnn_convert_to_linear` (undeclared, ``reexport`` failed on the three
-    models with a max pool: a second ``to_edge`` gives ``max_pool2d_with_indices`` back)."""
+    core ATen op: XNNPACK's IR, as for :func:`xnn_convert_to_linear`."""
     from executorch.backends.xnnpack._passes import RemoveGetItemPass
 
     return as_xnnpack(ep, RemoveGetItemPass)
 
 
-@fxverify.contract(keeps_opset=False)
 def xnn_channels_last(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     """XNNPACK's ``ChannelsLastTaggedReshapePass(ep)``: NHWC-tagged copies inserted around the ops XNNPACK runs
     channels-last (:func:`as_xnnpack`): ``_to_copy`` with a ``memory_format``, an op the Edge verifier refuses in
@@ -228,12 +216,10 @@ def xnn_channels_last(ep: torch.export.ExportedProgram) -> torch.export.Exported
     return as_xnnpack(ep, ChannelsLastTaggedReshapePass)
 
 
-@fxverify.contract(keeps_opset=False)
 def xnn_dim_order_revert(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     """ExecuTorch's ``DimOrderOpsRevertPass`` (``exir.passes``) as XNNPACK runs it, first in its pipeline:
     ``_to_dim_order_copy`` / ``_clone_dim_order`` back to ``_to_copy`` / ``clone`` with a ``memory_format``, ops
-    the Edge verifier refuses in dim-order mode, so only under XNNPACK's verifier (:func:`as_xnnpack`), and
-    outside the Edge op set by design (``keeps_opset=False``, as :func:`xnn_convert_to_linear`)."""
+    the Edge verifier refuses in dim-order mode, so only under XNNPACK's verifier (:func:`as_xnnpack`)."""
     from executorch.exir.passes.memory_format_ops_pass import DimOrderOpsRevertPass
 
     return as_xnnpack(ep, DimOrderOpsRevertPass)

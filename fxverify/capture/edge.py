@@ -93,11 +93,6 @@ class Edge(Export):
             raise Skip(f"ExecuTorch's to_edge refuses it: {exception_summary(exc)}, before any transform: the pass "
                        "cannot be checked on this model, which says nothing of the pass") from exc
 
-    def reexport(self, module: nn.Module, inputs: tuple[Any, ...]) -> fx.GraphModule:
-        """``module`` (a captured graph or a result, quantized already for ``edge_pt2e``) exported again and
-        lowered to Edge again: the program's ``module()``."""
-        return lowered(super().program(module, training=False, inputs=inputs)).module()
-
     def apply(self, transform: Transform, gm: fx.GraphModule, *, timeout: float | None) -> tuple[nn.Module, bool]:
         """``transform`` called on (a copy of) the capture's program: form ``program`` with it, any other through
         ``EdgeProgramManager.transform([transform])`` (see the module's docstring). The modified bit a

@@ -190,14 +190,14 @@ REGISTRY: tuple[CheckSpec, ...] = (
     CheckSpec("retrace", "roundtrips", "check_retrace", "re-capturing the generated code gives an isomorphic graph",
               requires=("recaptures",)),
     CheckSpec("reexport", "roundtrips", "check_reexport", "on export captures, exporting the result again gives the "
-                                                          "same operators and outputs", requires=("has_program",)),
+                                                          "same operators and outputs", requires=("has_program", "round_trips")),
     CheckSpec("to_folder", "roundtrips", "check_to_folder", "gm.to_folder() exported and imported again computes "
                                                             "the same", requires=("pickles",)),
     CheckSpec("pickle", "roundtrips", "check_pickle", "copy.deepcopy and a pickle round trip give the same graph "
                                                       "and outputs", requires=("pickles",)),
     CheckSpec("serde", "roundtrips", "check_serde", "a program the transform returns saved with torch.export.save "
                                                     "and loaded again computes the same",
-              requires=("has_program", "saves")),
+              requires=("has_program", "round_trips")),
     CheckSpec("interpreter", "roundtrips", "check_interpreter", "torch.fx.Interpreter running the graph equals the "
                                                                 "generated forward"),
     CheckSpec("golden", "golden", "check", "the generated code and graph match the committed golden file",

@@ -54,8 +54,9 @@ class CaptureTraits:
     own joint-graph patterns leave such strides stale behind a replacement and recomputes none of them.
     ``quantized``: activations and weights pass through quantize / dequantize pairs (PT2E's converted graphs): no
     float64 run is made of them (the q/dq ops take float32 only) and the ``qdq`` check judges those pairs.
-    ``saves``: its programs are saved with ``torch.export.save`` (Edge programs are not: their Edge ops are
-    ExecuTorch's, serialized by ``to_executorch``).
+    ``round_trips``: its programs are saved with ``torch.export.save`` and exported again as their users do
+    (``serde``, ``reexport``); Edge programs are not: ExecuTorch's next step is ``to_executorch``, and ``to_edge`` of an
+    exported Edge module adds a ``_clone_dim_order`` after every view copy.
     ``lowers``: its programs are ExecuTorch Edge programs, which lower to a ``.pte`` that ``executorch.runtime``
     runs (the ``runtime`` check).
     """
@@ -70,7 +71,7 @@ class CaptureTraits:
     differentiated: bool = True
     kept_strides_read: bool = True
     quantized: bool = False
-    saves: bool = True
+    round_trips: bool = True
     lowers: bool = False
 
 
@@ -90,7 +91,8 @@ _LACKS = {
                        "gradients numerics compares): backward through a result is nothing the pass promises",
                        "are differentiated"),
     "quantized": ("hold no quantize / dequantize pairs", "do"),
-    "saves": ("are not saved with torch.export.save (ExecuTorch serializes Edge programs with to_executorch)", "are"),
+    "round_trips": ("are not saved with torch.export.save nor exported again (ExecuTorch's next step is to_executorch)",
+                    "are"),
     "lowers": ("are not ExecuTorch Edge programs: they are not lowered to a .pte here", "are"),
 }
 
@@ -163,12 +165,12 @@ REGISTRY: tuple[CaptureSpec, ...] = (
                 "torch.export, then ExecuTorch's to_edge: the Edge-dialect program; a pass runs as "
                 "EdgeProgramManager.transform runs it, static shapes (needs the edge extra)",
                 CaptureTraits(carries_meta_val=True, has_program=True, pickles=False,
-                              moves_device=False, differentiated=False, saves=False, lowers=True)),
+                              moves_device=False, differentiated=False, round_trips=False, lowers=True)),
     CaptureSpec("edge_pt2e", "fxverify.capture.edge", "quantized_for_model",
                 "torch.export, PT2E quantization with the run's quantizer (ExecuTorch's XNNPACKQuantizer by default), "
                 "torch.export again, to_edge: the quantized Edge program, static shapes (needs the edge extra)",
                 CaptureTraits(carries_meta_val=True, has_program=True, pickles=False,
-                              moves_device=False, differentiated=False, quantized=True, saves=False, lowers=True)),
+                              moves_device=False, differentiated=False, quantized=True, round_trips=False, lowers=True)),
 )
 
 
