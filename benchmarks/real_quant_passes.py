@@ -37,6 +37,8 @@ from typing import Any
 import torch
 from torch import fx
 
+import fxverify
+
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve()
 IDENTITY = "fxverify.examples:identity"
@@ -185,28 +187,34 @@ def xnn_decompose_batch_norm(ep: torch.export.ExportedProgram) -> torch.export.E
     return as_xnnpack(ep, DecomposeBatchNorm)
 
 
+@fxverify.contract(keeps_opset=False)
 def xnn_convert_to_linear(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     """XNNPACK's ``ConvertToLinearPass``: ``addmm`` / ``mm`` (with their ``permute`` of the weight) back to
     ``aten.linear`` (:func:`as_xnnpack`). ``aten.linear`` is no core ATen op: the result is XNNPACK's own IR,
-    for its serializer, under a verifier that does not check the op set, and never lowered to Edge again."""
+    for its serializer, under a verifier that does not check the op set, and never lowered again, so it declares
+    ``keeps_opset=False`` (``runtime`` skips: undeclared, ``to_backend`` of the result refused ``aten.linear`` on
+    the seven models with a linear, outside what the pass is for)."""
     from executorch.backends.xnnpack._passes import ConvertToLinearPass
 
     return as_xnnpack(ep, ConvertToLinearPass)
 
 
+@fxverify.contract(keeps_opset=False)
 def xnn_remove_getitem(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     """ExecuTorch's ``RemoveGetItemPass`` (``backends.transforms``, in XNNPACK's pipeline): ``max_pool2d_with_indices``
     and ``max`` whose indices nobody reads as ``max_pool2d`` / ``amax`` (:func:`as_xnnpack`). ``max_pool2d`` is no
-    core ATen op: XNNPACK's IR, as for :func:`xnn_convert_to_linear`."""
+    core ATen op: XNNPACK's IR, as for :func:`xnn_convert_to_linear` (``keeps_opset=False``)."""
     from executorch.backends.xnnpack._passes import RemoveGetItemPass
 
     return as_xnnpack(ep, RemoveGetItemPass)
 
 
+@fxverify.contract(keeps_opset=False)
 def xnn_channels_last(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     """XNNPACK's ``ChannelsLastTaggedReshapePass(ep)``: NHWC-tagged copies inserted around the ops XNNPACK runs
     channels-last (:func:`as_xnnpack`): ``_to_copy`` with a ``memory_format``, an op the Edge verifier refuses in
-    dim-order mode: XNNPACK's IR, as for :func:`xnn_convert_to_linear`. Its row leaves out ``edge_final_buffer_copy``
+    dim-order mode: XNNPACK's IR, as for :func:`xnn_convert_to_linear` (``keeps_opset=False``). Its row leaves out
+    ``edge_final_buffer_copy``
     and ``edge_size_one_dims``: there the pass raises "Attempting to convert non-NHWC compatible node to NHWC" on a
     ``mean.dim`` of a 2-D / 3-D tensor (it takes every ``mean.dim`` for an NHWC op), which XNNPACK's pipeline
     never hands it: the pass runs in ``preprocess`` on what the partitioner delegated, and ``MeanDimConfig``
@@ -216,10 +224,12 @@ def xnn_channels_last(ep: torch.export.ExportedProgram) -> torch.export.Exported
     return as_xnnpack(ep, ChannelsLastTaggedReshapePass)
 
 
+@fxverify.contract(keeps_opset=False)
 def xnn_dim_order_revert(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     """ExecuTorch's ``DimOrderOpsRevertPass`` (``exir.passes``) as XNNPACK runs it, first in its pipeline:
     ``_to_dim_order_copy`` / ``_clone_dim_order`` back to ``_to_copy`` / ``clone`` with a ``memory_format``, ops
-    the Edge verifier refuses in dim-order mode, so only under XNNPACK's verifier (:func:`as_xnnpack`)."""
+    the Edge verifier refuses in dim-order mode, so only under XNNPACK's verifier (:func:`as_xnnpack`): XNNPACK's IR
+    (``keeps_opset=False``, as :func:`xnn_convert_to_linear`)."""
     from executorch.exir.passes.memory_format_ops_pass import DimOrderOpsRevertPass
 
     return as_xnnpack(ep, DimOrderOpsRevertPass)

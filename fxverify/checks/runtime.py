@@ -104,6 +104,9 @@ class Lowered:
 
 
 def check(subject: Subject) -> dict[str, Any]:
+    if not subject.contract.keeps_opset:
+        raise Skip("the contract declares that the result leaves the capture's operator set (keeps_opset=False): a "
+                   "backend's own IR (made inside its preprocess), which to_backend does not lower again")
     applied = subject.applied()
     given, returned = program_of(applied.original), program_of(applied.result)
     if given is None or returned is None:
