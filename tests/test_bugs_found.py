@@ -839,6 +839,35 @@ def test_xnnpacks_batchnorm_fusion_raises_on_a_grouped_transposed_conv():
             assert "The size of tensor a (2) must match the size of tensor b (4)" in str(cause)
 
 
+@pytest.mark.slow
+def test_xnnpacks_linear_recomposition_takes_a_folded_transposed_weight_for_the_weight():
+    """Row 42: after ``constant_prop_pass`` folds ``permute_copy(weight)`` into a constant, XNNPACK's
+    ``ConvertToLinearPass`` (run in ``to_backend``) builds ``linear(x, weight.T)``: a square weight runs transposed
+    in the .pte, another shape raises."""
+    executorch()
+    import copy
+
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import EdgeProgramManager, to_edge
+    from executorch.exir.passes.constant_prop_pass import constant_prop_pass
+    from executorch.runtime import Runtime
+
+    def pte_output(model: nn.Module, x: torch.Tensor, fold: bool) -> torch.Tensor:
+        program = to_edge(torch.export.export(model, (x,))).exported_program()
+        program = constant_prop_pass(copy.deepcopy(program)) if fold else program
+        buffer = EdgeProgramManager({"forward": program}).to_backend(XnnpackPartitioner()).to_executorch().buffer
+        return Runtime.get().load_program(buffer).load_method("forward").execute([x])[0]
+
+    x = torch.randn(2, 8)
+    square = nn.Linear(8, 8).eval()
+    with torch.no_grad():
+        expected = square(x)
+    torch.testing.assert_close(pte_output(square, x, fold=False), expected)
+    assert float((pte_output(square, x, fold=True) - expected).abs().max()) > 0.1  # the weight ran transposed
+    with pytest.raises(Exception, match="ConvertToLinearPass"):
+        pte_output(nn.Linear(8, 4).eval(), x, fold=True)
+
+
 # -- the page and the proofs in step --------------------------------------------------------------------
 
 COLUMNS = ["#", "defect", "pass (library)", "check that caught it", "smallest model", "proof", "upstream"]

@@ -56,7 +56,11 @@ ADVICE = {
                   "as the quantizer left them; a node the pass made without meta['val'], or a q/dq pattern the "
                   "partitioner half-recognises (a dequantize whose quantize was moved or merged), raises here. "
                   "Make new nodes through ExportPass.call_operator (which propagates meta), and keep q/dq pairs "
-                  "whole",
+                  "whole. Where the raise is inside one of XNNPACK's own passes on a program the Edge verifier "
+                  "accepted, XNNPACK may be at fault for a valid form the pass made (a transpose folded into a "
+                  "constant makes ConvertToLinearPass build a wrong linear: executorch#10499, docs/bugs-found.md "
+                  "row 42): reproduce with to_edge, the pass, to_backend(XnnpackPartitioner()) before blaming the "
+                  "pass",
     "to_executorch": "to_executorch replaces each op by its out variant and plans memory from meta['val']: an "
                      "op with no out variant registered, or a meta['val'] (shape, dtype, dim order) that the "
                      "pass left stale or wrong, raises here. Keep meta['val'] true for every node the pass makes "
@@ -75,7 +79,9 @@ ADVICE = {
     "outputs": "the .pte computes other numbers than the program's module(): the lowering read something module() "
                "does not (meta['val'] memory planning trusts, a dim order, the q/dq parameters XNNPACK fuses into "
                "its integer kernels), or a buffer write-back the pass moved. Check each node's meta['val'] and "
-               "q/dq parameters against what it computes",
+               "q/dq parameters against what it computes; where they are right, XNNPACK's lowering may be at "
+               "fault for a valid form the pass made (a transpose folded into a constant runs the weight "
+               "transposed: executorch#10499, docs/bugs-found.md row 42)",
 }
 
 LOWERED: StashKey[Lowered] = StashKey("runtime.original")  # the captured program's run, made once a subject
