@@ -151,7 +151,8 @@ class Transform:
         importable = spec or _importable_spec(fn)
         declared = contract_of(fn)
         form = declared.form or _form_of(fn)
-        named = getattr(fn, "__qualname__", f"{type(fn).__qualname__}()")  # an instance: its class
+        plain = form == "graph" or type(fn).__repr__ is object.__repr__  # an instance with no repr: its class
+        named = getattr(fn, "__qualname__", f"{type(fn).__qualname__}()" if plain else repr(fn))
         return cls(
             fn=GraphPassRunner.of(fn, importable or named) if form == "graph" else fn,
             spec=importable or cast(str, named),
