@@ -5,7 +5,7 @@ timm releases while fxverify stays right. Such a test is marked :func:`tied_to_p
 versions it skips, saying which differ and what to regenerate, and nothing else in the suite does.
 
 >>> sorted(pins())[:3]
-['execnet', 'graphviz', 'hypothesis']
+['coremltools', 'execnet', 'executorch']
 >>> off_pins("torch") in ([], [f"torch {metadata.version('torch')} (pinned {pins()['torch']})"])
 True
 """

@@ -331,9 +331,11 @@ def test_torchaos_quantized_concat_linear_fires_and_passes_and_its_twin_swapping
 @pytest.mark.slow
 def test_a_rebuilt_graph_at_the_post_hook_fails_saying_its_lowering_nodes_lost_their_meta() -> None:
     """Under freezing on CPU the post hook's graph holds Inductor's mkldnn convolution lowerings; an fx.Transformer
-    rebuild (the identity) drops their meta['val'], which torch's FakeTensorUpdater cannot compute for a lowering:
-    the advice is to keep the meta, not to register a FakeTensor implementation."""
-    found = _post(fxverify.examples.identity, load_case("edge_conv_bn_head")).run("lint")
+    rebuild drops their meta['val'], which torch's FakeTensorUpdater cannot compute for a lowering: the advice is
+    to keep the meta, not to register a FakeTensor implementation."""
+    from tests.aten_passes import rebuilt_with_transformer
+
+    found = _post(rebuilt_with_transformer, load_case("edge_conv_bn_head")).run("lint")
     assert found.outcome == FAILED, found.message
     assert "copy each node's meta along, or change the graph in place" in found.message
     assert "register_fake" not in found.message

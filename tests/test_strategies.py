@@ -130,7 +130,8 @@ def test_what_seeds_build_changes_only_with_the_seed_format():
     for seed in range(10):
         case = fxs.graph_from_seed(seed)
         nodes = [(n.op, getattr(n.target, "__name__", str(n.target)), len(n.args)) for n in case.module.graph.nodes]
-        structure.update(repr((nodes, case.inputs)).encode())
+        # an input field added since (memory_format) at its default leaves the inputs what they were
+        structure.update(repr((nodes, case.inputs)).replace(", memory_format='contiguous_format'", "").encode())
     digest = structure.hexdigest()[:16]
     assert SEEDED_GRAPHS.get(SEED_FORMAT) == digest, (
         f"graph_from_seed builds other graphs than before (digest {digest}): the seeds saved by earlier runs would "
