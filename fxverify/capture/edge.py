@@ -30,7 +30,7 @@ import torch
 from torch import fx, nn
 
 from fxverify.analysis.compare import Tolerance
-from fxverify.capture.export import Export, named_as_exported
+from fxverify.capture.export import Export
 from fxverify.capture.pt2e import converted, stepped_tolerance
 from fxverify.core import captures
 from fxverify.core.results import Skip, exception_summary
@@ -147,7 +147,7 @@ def transformed(fn: Callable[..., Any], claims: dict[str, bool],
 
     recorded.__name__ = getattr(fn, "__name__", type(fn).__name__)  # ExecuTorch's messages name the pass so
     step = fn if isinstance(fn, ExportedProgramPassBase) else recorded
-    manager = EdgeProgramManager({"forward": named_as_exported(program)}, compile_config=compile_config())
+    manager = EdgeProgramManager({"forward": program}, compile_config=compile_config())
     return manager.transform([step]).exported_program()
 
 

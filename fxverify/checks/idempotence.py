@@ -10,7 +10,6 @@ under a contract declaring ``idempotent=False``.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from fxverify.analysis.graph_text import canonical_text
@@ -27,8 +26,7 @@ def check(subject: Subject) -> dict[str, Any]:
     once = subject.applied().result
     if program_of(once) is None:
         raise Skip("the transform's result carries no program to run it on again")
-    twice, _ = subject.capture.apply(subject.transform, copy.deepcopy(graph_result(once, "no graph to run it on")),
-                                     timeout=subject.timeout)
+    twice = subject.transformed_copy(graph_result(once, "no graph to run it on"), subject.applied().mode)
     first, second = program_of(once), program_of(twice)
     if first is None or second is None:
         raise Skip("the transform's second run returned no program")

@@ -169,7 +169,7 @@ class Transform:
         >>> Transform.load("fxverify.examples:fuse_conv_bn").spec
         'fxverify.examples:fuse_conv_bn'
         """
-        obj = _instance_of_pass_class(load_object(spec), spec)
+        obj = load_object(spec)
         if _is_pipeline(obj):
             return dataclasses.replace(cls.from_steps(obj, spec), reloadable=True)
         if not callable(obj) and not takes_graph(obj):
