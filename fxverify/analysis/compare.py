@@ -93,6 +93,9 @@ class Tolerance:
                          pick(self.range_tol, other.range_tol))
 
 
+ANY_VALUE = Tolerance(atol=math.inf)  # judges no value: only structure, shapes, dtypes and non-finite values appearing
+
+
 @dataclasses.dataclass(frozen=True)
 class Mismatch:
     """The first difference found: where, what, and by how much."""

@@ -15,6 +15,10 @@ mode whatever mode is asked; the ``qdq`` check judges the quantize / dequantize 
 (:mod:`fxverify.analysis.qdq`). Where the quantizer's flow raises on a model, its items skip, saying so: no
 graph to check a pass on, and nothing about the pass.
 
+A quantizer under test (a ``Quantizer`` named as the transform: form ``quantizer``) is given the exported float
+graph instead, carrying the inputs to calibrate on, and applied by :func:`quantized`: its flow raising is the
+transform raising.
+
 >>> Pt2e().name, Pt2e().traits.quantized
 ('pt2e', True)
 """
@@ -22,8 +26,9 @@ graph to check a pass on, and nothing about the pass.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import fx, nn
@@ -34,26 +39,32 @@ from fxverify.capture.export import Export
 from fxverify.capture.export import for_model as export_for_model
 from fxverify.core import captures
 from fxverify.core.results import Skip, exception_summary
-from fxverify.core.transform import load_object
+from fxverify.core.transform import Transform, load_object
 from fxverify.errors import TransformLoadError
 
 DEFAULT_QUANTIZER = "fxverify.capture.pt2e:x86_quantizer"
+CALIBRATION = "fxverify_calibration_inputs"  # meta key: the inputs a quantizer under test is calibrated on
 STEPS = 2.0  # a pass over a q/dq graph may move an output by this many of its coarsest quantization steps
 
 
-def converted(exported: fx.GraphModule, quantizer: str, inputs: tuple[Any, ...]) -> fx.GraphModule:
-    """``exported`` (an ``ep.module()``) quantized with the quantizer ``quantizer`` names (:func:`quantizer_of`) as its
-    users quantize: ``prepare_pt2e``, one calibration call on ``inputs`` (the entry's own, in its domain),
-    ``convert_pt2e``. Where that flow raises, :class:`~fxverify.core.results.Skip`: no graph for a pass to be checked
-    on, which says nothing of the pass."""
+def quantized(quantizer: Any, inputs: tuple[Any, ...], exported: fx.GraphModule) -> fx.GraphModule:
+    """``exported`` (an ``ep.module()``, changed in place as ``prepare_pt2e`` changes it) quantized with ``quantizer``
+    (a PT2E ``Quantizer``) as its users quantize: ``prepare_pt2e``, one calibration call on ``inputs`` (the entry's
+    own, in its domain), ``convert_pt2e``. How a quantizer under test is applied (form ``quantizer``)."""
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
+    prepared = prepare_pt2e(exported, quantizer)
+    with torch.no_grad():
+        prepared(*inputs)  # calibration, on the entry's own inputs
+    return convert_pt2e(prepared)
+
+
+def converted(exported: fx.GraphModule, quantizer: str, inputs: tuple[Any, ...]) -> fx.GraphModule:
+    """:func:`quantized` with the quantizer ``quantizer`` names (:func:`quantizer_of`). Where that flow raises,
+    :class:`~fxverify.core.results.Skip`: no graph for a pass to be checked on, which says nothing of the pass."""
     made = quantizer_of(quantizer)
     try:
-        prepared = prepare_pt2e(exported, made)
-        with torch.no_grad():
-            prepared(*inputs)  # calibration, on the entry's own inputs
-        return convert_pt2e(prepared)
+        return quantized(made, inputs, exported)
     except Exception as exc:  # the quantizer's flow refuses the model
         raise Skip(f"quantizing it with {quantizer} raised {exception_summary(exc)} (prepare_pt2e, calibration or "
                    "convert_pt2e), before any transform: the pass cannot be checked on this model, which says nothing "
@@ -91,6 +102,7 @@ class Pt2e(Export):
     """``torch.export``, ``prepare_pt2e`` with ``quantizer``, calibration on the example inputs, ``convert_pt2e``."""
 
     quantizer: str = DEFAULT_QUANTIZER
+    quantizer_under_test: bool = False  # the transform is a Quantizer: the graph is the float export it quantizes
     keeps_captures = True  # an export and a calibration: one per mode, copied for each use
     reads_settings = True  # the quantizer
     inference_only = True  # PT2E quantization is for inference
@@ -104,20 +116,43 @@ class Pt2e(Export):
         given = settings.get("quantizer")
         return dataclasses.replace(self, quantizer=given) if given else self
 
+    def for_transform(self, transform: Transform) -> Pt2e:
+        """This capture for ``transform``: for a quantizer under test (form ``quantizer``), the float graph it
+        quantizes."""
+        return dataclasses.replace(cast(Pt2e, super().for_transform(transform)),
+                                   quantizer_under_test=transform.form == "quantizer")
+
     def capture(self, module: nn.Module, *, training: bool, inputs: tuple[Any, ...] = ()) -> fx.GraphModule:
         """The converted graph of ``module`` in eval mode (PT2E quantization is for inference; ``training`` is
-        not read), calibrated on ``inputs``."""
+        not read), calibrated on ``inputs``; for a quantizer under test, the exported float graph, carrying
+        ``inputs`` to calibrate on."""
         if not inputs:
             raise ValueError("the pt2e capture needs example inputs")
-        return converted(self.program(module, training=False, inputs=inputs).module(), self.quantizer, inputs)
+        exported = self.program(module, training=False, inputs=inputs).module()
+        if self.quantizer_under_test:
+            exported.meta[CALIBRATION] = inputs
+            return exported
+        return converted(exported, self.quantizer, inputs)
+
+    def apply(self, transform: Transform, gm: fx.GraphModule, *, timeout: float | None) -> tuple[nn.Module, bool]:
+        """A pass as the ``export`` capture applies it; a quantizer (form ``quantizer``) through :func:`quantized`,
+        calibrated on the inputs ``gm`` carries: its flow raising is the transform raising."""
+        if transform.form != "quantizer":
+            return super().apply(transform, gm, timeout=timeout)
+        if CALIBRATION not in gm.meta:
+            raise ValueError("a quantizer under test needs the float graph: capture with Pt2e.for_transform(transform)")
+        flow = functools.partial(quantized, transform.fn, gm.meta[CALIBRATION])
+        return dataclasses.replace(transform, fn=flow).apply(gm, timeout=timeout)
 
     def tolerance(self, original: fx.GraphModule) -> Tolerance | None:
-        """:func:`stepped_tolerance` of ``original``."""
+        """:func:`stepped_tolerance` of ``original`` (None for the float graph a quantizer under test is given)."""
         return stepped_tolerance(original)
 
     def describe(self) -> str:
-        """e.g. ``pt2e (fxverify.capture.pt2e:x86_quantizer, dynamic batch 1..8)``."""
-        return f"pt2e ({self.quantizer}, {super().describe().partition(', ')[2]}"
+        """e.g. ``pt2e (fxverify.capture.pt2e:x86_quantizer, dynamic batch 1..8)``; ``pt2e (the quantizer under
+        test, ...)`` where the transform is the quantizer."""
+        quantizer = "the quantizer under test" if self.quantizer_under_test else self.quantizer
+        return f"pt2e ({quantizer}, {super().describe().partition(', ')[2]}"
 
 
 def for_model(facts: captures.ModelFacts) -> Pt2e:

@@ -9,7 +9,9 @@ silently wrong numbers, or is refused only when the program is loaded on the dev
 
 Each problem of the result that the captured graph does not have is the pass's (the quantizer's own are in the
 graph it was given, and the capture's tests are where they belong); the first fails the check, naming the node,
-the parameter and what it should be. Only under captures of quantized graphs (``pt2e``).
+the parameter and what it should be. Only under captures of quantized graphs (``pt2e``). A quantizer under test
+(form ``quantizer``) is given the float graph, so every problem of its result is its own, and the advice is said
+in its terms (the ``QuantizationSpec`` to write).
 """
 
 from __future__ import annotations
@@ -34,6 +36,19 @@ ADVICE = {
 }
 
 
+QUANTIZER_ADVICE = {  # for a quantizer under test (form quantizer), whose annotations convert_pt2e turned into the nodes
+    "pairing": "annotate edges that must agree with one SharedQuantizationSpec, and compute a DerivedQuantizationSpec's "
+               "parameters from the observers it derives from",
+    "parameters": "give each QuantizationSpec a quant_min / quant_max inside its dtype's range and an observer whose "
+                  "eps keeps the scale positive",
+    "axis": "give a weight's per-channel QuantizationSpec (and its observer) ch_axis = its consumer's output-channel "
+            "dimension (conv and linear: 0; a transposed convolution: 1, per tensor where it has groups)",
+    "sharing": "annotate an op that only moves values (cat, a view, a permute, max pooling) with a "
+               "SharedQuantizationSpec of its input, as torchao's quantizers do",
+    "observer": "annotate with observers or fake quantizes convert_pt2e converts (torchao.quantization.pt2e's)",
+}
+
+
 def check(subject: Subject) -> dict[str, Any]:
     applied = subject.applied()
     result = graph_result(applied.result, "no q/dq nodes to check")
@@ -42,9 +57,12 @@ def check(subject: Subject) -> dict[str, Any]:
         first = made[0]
         also = "".join(f"\n  also: {problem.describe()}" for problem in made[1:4])
         more = f"\n  and {len(made) - 4} more" if len(made) > 4 else ""
-        raise Finding(f"the pass made {len(made)} problem(s) of the graph's quantize / dequantize nodes that the "
-                      f"captured graph does not have; the first: {first.describe()}{also}{more}. "
-                      f"Advice: {ADVICE[first.kind]}", node=first.node,
+        quantizer = subject.transform.form == "quantizer"
+        made_by = "the quantizer made" if quantizer else "the pass made"
+        against = "" if quantizer else " that the captured graph does not have"
+        advice = (QUANTIZER_ADVICE if quantizer else ADVICE)[first.kind]
+        raise Finding(f"{made_by} {len(made)} problem(s) of the graph's quantize / dequantize nodes{against}; the first: "
+                      f"{first.describe()}{also}{more}. Advice: {advice}", node=first.node,
                       details={"problems": [problem.describe() for problem in made]})
     counted = sum(node.op == "call_function" and op_of(node) in QUANTIZE | DEQUANTIZE for node in result.graph.nodes)
     return {"qdq_nodes": counted, "problems_left_as_given": len(qdq_problems(applied.original))}

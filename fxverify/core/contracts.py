@@ -20,8 +20,9 @@ from fxverify.errors import FxVerifyError
 
 Mode = Literal["eval", "train"]  # a module mode, as contracts and checks name it
 MODES: tuple[Mode, ...] = ("eval", "train")
-FORMS = ("module", "program", "lifted", "graph")  # what a transform takes (see Contract.form)
+FORMS = ("module", "program", "lifted", "graph", "quantizer")  # what a transform takes (see Contract.form)
 PROGRAM_FORMS = ("program", "lifted")  # the forms that take an ExportedProgram (export captures only)
+QUANTIZER_CAPTURES = ("pt2e",)  # where a PT2E Quantizer is judged as the transform (see Contract.form)
 DTYPES = ("float32", "float64", "bfloat16")  # the floating dtypes the checks run a result in (a model's, float64)
 DEVICES = ("cpu", "cuda", "meta")  # the device types the checks run a result on
 GRAPHS = ("inference", "forward", "backward", "joint")  # the graphs Inductor hands a pass (see Contract.fires_in)
@@ -71,6 +72,10 @@ class Contract:
     ``PatternMatcherPass``, a function registering replacements into one, a function whose first
     parameter is annotated ``torch.fx.Graph``: read from the object, see
     :mod:`fxverify.core.graph_passes`); the graph is changed in place, then the module recompiled.
+    ``quantizer``: a PT2E ``Quantizer`` (a subclass or an instance: read from the object) under test, under the
+    ``pt2e`` capture only: it is given the float exported model and fxverify quantizes with it as its users do
+    (``prepare_pt2e``, calibration on the entry's inputs, ``convert_pt2e``); its contract, unless declared, is
+    :data:`QUANTIZING` (eval only, parameters rewritten, float32 only).
     ``verify_each``: for a pipeline (a decorated ``PassManager``), that every step leaves a graph
     the structural checks (``verify_each`` in the check registry) pass, not only the last one: a step breaking what a
     later step repairs then fails (as LLVM's ``-verify-each``). Off by default: pipelines commonly
@@ -215,6 +220,8 @@ def _subset(name: str, value: Any, allowed: tuple[str, ...]) -> tuple[str, ...]:
 
 
 STRICT = Contract()
+# a quantizer's, unless it declares one: PT2E is for inference, weights become integer, q/dq ops take float32 only
+QUANTIZING = Contract(modes=("eval",), changes_parameters=True, dtypes=("float32",))
 
 
 def contract(

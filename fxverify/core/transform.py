@@ -11,7 +11,8 @@ declared in the contract or read from its first parameter's annotation). A pass 
 into one, a function annotated ``torch.fx.Graph``) is of form ``graph``: fxverify runs it on ``gm.graph``
 and recompiles ``gm`` (:mod:`fxverify.core.graph_passes`). A list of passes or a
 ``torch.fx`` ``PassManager`` is one transform, a pipeline, whose :attr:`Transform.steps` are its
-passes: a check that fails on the pipeline's result names the first step after which it fails.
+passes: a check that fails on the pipeline's result names the first step after which it fails. A PT2E
+``Quantizer`` (a subclass or an instance) is of form ``quantizer``: the ``pt2e`` capture quantizes with it.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from typing import Any, cast
 
 from fxverify.analysis.known_errors import known_cause
 from fxverify.core.captures import program_captures
-from fxverify.core.contracts import PROGRAM_FORMS, Contract, contract_of
+from fxverify.core.contracts import PROGRAM_FORMS, QUANTIZER_CAPTURES, QUANTIZING, STRICT, Contract, contract_of
 from fxverify.core.graph_passes import GraphPassRunner, takes_graph
 from fxverify.core.results import exception_summary, short_repr
 from fxverify.errors import TransformFailed, TransformLoadError
@@ -124,6 +125,10 @@ class Transform:
         >>> Transform.from_callable(lambda gm: gm).skips_capture("export") is None
         True
         """
+        if self.form == "quantizer" and capture not in QUANTIZER_CAPTURES:
+            return (f"the transform is a PT2E Quantizer (form=quantizer), judged by quantizing the float exported model "
+                    f"with it under the {' and '.join(QUANTIZER_CAPTURES)} capture: not run on {capture} (select it with "
+                    f"--fxverify-capture {','.join(QUANTIZER_CAPTURES)})")
         if not self.contract.supports_capture(capture):
             declared = ", ".join(self.contract.captures or ())
             return f"the contract declares the transform for {declared} graphs: not run on {capture}"
@@ -146,6 +151,10 @@ class Transform:
         fn = _instance_of_pass_class(fn, spec or str(getattr(fn, "__qualname__", fn)))
         if _is_pipeline(fn):
             return cls.from_steps(fn, spec or "pipeline")
+        if is_quantizer(fn):
+            declared = contract_of(fn)
+            return cls(fn=fn, spec=spec or f"{type(fn).__qualname__}()", contract=QUANTIZING if declared == STRICT
+                       else declared, takes_tracer_class=False, reloadable=spec is not None, form="quantizer")
         if not callable(fn) and not takes_graph(fn):
             raise TransformLoadError(f"transform {spec or fn!r} is not callable (got {type(fn).__name__})")
         importable = spec or _importable_spec(fn)
@@ -172,10 +181,10 @@ class Transform:
         obj = load_object(spec)
         if _is_pipeline(obj):
             return dataclasses.replace(cls.from_steps(obj, spec), reloadable=True)
-        if not callable(obj) and not takes_graph(obj):
+        if not callable(obj) and not takes_graph(obj) and not is_quantizer(obj):
             raise TransformLoadError(
                 f"transform spec {spec!r} names a {type(obj).__name__}, not a callable; "
-                "point it at a function taking a GraphModule, or a pass taking a torch.fx.Graph"
+                "point it at a function taking a GraphModule, a pass taking a torch.fx.Graph, or a PT2E Quantizer"
             )
         return cls.from_callable(obj, spec)
 
@@ -285,10 +294,25 @@ def _raised(exc: BaseException) -> str:
     return exception_summary(exc)
 
 
+def is_quantizer(obj: Any) -> bool:
+    """Whether ``obj`` is a PT2E ``Quantizer`` instance (torchao's or ``torch.ao``'s base class, read by name: no
+    import of either here).
+
+    >>> is_quantizer(lambda gm: gm)
+    False
+    """
+    return not isinstance(obj, type) and any(cls.__name__ == "Quantizer" for cls in type(obj).__mro__) \
+        and callable(getattr(obj, "annotate", None))
+
+
+_PASS_CLASSES = ("PassBase", "ExportedProgramPassBase", "Quantizer")  # classes fxverify makes the instance of
+
+
 def _instance_of_pass_class(obj: Any, spec: str) -> Any:
     """``obj()`` where ``obj`` is a pass class (a ``PassBase`` subclass such as ExecuTorch's ``ExportPass`` ones, or an
-    ``ExportedProgramPassBase``), as its authors' pipelines make them; ``obj`` itself otherwise."""
-    if not isinstance(obj, type) or not any(cls.__name__ in ("PassBase", "ExportedProgramPassBase") for cls in obj.__mro__):
+    ``ExportedProgramPassBase``) or a PT2E ``Quantizer`` subclass, as its authors' pipelines make them; ``obj``
+    itself otherwise."""
+    if not isinstance(obj, type) or not any(cls.__name__ in _PASS_CLASSES for cls in obj.__mro__):
         return obj
     try:
         return obj()
@@ -456,10 +480,14 @@ def _takes_tracer_class(fn: Callable[..., Any], spec: str) -> bool:
         p for p in sig.parameters.values() if p.kind == p.KEYWORD_ONLY and p.default is p.empty
     ]
     if (not positional and not has_varargs) or len(required) > 2 or required_kw:
+        factory = "" if positional or has_varargs or required_kw else (
+            " A function of no arguments may be a factory: to test a quantizer, name the Quantizer itself (its class "
+            "or an instance) under --fxverify-capture pt2e; to quantize the pt2e capture's graphs with it, give the "
+            "factory to --fxverify-quantizer.")
         raise TransformLoadError(
             f"transform {spec} has signature {sig}; fxverify calls transform(gm) or "
             "transform(gm, tracer_class), so it must take one positional argument "
-            "(optionally a second, tracer_class) and no other required arguments"
+            f"(optionally a second, tracer_class) and no other required arguments.{factory}"
         )
     if len(required) == 2:
         return True

@@ -380,6 +380,15 @@ class Subject:
         """True when the transform changed nothing at all, None if it failed."""
         return None if self.changes is None else not self.changes
 
+    @property
+    def compares_values(self) -> bool:
+        """Whether the result's numbers are held to the original's: not for a quantizer under test (form
+        ``quantizer``), whose result is the float original quantized, and no tolerance yet separates a quantizer's
+        defect from its honest error (docs/quantization.md). The checks comparing values then ask that the result
+        runs where the original runs, with outputs of the same shapes, finite where the original's are, and keeps
+        updating the state the original updates."""
+        return self.transform.form != "quantizer"
+
     @functools.cached_property
     def float64_problem(self) -> str | None:
         """Why the original cannot run in float64 (a cast to float32 written into its graph, say),

@@ -1,0 +1,76 @@
+"""A PT2E quantizer under test as the transform (form ``quantizer``, under the ``pt2e`` capture): fxverify quantizes
+the float exported model with it as its users do (prepare, calibrate, convert), and each buggy quantizer of
+:mod:`tests.quantizers` fails first through the check meant for its class, its correct twin through none. Needs
+torchao (the ``compile`` extra)."""
+
+from __future__ import annotations
+
+import pytest
+
+import fxverify
+from fxverify.core.contracts import QUANTIZING
+from fxverify.core.results import FAILED
+from fxverify.core.transform import Transform
+from fxverify.errors import TransformLoadError
+
+pytest.importorskip("torchao", reason="a quantizer under test is run through torchao's prepare_pt2e / convert_pt2e")
+
+from tests import quantizers  # imports torchao: after the importorskip
+
+
+def verification(transform, model: str) -> fxverify.Verification:
+    case = fxverify.load_case(model)
+    return fxverify.Verification(transform, case, capture=case.capture_named("pt2e"))
+
+
+TWINS = [  # buggy quantizer, its correct twin, the model, the check that must fail first, words of its finding
+    (quantizers.ConvLinearQuantizerInputChannels, quantizers.ConvLinearQuantizer, "layer_conv_bn", "qdq",
+     "axis 1 where %conv2d (conv2d.default) has its output channels on dimension 0 of its weight"),
+    (quantizers.ConvLinearQuantizerInputChannels, quantizers.ConvLinearQuantizer, "edge_linear_bn", "qdq",
+     "has its output channels on dimension 0 of its weight"),
+    (quantizers.DeadCodeQuantizer, quantizers.ConvLinearQuantizer, "edge_final_buffer_copy", "stateful",
+     "unchanged in the result since it was made"),
+]
+
+
+@pytest.mark.parametrize(("buggy", "twin", "model", "check", "words"), TWINS,
+                         ids=[f"{t[0].__name__}-{t[2]}" for t in TWINS])
+def test_a_buggy_quantizer_fails_first_through_its_check_and_its_twin_through_none(buggy, twin, model, check, words):
+    failed = [r for r in verification(buggy, model).run_all() if not r.ok]
+    assert failed and failed[0].check == check and failed[0].outcome is FAILED, [(r.check, r.finding) for r in failed]
+    assert words in failed[0].finding
+    results = verification(twin, model).run_all()
+    assert [r.message for r in results if not r.ok] == []
+    assert next(r for r in results if r.check == "qdq").details["qdq_nodes"] > 0  # it did quantize
+
+
+def test_a_quantizers_finding_gives_advice_in_its_terms():
+    finding = verification(quantizers.ConvLinearQuantizerInputChannels, "layer_conv_bn").run("qdq").finding
+    assert finding.startswith("the quantizer made 1 problem(s)")
+    assert "give a weight's per-channel QuantizationSpec (and its observer) ch_axis" in finding
+
+
+def test_numerics_compares_shapes_and_finiteness_not_values():
+    result = verification(quantizers.ConvLinearQuantizer, "layer_conv_bn").run("numerics")
+    assert result.ok and result.details["values"].startswith("not compared")
+
+
+def test_a_quantizer_class_is_made_with_no_arguments_and_judged_eval_only_in_float32():
+    loaded = Transform.load("tests.quantizers:ConvLinearQuantizer")
+    assert (loaded.form, loaded.contract, type(loaded.fn)) == ("quantizer", QUANTIZING, quantizers.ConvLinearQuantizer)
+    assert loaded.reloadable
+    with pytest.raises(TransformLoadError, match="name an instance instead"):
+        Transform.load("tests.quantizers:NeedsBackend")
+
+
+def test_a_quantizer_runs_under_the_pt2e_capture_only():
+    reason = Transform.from_callable(quantizers.ConvLinearQuantizer()).skips_capture("export")
+    assert reason is not None and "--fxverify-capture pt2e" in reason
+    case = fxverify.load_case("layer_conv_bn")
+    skipped = fxverify.Verification(quantizers.ConvLinearQuantizer, case, capture=case.capture_named("export")).run("lint")
+    assert skipped.outcome.name == "SKIPPED" and "PT2E Quantizer" in skipped.message
+
+
+def test_a_factory_given_as_the_transform_is_told_to_name_the_quantizer():
+    with pytest.raises(TransformLoadError, match=r"name the Quantizer itself \(its class or an instance\)"):
+        Transform.load("tests.quantizers:conv_linear_quantizer")
