@@ -7,10 +7,11 @@
 Each row runs `pytest -n WORKERS --fxverify SPEC --fxverify-capture CAPTURE --fxverify-corpus CORPUS` in a scratch
 directory: a quantizer as the `pt2e` capture's quantizer (`--fxverify-quantizer`) with the identity as the
 transform (every item then judges what the quantizer made against itself: it must capture, run and keep its q/dq
-pairs), a pass as the transform over the graph torchao's X86InductorQuantizer made (`pt2e`), and ExecuTorch's own
-passes over its Edge programs: `edge` (float) and `edge_pt2e` (quantized with ExecuTorch's XNNPACKQuantizer),
-each called as ExecuTorch's pipeline calls it (the adapters below say how). The failures are printed
-grouped by check and finding, with the models that show each; read each as the pass's author would, and
+pairs), a quantizer as the transform (rows `NAME@transform`: it quantizes the float export, and its q/dq nodes,
+buffers and output shapes are judged), a pass as the transform over the graph torchao's X86InductorQuantizer
+made (`pt2e`), and ExecuTorch's own passes over its Edge programs: `edge` (float) and `edge_pt2e` (quantized with
+ExecuTorch's XNNPACKQuantizer), each called as ExecuTorch's pipeline calls it (the adapters below say how). The
+failures are printed grouped by check and finding, with the models that show each; read each as the pass's author would, and
 prove it in a few lines of plain torch before calling it a defect (docs/bugs-found.md). Inductor's
 ``constant_fold`` is not among them: it runs on frozen graphs, where a buffer updated in forward is a
 placeholder, and folds such a buffer's update where it is a ``get_attr`` (outside what it is called on).
@@ -38,6 +39,7 @@ import torch
 from torch import fx
 
 import fxverify
+from fxverify.capture.pt2e import x86_quantizer
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve()
@@ -79,6 +81,12 @@ def arm_inductor() -> Any:
     import torchao.quantization.pt2e.quantizer.arm_inductor_quantizer as arm
 
     return arm.ArmInductorQuantizer().set_global(arm.get_default_arm_inductor_quantization_config())
+
+
+# -- quantizers as the transform (form quantizer): instances, as a transform spec names them ----------------------
+
+x86_static_quantizer = x86_quantizer()
+xnnpack_static_quantizer = xnnpack_static()
 
 
 # -- passes over a converted graph, called as their users call them -----------------------------------------------
@@ -257,6 +265,7 @@ def _here(name: str) -> str:
 
 ROWS = (
     Row("x86_static", "torchao", IDENTITY),
+    *(Row(f"{name}@transform", "torchao", _here(f"{name}_quantizer")) for name in ("x86_static", "xnnpack_static")),
     *(Row(name, "torchao", IDENTITY, _here(name)) for name in
       ("x86_dynamic", "x86_reduce_range", "xnnpack_static", "xnnpack_dynamic", "arm_inductor")),
     *(Row(name, "torchao", _here(name)) for name in
@@ -315,7 +324,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as cwd:
         for row in rows:
             found = run(row, args.corpus, args.workers, cwd)
-            kind = "quantizer" if row.transform == IDENTITY else "pass"
+            kind = "quantizer" if row.transform == IDENTITY or row.name.endswith("@transform") else "pass"
             print(f"{row.name:40} {row.library:10} {kind:9} {len(found['failed']):3} failed  {found['seconds']:5.0f} s  "
                   f"{found['last']}", flush=True)
             groups: dict[tuple[str, str], list[str]] = collections.defaultdict(list)

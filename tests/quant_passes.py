@@ -7,7 +7,12 @@ over the converted ``GraphModule``, edited in place, returning it), each buggy o
   channel (a per-tensor habit): wrong numbers, caught by ``numerics``;
 - ``scales_in_float16`` rounds every quantize's and dequantize's scale to float16 (a backend keeping its
   parameters in half precision); ``dequant_scales_in_float16`` rounds the dequantizes' only, so a dequantize
-  no longer reads the scale its quantize wrote: caught by ``qdq`` (the numbers move by a fraction of a step).
+  no longer reads the scale its quantize wrote: caught by ``qdq`` (the numbers move by a fraction of a step);
+- ``fold_relu_into_quantize`` drops a ``relu`` between a dequantize and a quantize, clamping the quantize before it
+  at its zero point instead (the same numbers), where that quantize's value has no other reader;
+  ``fold_relu_into_quantize_any_reader`` folds whatever else reads the value (the unsound-matching class:
+  executorch#6894 fused a conv with its ReLU where the conv had another user): the other reader gets clamped
+  values, caught by ``numerics``.
 """
 
 from __future__ import annotations
@@ -71,3 +76,36 @@ def x86_dynamic_quantizer() -> object:
     import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as x86
 
     return x86.X86InductorQuantizer().set_global(x86.get_default_x86_inductor_quantization_config(is_dynamic=True))
+
+
+def _fold_relu_into_quantize(gm: fx.GraphModule, *, any_reader: bool) -> fx.GraphModule:
+    for relu in list(gm.graph.nodes):
+        dequantize = relu.args[0] if relu.target == torch.ops.aten.relu.default else None
+        if dequantize is None or dequantize.target != PER_TENSOR[1] or dequantize.args[0].target != PER_TENSOR[0]:
+            continue
+        quantize = dequantize.args[0]
+        if not any_reader and (len(quantize.users) > 1 or len(dequantize.users) > 1):
+            continue  # another reader needs the values below the zero point
+        zero_point = quantize.args[2]
+        for node in (quantize, *quantize.users):  # the range's low end at the zero point: relu in the integer domain
+            node.args = (*node.args[:3], zero_point, *node.args[4:])
+        relu.replace_all_uses_with(dequantize)
+        gm.graph.erase_node(relu)
+    gm.recompile()
+    return gm
+
+
+def fold_relu_into_quantize(gm: fx.GraphModule) -> fx.GraphModule:
+    return _fold_relu_into_quantize(gm, any_reader=False)
+
+
+def fold_relu_into_quantize_any_reader(gm: fx.GraphModule) -> fx.GraphModule:
+    return _fold_relu_into_quantize(gm, any_reader=True)
+
+
+def xnnpack_quantizer() -> object:
+    """torchao's XNNPACKQuantizer (its test copy of ExecuTorch's), per-channel: it quantizes between a conv read
+    twice and its ReLU."""
+    from torchao.testing.pt2e._xnnpack_quantizer import XNNPACKQuantizer, get_symmetric_quantization_config
+
+    return XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))

@@ -10,6 +10,7 @@ from torch import fx, nn
 
 import fxverify
 from fxverify.analysis.qdq import new_problems, qdq_problems, quantization_step
+from fxverify.capture.pt2e import Pt2e
 from fxverify.core.results import FAILED
 from tests import quant_passes
 
@@ -135,3 +136,31 @@ def test_dynamic_quantization_parameters_computed_at_run_time_are_read_by_their_
     runtime = [params(graph, n).scale for n in graph.graph.nodes if n.target == QD.quantize_per_tensor.tensor]
     assert runtime and all(isinstance(scale[0], str) and scale[0].startswith("%") for scale in runtime)
     assert quantization_step(graph) is None  # no activation step known before it runs: no extra tolerance
+
+
+def test_a_relu_folded_into_the_quantize_a_second_reader_shares_fails_numerics_and_its_sole_reader_twin_passes():
+    """The unsound-matching class: the quantize before a ReLU clamped at its zero point where the conv's value has
+    another reader (a skip connection), which then reads clamped values."""
+    case = fxverify.load_case("layer_conv_two_readers")
+    capture = Pt2e(quantizer="tests.quant_passes:xnnpack_quantizer")  # it quantizes between the conv and its ReLU
+    failed = [r for r in fxverify.Verification(quant_passes.fold_relu_into_quantize_any_reader, case,
+                                               capture=capture).run_all() if not r.ok and r.outcome is FAILED]
+    assert failed and failed[0].check == "numerics" and "outputs differ" in failed[0].finding, failed
+    results = fxverify.Verification(quant_passes.fold_relu_into_quantize, case, capture=capture).run_all()
+    assert [r.message for r in results if not r.ok and r.outcome is FAILED] == []
+
+
+def test_the_sole_reader_fold_drops_the_relu_and_computes_the_same():
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    q = graph.call_function(QD.quantize_per_tensor.default, (x, 0.05, 10, -128, 127, torch.int8))
+    dq = graph.call_function(QD.dequantize_per_tensor.default, (q, 0.05, 10, -128, 127, torch.int8))
+    relu = graph.call_function(torch.ops.aten.relu.default, (dq,))
+    q2 = graph.call_function(QD.quantize_per_tensor.default, (relu, 0.05, 10, -128, 127, torch.int8))
+    graph.output(graph.call_function(QD.dequantize_per_tensor.default, (q2, 0.05, 10, -128, 127, torch.int8)))
+    original = fx.GraphModule(nn.Module(), graph)
+    inputs = torch.linspace(-8, 8, 101)
+    expected = original(inputs)
+    folded = quant_passes.fold_relu_into_quantize(original)
+    assert torch.ops.aten.relu.default not in {node.target for node in folded.graph.nodes}
+    assert torch.equal(folded(inputs), expected) and qdq_problems(folded) == []

@@ -10,8 +10,8 @@ silently wrong numbers, or is refused only when the program is loaded on the dev
 Each problem of the result that the captured graph does not have is the pass's (the quantizer's own are in the
 graph it was given, and the capture's tests are where they belong); the first fails the check, naming the node,
 the parameter and what it should be. Only under captures of quantized graphs (``pt2e``). A quantizer under test
-(form ``quantizer``) is given the float graph, so every problem of its result is its own, and the advice is said
-in its terms (the ``QuantizationSpec`` to write).
+(form ``quantizer``) is given the float graph, so every problem of its result is its own but ``sharing`` (which ops
+share parameters is its choice), and the advice is said in its terms (the ``QuantizationSpec`` to write).
 """
 
 from __future__ import annotations
@@ -43,21 +43,23 @@ QUANTIZER_ADVICE = {  # for a quantizer under test (form quantizer), whose annot
                   "eps keeps the scale positive",
     "axis": "give a weight's per-channel QuantizationSpec (and its observer) ch_axis = its consumer's output-channel "
             "dimension (conv and linear: 0; a transposed convolution: 1, per tensor where it has groups)",
-    "sharing": "annotate an op that only moves values (cat, a view, a permute, max pooling) with a "
-               "SharedQuantizationSpec of its input, as torchao's quantizers do",
     "observer": "annotate with observers or fake quantizes convert_pt2e converts (torchao.quantization.pt2e's)",
 }
+# which ops share their input's parameters is a quantizer's choice, not a promise: torchao's test XNNPACKQuantizer
+# leaves cat unannotated, and its reader quantizes cat's output with its own observer (measured: test_vit)
+NOT_A_QUANTIZERS_PROMISE = {"sharing"}
 
 
 def check(subject: Subject) -> dict[str, Any]:
     applied = subject.applied()
     result = graph_result(applied.result, "no q/dq nodes to check")
-    made = new_problems(applied.original, result)
+    quantizer = subject.transform.form == "quantizer"
+    made = [problem for problem in new_problems(applied.original, result)
+            if not (quantizer and problem.kind in NOT_A_QUANTIZERS_PROMISE)]
     if made:
         first = made[0]
         also = "".join(f"\n  also: {problem.describe()}" for problem in made[1:4])
         more = f"\n  and {len(made) - 4} more" if len(made) > 4 else ""
-        quantizer = subject.transform.form == "quantizer"
         made_by = "the quantizer made" if quantizer else "the pass made"
         against = "" if quantizer else " that the captured graph does not have"
         advice = (QUANTIZER_ADVICE if quantizer else ADVICE)[first.kind]
