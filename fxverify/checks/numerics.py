@@ -55,6 +55,10 @@ from fxverify.engine.subject import Subject
 from fxverify.errors import TransformFailed
 
 
+QUANTIZER_VALUES = ("a quantizer's result is the float model quantized, and no tolerance yet separates a quantizer's "
+                    "defect from honest quantization error (docs/quantization.md)")
+
+
 def check(subject: Subject) -> dict[str, Any]:
     if not subject.compares_values:
         return _check_shapes_only(subject)
@@ -143,10 +147,6 @@ def _check_shapes_only(subject: Subject) -> dict[str, Any]:
             finding.what += f"\n(values are not compared: {QUANTIZER_VALUES})"
             raise finding
     return {"configs": [config.name for config in subject.configs], "values": f"not compared: {QUANTIZER_VALUES}"}
-
-
-QUANTIZER_VALUES = ("a quantizer's result is the float model quantized, and no tolerance yet separates a quantizer's "
-                    "defect from honest quantization error (docs/quantization.md)")
 
 
 def _graphs(subject: Subject) -> list[fx.Graph]:
