@@ -54,7 +54,6 @@ from fxverify.core.results import Finding, ModuleRaised, exception_summary
 from fxverify.engine.subject import Subject
 from fxverify.errors import TransformFailed
 
-
 QUANTIZER_VALUES = ("a quantizer's result is the float model quantized, and no tolerance yet separates a quantizer's "
                     "defect from honest quantization error (docs/quantization.md)")
 
