@@ -25,7 +25,7 @@ from fxverify.analysis.compare import Tolerance, compare_trees
 from fxverify.analysis.observers import converted_flow, observer_count, observer_problems
 from fxverify.analysis.qdq import new_problems
 from fxverify.capture.pt2e import stepped_tolerance
-from fxverify.checks._common import graph_result
+from fxverify.checks._common import graph_result, problems_finding
 from fxverify.checks.qdq import ADVICE as QDQ_ADVICE
 from fxverify.core.results import Finding, Skip, exception_summary
 from fxverify.engine.subject import Subject
@@ -53,19 +53,10 @@ def check(subject: Subject) -> dict[str, Any]:
                    "for a pass to keep; select models the quantizer quantizes (--fxverify-corpus quantization)")
     made = observer_problems(applied.original, result)
     if made:
-        _fail(made, "the observers prepare_pt2e placed", ADVICE)
+        raise problems_finding(made, "the observers prepare_pt2e placed", ADVICE)
     converted = _flow(subject)
     observers, modules = observer_count(result)
     return {"observers": observers, "observer_modules": modules, **converted}
-
-
-def _fail(made: list[Any], what: str, advice: dict[str, str]) -> None:
-    first = made[0]
-    also = "".join(f"\n  also: {problem.describe()}" for problem in made[1:4])
-    more = f"\n  and {len(made) - 4} more" if len(made) > 4 else ""
-    raise Finding(f"the pass made {len(made)} problem(s) of {what} that the graph it was given does not have; the "
-                  f"first: {first.describe()}{also}{more}. Advice: {advice[first.kind]}", node=first.node,
-                  details={"problems": [problem.describe() for problem in made]})
 
 
 def _flow(subject: Subject) -> dict[str, Any]:
@@ -93,7 +84,8 @@ def _flow(subject: Subject) -> dict[str, Any]:
                       "observe, the quantizer's annotations kept") from exc
     made = new_problems(original, converted)
     if made:
-        _fail(made, "the quantize / dequantize nodes of the result calibrated and converted", QDQ_ADVICE)
+        raise problems_finding(made, "the quantize / dequantize nodes of the result calibrated and converted",
+                               QDQ_ADVICE)
     tolerance = stepped_tolerance(original) or Tolerance()
     with torch.no_grad():
         mismatch = compare_trees(converted(*inputs), original(*inputs), tolerance=tolerance)

@@ -17,8 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from fxverify.analysis.qdq import DEQUANTIZE, QUANTIZE, new_problems, op_of, qdq_problems
-from fxverify.checks._common import graph_result
-from fxverify.core.results import Finding
+from fxverify.checks._common import graph_result, problems_finding
 from fxverify.engine.subject import Subject
 
 ADVICE = {
@@ -39,12 +38,6 @@ def check(subject: Subject) -> dict[str, Any]:
     result = graph_result(applied.result, "no q/dq nodes to check")
     made = new_problems(applied.original, result)
     if made:
-        first = made[0]
-        also = "".join(f"\n  also: {problem.describe()}" for problem in made[1:4])
-        more = f"\n  and {len(made) - 4} more" if len(made) > 4 else ""
-        raise Finding(f"the pass made {len(made)} problem(s) of the graph's quantize / dequantize nodes that the "
-                      f"captured graph does not have; the first: {first.describe()}{also}{more}. "
-                      f"Advice: {ADVICE[first.kind]}", node=first.node,
-                      details={"problems": [problem.describe() for problem in made]})
+        raise problems_finding(made, "the graph's quantize / dequantize nodes", ADVICE)
     counted = sum(node.op == "call_function" and op_of(node) in QUANTIZE | DEQUANTIZE for node in result.graph.nodes)
     return {"qdq_nodes": counted, "problems_left_as_given": len(qdq_problems(applied.original))}
