@@ -155,3 +155,21 @@ def test_an_observer_on_an_unannotated_edge_or_on_an_observer_is_a_problem():
     spec = QuantizationSpec(dtype=torch.uint8, observer_or_fake_quant_ctr=MinMaxObserver)
     relu.meta["quantization_annotation"] = QuantizationAnnotation(output_qspec=spec)  # now the quantizer asked
     assert ("unannotated", "extra") not in _kinds(before, after)
+
+
+def test_a_consumer_replaced_by_a_new_node_reading_the_same_observer_is_no_problem():
+    """A pass swapping an op for another (no meta copied) leaves the new op reading the observer the old one read."""
+    before = _observed(shared=False)
+    after = copy.deepcopy(before)
+    relu = next(n for n in after.graph.nodes if n.target is torch.relu)
+    with after.graph.inserting_before(relu):
+        clamped = after.graph.call_function(torch.clamp_min, (relu.args[0], 0.0))
+    relu.replace_all_uses_with(clamped)
+    after.graph.erase_node(relu)
+    after.recompile()
+    assert _kinds(before, after) == []
+    dropped = copy.deepcopy(after)  # the new node reading the value unobserved, its observer read by nobody, is one
+    clamped = next(n for n in dropped.graph.nodes if n.target is torch.clamp_min)
+    clamped.args = (clamped.args[0].args[0], 0.0)
+    dropped.recompile()
+    assert _kinds(before, dropped) == [("unobserved", "clamp_min")]

@@ -9,8 +9,9 @@ annotations, and the problems a pass over such a graph (one that runs before cal
   as XNNPACK's ``cat`` and ``max_pool2d``) are observed by several modules: calibrated apart, they get different
   scales (one value read by several consumers, observed apart, gives the same scale each time: not a problem);
 - ``merged``: edges of different sharing groups are observed by one module;
-- ``unannotated``: an observer on an edge nobody annotated (the consumer's ``input_qspec_map`` does not name the
-  input, the producer has no ``output_qspec``);
+- ``unannotated``: an observer on a value ``prepare_pt2e`` observed nowhere, on an edge nobody annotated (the
+  consumer's ``input_qspec_map`` does not name the input, the producer has no ``output_qspec``; a pass that
+  replaces a consumer of an observed value may leave the new one reading its observer);
 - ``chained``: an observer observing an observer.
 
 An edge is a consumer and the position of the input among the nodes its arguments read (``map_arg`` order), so
@@ -86,13 +87,13 @@ def inputs_of(node: fx.Node) -> list[fx.Node]:
     return found
 
 
-def observed_source(gm: fx.GraphModule, observer: fx.Node) -> fx.Node:
-    """The node ``observer`` observes: its input, through any observer observing an observer."""
-    source = observer.args[0]
+def observed_source(gm: fx.GraphModule, observer: fx.Node) -> str:
+    """The name of the node ``observer`` observes: its input, through any observer observing an observer (the
+    input's text where a pass left it observing a constant)."""
+    source = observer.args[0] if observer.args else None
     while isinstance(source, fx.Node) and is_observer(gm, source):
-        source = source.args[0]
-    assert isinstance(source, fx.Node), f"observer %{observer.name} observes no node"
-    return source
+        source = source.args[0] if source.args else None
+    return source.name if isinstance(source, fx.Node) else repr(source)
 
 
 def observed_edges(gm: fx.GraphModule, alias: Mapping[str, str] | None = None) -> dict[tuple[str, int], Edge]:
@@ -107,7 +108,7 @@ def observed_edges(gm: fx.GraphModule, alias: Mapping[str, str] | None = None) -
         for position, read in enumerate(inputs_of(node)):
             if is_observer(gm, read):
                 edge = Edge(node.name, position, read.name, str(read.target), id(resolve(gm, str(read.target))),
-                            observed_source(gm, read).name)
+                            observed_source(gm, read))
                 edges[alias.get(node.name, node.name), position] = edge
     return edges
 
@@ -142,7 +143,9 @@ def observer_problems(before: fx.GraphModule, after: fx.GraphModule) -> list[Pro
     alias = aliases(before, after)
     was, now = observed_edges(before), observed_edges(after, alias)
     counterpart = {alias[node.name]: node for node in after.graph.nodes if node.name in alias}
-    return [*_unobserved(before, was, now, counterpart), *_split(was, now), *_merged(was, now),
+    unobserved = list(_unobserved(before, was, now, counterpart))
+    bypassed = [p for p in _bypassed(before, after, alias, counterpart) if p.node not in {u.node for u in unobserved}]
+    return [*unobserved, *bypassed, *_split(was, now), *_merged(was, now),
             *_unannotated(after, was, now, alias), *_chained(before, after, alias)]
 
 
@@ -160,6 +163,28 @@ def _unobserved(before: fx.GraphModule, was: dict[tuple[str, int], Edge], now: d
         asked = annotation(before, edge.consumer, edge.source) or "not annotated"
         yield Problem("unobserved", consumer.name, f"reads %{read.name} unobserved (input {edge.position}), where "
                                                    f"prepare_pt2e observed it with {_describe(before, edge)} ({asked})")
+
+
+def _bypassed(before: fx.GraphModule, after: fx.GraphModule, alias: Mapping[str, str],
+              counterpart: dict[str, fx.Node]) -> Iterator[Problem]:
+    """Where the pass replaced the consumers of an observer: the observer read by nobody now, and a new node reading
+    the value it observed directly."""
+    for observer in before.graph.nodes:
+        if not is_observer(before, observer) or not observer.users:
+            continue
+        now = counterpart.get(observer.name)
+        source = counterpart.get(observed_source(before, observer))
+        if (now is not None and now.users) or source is None:
+            continue
+        before_source = next(n for n in before.graph.nodes if n.name == alias.get(source.name, source.name))
+        direct = {user.name for user in before_source.users if not is_observer(before, user)}
+        new = [user for user in source.users if not is_observer(after, user) and alias.get(user.name) not in direct]
+        if new:
+            readers = ", ".join(f"%{user.name}" for user in observer.users)
+            yield Problem("unobserved", new[0].name, f"reads %{source.name} unobserved, where prepare_pt2e observed it "
+                                                     f"with {type(resolve(before, str(observer.target))).__name__} "
+                                                     f"{observer.target} for {readers}, which the pass replaced; that "
+                                                     "observer is read by nobody now")
 
 
 def _groups(edges: dict[tuple[str, int], Edge]) -> dict[int, list[tuple[tuple[str, int], Edge]]]:
@@ -197,15 +222,18 @@ def _merged(was: dict[tuple[str, int], Edge], now: dict[tuple[str, int], Edge]) 
 
 def _unannotated(after: fx.GraphModule, was: dict[tuple[str, int], Edge], now: dict[tuple[str, int], Edge],
                  alias: Mapping[str, str]) -> Iterator[Problem]:
+    watched = {edge.source for edge in was.values()}  # a new reader of a value prepare_pt2e observed is no new edge
     for key, edge in now.items():
-        if key not in was and annotation(after, edge.consumer, edge.source, also=alias.get(edge.source)) is None:
+        if key in was or alias.get(edge.source, edge.source) in watched:
+            continue
+        if annotation(after, edge.consumer, edge.source, also=alias.get(edge.source)) is None:
             yield Problem("unannotated", edge.observer, f"observer {edge.target} on the edge from %{edge.source} to "
                                                         f"%{edge.consumer}, which the quantizer did not annotate "
                                                         "(no input_qspec_map entry, no output_qspec)")
 
 
 def _chained(before: fx.GraphModule, after: fx.GraphModule, alias: Mapping[str, str]) -> Iterator[Problem]:
-    had = {node.name for node in before.graph.nodes if is_observer(before, node)
+    had = {node.name for node in before.graph.nodes if is_observer(before, node) and node.args
            and isinstance(node.args[0], fx.Node) and is_observer(before, node.args[0])}
     for node in after.graph.nodes:
         inner = node.args[0] if is_observer(after, node) and node.args else None
