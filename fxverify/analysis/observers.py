@@ -81,7 +81,13 @@ def is_observer(gm: fx.GraphModule, node: fx.Node) -> bool:
 
 
 def inputs_of(node: fx.Node) -> list[fx.Node]:
-    """The nodes ``node`` reads, in the order of its arguments (a node read twice counted twice)."""
+    """The nodes ``node`` reads, in the order of its arguments (a node read twice counted twice).
+
+    >>> g = fx.Graph()
+    >>> x, y = g.placeholder("x"), g.placeholder("y")
+    >>> [n.name for n in inputs_of(g.call_function(torch.cat, ([x, y, x],), {"dim": 0}))]
+    ['x', 'y', 'x']
+    """
     found: list[fx.Node] = []
     fx.node.map_arg((node.args, node.kwargs), found.append)
     return found
@@ -99,7 +105,18 @@ def observed_source(gm: fx.GraphModule, observer: fx.Node) -> str:
 def observed_edges(gm: fx.GraphModule, alias: Mapping[str, str] | None = None) -> dict[tuple[str, int], Edge]:
     """Every edge of ``gm`` read through an observer, by (consumer, position), the consumer named as ``alias`` names
     it (a result's nodes by the original's names: :func:`aliases`); an observer reading an observer is not an edge
-    (see ``chained``)."""
+    (see ``chained``).
+
+    >>> from torch import nn
+    >>> from torchao.quantization.pt2e.observer import MinMaxObserver
+    >>> root, g = nn.Module(), fx.Graph()
+    >>> root.obs = MinMaxObserver()
+    >>> x = g.placeholder("x")
+    >>> _ = g.output(g.call_function(torch.relu, (g.call_module("obs", (x,)),)))
+    >>> gm = fx.GraphModule(root, g)
+    >>> [(key, edge.observer, edge.source) for key, edge in observed_edges(gm).items()], observer_count(gm)
+    ([(('relu', 0), 'obs', 'x')], (1, 1))
+    """
     alias = alias or {}
     edges = {}
     for node in gm.graph.nodes:
