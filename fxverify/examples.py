@@ -28,10 +28,12 @@ def fuse_conv_bn(gm: fx.GraphModule) -> nn.Module:
 
 def identity(gm: fx.GraphModule) -> fx.GraphModule:
     """Rebuild the module through ``torch.fx.Transformer``, each node keeping its ``meta`` (the Transformer drops
-    ``meta['val']``, which ATen graphs carry and ExecuTorch's verifier requires): changes nothing."""
+    ``meta['val']``, which ATen graphs carry and ExecuTorch's verifier requires) and the module its ``gm.meta`` (where
+    ``prepare_pt2e`` records what ``convert_pt2e`` asserts): changes nothing."""
     result = KeepWrappedTransformer(gm).transform()
     for before, after in zip(gm.graph.nodes, result.graph.nodes, strict=True):
         after.meta = {**before.meta, **after.meta}
+    result.meta = {**gm.meta, **result.meta}
     return result
 
 

@@ -124,8 +124,8 @@ def test_make_fx_gives_a_functional_aten_graph_with_meta_at_static_shapes():
     calls = gm.graph.find_nodes(op="call_function", target=torch.ops.aten.convolution.default)
     assert calls and all(node.meta.get("val") is not None for node in calls)
     assert not capture.accepts([(1, 3, 16, 16)], [(2, 3, 16, 16)]) and not capture.traits.dynamic_batch
-    assert checks.not_applicable("dynamic", capture.traits, capture.name) \
-        == "make_fx graphs have no dynamic batch dimension (captures whose graphs have one: export, export_core, pt2e)"
+    assert checks.not_applicable("dynamic", capture.traits, capture.name) == "make_fx graphs have no dynamic batch " \
+        "dimension (captures whose graphs have one: export, export_core, pt2e, pt2e_prepared)"
     stateful = verification(aten_passes.identity, "edge_running_statistics", "make_fx").run("lint")
     assert stateful.outcome == PASSED, stateful.message  # its buffers lifted, updates written back (test_make_fx_state)
 

@@ -51,9 +51,16 @@ def quantized(quantizer: Any, inputs: tuple[Any, ...], exported: fx.GraphModule)
     """``exported`` (an ``ep.module()``, changed in place as ``prepare_pt2e`` changes it) quantized with ``quantizer``
     (a PT2E ``Quantizer``) as its users quantize: ``prepare_pt2e``, one calibration call on ``inputs`` (the entry's
     own, in its domain), ``convert_pt2e``. How a quantizer under test is applied (form ``quantizer``)."""
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 
-    prepared = prepare_pt2e(exported, quantizer)
+    return calibrated_and_converted(prepare_pt2e(exported, quantizer), inputs)
+
+
+def calibrated_and_converted(prepared: fx.GraphModule, inputs: tuple[Any, ...]) -> fx.GraphModule:
+    """``prepared`` (a ``prepare_pt2e`` result, changed: give it a copy to keep it) calibrated by one call on
+    ``inputs`` and ``convert_pt2e``'d, as its users finish the flow."""
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
+
     with torch.no_grad():
         prepared(*inputs)  # calibration, on the entry's own inputs
     return convert_pt2e(prepared)
@@ -152,7 +159,7 @@ class Pt2e(Export):
         """e.g. ``pt2e (fxverify.capture.pt2e:x86_quantizer, dynamic batch 1..8)``; ``pt2e (the quantizer under
         test, ...)`` where the transform is the quantizer."""
         quantizer = "the quantizer under test" if self.quantizer_under_test else self.quantizer
-        return f"pt2e ({quantizer}, {super().describe().partition(', ')[2]}"
+        return f"{self.name} ({quantizer}, {super().describe().partition(', ')[2]}"
 
 
 def for_model(facts: captures.ModelFacts) -> Pt2e:

@@ -163,6 +163,10 @@ REGISTRY: tuple[CheckSpec, ...] = (
               requires=("moves_device",)),
     CheckSpec("purity", "purity", "check", "the transform leaves its input alone and its outputs behave like the "
                                            "original's"),
+    CheckSpec("observers", "observers", "check", "on PT2E prepared graphs, the observers stay as prepare_pt2e placed "
+                                                 "them: annotated edges observed, one observer a sharing group, none "
+                                                 "elsewhere; calibrated and converted, the result matches",
+              requires=("observed",)),
     CheckSpec("stateful", "stateful", "check", "a model whose buffers change in forward leaves the same buffers "
                                                "after each call"),
     CheckSpec("meta", "meta", "check", "on ATen graphs, every node's meta['val'] exists and says what a real run "

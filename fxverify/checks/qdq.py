@@ -19,8 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from fxverify.analysis.qdq import DEQUANTIZE, QUANTIZE, new_problems, op_of, qdq_problems
-from fxverify.checks._common import graph_result
-from fxverify.core.results import Finding
+from fxverify.checks._common import graph_result, problems_finding
 from fxverify.engine.subject import Subject
 
 ADVICE = {
@@ -57,14 +56,7 @@ def check(subject: Subject) -> dict[str, Any]:
     made = [problem for problem in new_problems(applied.original, result)
             if not (quantizer and problem.kind in NOT_A_QUANTIZERS_PROMISE)]
     if made:
-        first = made[0]
-        also = "".join(f"\n  also: {problem.describe()}" for problem in made[1:4])
-        more = f"\n  and {len(made) - 4} more" if len(made) > 4 else ""
-        made_by = "the quantizer made" if quantizer else "the pass made"
-        against = "" if quantizer else " that the captured graph does not have"
-        advice = (QUANTIZER_ADVICE if quantizer else ADVICE)[first.kind]
-        raise Finding(f"{made_by} {len(made)} problem(s) of the graph's quantize / dequantize nodes{against}; the first: "
-                      f"{first.describe()}{also}{more}. Advice: {advice}", node=first.node,
-                      details={"problems": [problem.describe() for problem in made]})
+        raise problems_finding(made, "the graph's quantize / dequantize nodes", QUANTIZER_ADVICE if quantizer else ADVICE,
+                               quantizer=quantizer)
     counted = sum(node.op == "call_function" and op_of(node) in QUANTIZE | DEQUANTIZE for node in result.graph.nodes)
     return {"qdq_nodes": counted, "problems_left_as_given": len(qdq_problems(applied.original))}

@@ -41,11 +41,13 @@ def check(subject: Subject) -> dict[str, Any]:
     if TAG not in subject.case.entry.tags and not _updates_buffers(subject, mode):
         raise Skip(f"no buffer of the original changed in one call in {mode} mode (tag the corpus entry "
                    f"{TAG!r} to compare its buffers anyway)")
-    original, result = subject.capture_fresh(mode), subject.transformed_fresh(mode)
+    original = subject.capture_fresh(mode)
+    copies: dict[int, Any] = {}  # the fates of its tensors by identity: fresh buffers are often equal in value
+    result = subject.transformed_copy(original, mode, copies=copies)
     initial = {name: t.clone() for name, t in original.named_buffers()}
     tolerance = subject.tolerance if subject.compares_values else ANY_VALUE
     result_initial = {name: t.clone() for name, t in tensor_state(result).items()}
-    moved = {fate.name: fate.now for fate in tensor_fates(original, result) if fate.now is not None}
+    moved = {fate.name: fate.now for fate in tensor_fates(original, result, copies) if fate.now is not None}
     updated: set[str] = set()  # the buffers the original has changed so far
     for call in range(1, CALLS + 1):
         where = f"{subject.primary.describe()}, {subject.dtype}, {mode} mode, call {call} of {CALLS} on fresh modules"

@@ -12,7 +12,7 @@ Inductor's hooks (:mod:`fxverify.inductor.hooks`), one row each. Checks state th
 ('symbolic_trace', 'export', 'export_core', 'make_fx', 'inductor', 'inductor_post', 'inductor_train', 'inductor_train_post')
 >>> capture_names()[8:]  # doctest: +NORMALIZE_WHITESPACE
 ('inductor_joint', 'inductor_joint_post', 'inductor_train_joint', 'inductor_train_joint_post', 'inductor_pre_grad',
- 'inductor_freezing', 'inductor_freezing_post', 'pt2e', 'edge', 'edge_pt2e')
+ 'inductor_freezing', 'inductor_freezing_post', 'pt2e', 'pt2e_prepared', 'edge', 'edge_pt2e')
 >>> spec("make_fx").traits.carries_meta_val, spec("make_fx").traits.has_program
 (True, False)
 >>> lacking(spec("symbolic_trace").traits, ("has_program",), "symbolic_trace")
@@ -59,6 +59,8 @@ class CaptureTraits:
     exported Edge module adds a ``_clone_dim_order`` after every view copy.
     ``lowers``: its programs are ExecuTorch Edge programs, which lower to a ``.pte`` that ``executorch.runtime``
     runs (the ``runtime`` check).
+    ``observed``: the graph is PT2E's prepared graph, observers in place where the quantizer's annotations asked
+    (before calibration): the ``observers`` check judges them.
     """
 
     carries_meta_val: bool = False
@@ -73,6 +75,7 @@ class CaptureTraits:
     quantized: bool = False
     round_trips: bool = True
     lowers: bool = False
+    observed: bool = False
 
 
 # what a capture's graphs lack when a trait is false, and what the captures that have it give
@@ -94,6 +97,7 @@ _LACKS = {
     "round_trips": ("are not saved with torch.export.save nor exported again (ExecuTorch's next step is to_executorch)",
                     "are"),
     "lowers": ("are not ExecuTorch Edge programs: they are not lowered to a .pte here", "are"),
+    "observed": ("are not PT2E prepared graphs: they hold no observers placed by prepare_pt2e", "are"),
 }
 
 # why an instance lacks a trait its registry row has
@@ -161,6 +165,11 @@ REGISTRY: tuple[CaptureSpec, ...] = (
                 "calibration on the example inputs, convert_pt2e; the transform takes the q/dq GraphModule",
                 CaptureTraits(dynamic_batch=True, pickles=False, moves_device=False, differentiated=False,
                               quantized=True)),
+    CaptureSpec("pt2e_prepared", "fxverify.capture.pt2e_prepared", "for_model",
+                "torch.export, then prepare_pt2e with the run's quantizer (--fxverify-quantizer), not calibrated: the "
+                "transform takes the GraphModule with its observers, as a pass before calibration does",
+                CaptureTraits(dynamic_batch=True, pickles=False, moves_device=False, differentiated=False,
+                              observed=True)),
     CaptureSpec("edge", "fxverify.capture.edge", "for_model",
                 "torch.export, then ExecuTorch's to_edge: the Edge-dialect program; a pass runs as "
                 "EdgeProgramManager.transform runs it, static shapes (needs the edge extra)",

@@ -339,12 +339,15 @@ class Subject:
         applied again to a copy of the original in that dtype (a result with new tensors; an ATen graph)."""
         return not (self.applied().rewrites_state or self.capture.bakes_dtypes)
 
-    def transformed_copy(self, original: fx.GraphModule, mode: Mode) -> nn.Module:
+    def transformed_copy(self, original: fx.GraphModule, mode: Mode, *, copies: dict[int, Any] | None = None) -> nn.Module:
         """The result of the transform applied to a ``copy.deepcopy`` of ``original``, a capture in
         ``mode`` (from :meth:`capture_source`, left as it is), as :meth:`apply_fresh` makes the result the
         checks judge (the determinism reruns and the cross-process digest: a copy orders each node's users
-        as the graph orders the nodes, where ``torch.export`` leaves them in the order it made them)."""
-        result, _ = self.capture.apply(self.transform, copy.deepcopy(original), timeout=self.timeout)
+        as the graph orders the nodes, where ``torch.export`` leaves them in the order it made them).
+        ``copies``: the ``copy.deepcopy`` memo, filled (what became of each of the original's tensors is then
+        known by identity: :func:`~fxverify.analysis.parameters.tensor_fates`)."""
+        given = copy.deepcopy(original, copies)
+        result, _ = self.capture.apply(self.transform, given, timeout=self.timeout)
         return self.capture.set_mode(result, mode == "train")
 
     @property

@@ -76,10 +76,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("fxverify_capture", "CAPTURES", DEFAULT_CAPTURE, "how the models become the graphs the transform takes, "
            f"comma-separated: {'; '.join(f'{name}: {summary}' for name, summary in summaries().items())}. Items of "
            "another capture than the first are named model@capture, and the capture's name is a -k keyword"),
-    Option("fxverify_quantizer", "MOD:FN", "", "the PT2E quantizer the pt2e and edge_pt2e captures quantize the "
-           "models with: 'package.module:factory' naming a function of no arguments that returns a Quantizer",
-           shown_default="pt2e: torchao's X86InductorQuantizer, default config; edge_pt2e: ExecuTorch's "
-           "XNNPACKQuantizer, per-channel"),
+    Option("fxverify_quantizer", "MOD:FN", "", "the PT2E quantizer the pt2e, pt2e_prepared and edge_pt2e captures "
+           "quantize the models with: 'package.module:factory' naming a function of no arguments that returns a "
+           "Quantizer", shown_default="pt2e, pt2e_prepared: torchao's X86InductorQuantizer, default config; "
+           "edge_pt2e: ExecuTorch's XNNPACKQuantizer, per-channel"),
     Option("fxverify_checks", "CHECKS", "", f"comma-separated subset of checks: {','.join(names(None))}",
            shown_default="all"),
     Option("fxverify_order", "ORDER", FAST_ORDER, "the order the items run in: 'fast' (what failed last time first, "
