@@ -79,18 +79,23 @@ class Verification(Runner):
 
 
 def verify(
-    transform: TransformLike, case: CaseLike, *, checks: Sequence[str] | None = None, timeout: float | None = DEFAULT_TIMEOUT
+    transform: TransformLike, case: CaseLike, *, checks: Sequence[str] | None = None, timeout: float | None = DEFAULT_TIMEOUT,
+    capture: str | None = None,
 ) -> list[CheckResult]:
-    """Run every check (or the named ones) of ``transform`` on ``case``.
+    """Run every check (or the named ones) of ``transform`` on ``case``, captured as ``capture`` names (a registered
+    capture, ``--fxverify-capture``'s names; default: the case's own).
 
     >>> import fxverify
     >>> [r.outcome.value for r in verify(fxverify.examples.identity, "edge_conv_bn_head", checks=["lint"])]
     ['passed']
+    >>> verify(fxverify.examples.identity, "edge_conv_bn_head", checks=["opset"], capture="export")[0].outcome.value
+    'passed'
     """
     transform, case = as_transform(transform), load_case(case) if isinstance(case, str) else case
-    digests = CrossProcessDigests(transform, [case], timeout=timeout or DEFAULT_TIMEOUT)
+    captured = None if capture is None else case.capture_named(capture)
+    digests = CrossProcessDigests(transform, [case], timeout=timeout or DEFAULT_TIMEOUT, capture=captured)
     try:
-        return Verification(transform, case, timeout=timeout, cross_process=digests).run_all(
+        return Verification(transform, case, timeout=timeout, capture=captured, cross_process=digests).run_all(
             None if checks is None else list(checks))
     finally:
         digests.close()
@@ -108,7 +113,8 @@ def minimise_numerics(transform: TransformLike, case: CaseLike, *, budget_s: flo
 
 
 def assert_transform_ok(
-    transform: TransformLike, case: CaseLike, *, checks: Sequence[str] | None = None, timeout: float | None = DEFAULT_TIMEOUT
+    transform: TransformLike, case: CaseLike, *, checks: Sequence[str] | None = None, timeout: float | None = DEFAULT_TIMEOUT,
+    capture: str | None = None,
 ) -> list[CheckResult]:
     """Run the checks and raise :class:`CheckFailed` listing every failure (and every check fxverify
     itself could not complete).
@@ -119,7 +125,7 @@ def assert_transform_ok(
             fxverify.assert_transform_ok(my_pass, fx_model)
     """
     __tracebackhide__ = True
-    results = verify(transform, case, checks=checks, timeout=timeout)
+    results = verify(transform, case, checks=checks, timeout=timeout, capture=capture)
     failed = [r for r in results if not r.ok]
     if failed:
         raise CheckFailed("\n\n".join(r.message for r in failed))
@@ -129,12 +135,14 @@ def assert_transform_ok(
 def _pair(name: str) -> tuple[Callable[..., CheckResult], Callable[..., CheckResult]]:
     summary = registry.spec(name).summary
 
-    def check_fn(transform: TransformLike, case: CaseLike, *, timeout: float | None = DEFAULT_TIMEOUT) -> CheckResult:
-        return verify(transform, case, checks=[name], timeout=timeout)[0]
+    def check_fn(transform: TransformLike, case: CaseLike, *, timeout: float | None = DEFAULT_TIMEOUT,
+                 capture: str | None = None) -> CheckResult:
+        return verify(transform, case, checks=[name], timeout=timeout, capture=capture)[0]
 
-    def assert_fn(transform: TransformLike, case: CaseLike, *, timeout: float | None = DEFAULT_TIMEOUT) -> CheckResult:
+    def assert_fn(transform: TransformLike, case: CaseLike, *, timeout: float | None = DEFAULT_TIMEOUT,
+                  capture: str | None = None) -> CheckResult:
         __tracebackhide__ = True
-        return check_fn(transform, case, timeout=timeout).raise_for_failure()
+        return check_fn(transform, case, timeout=timeout, capture=capture).raise_for_failure()
 
     check_fn.__name__ = check_fn.__qualname__ = f"check_{name}"
     assert_fn.__name__ = assert_fn.__qualname__ = f"assert_{name}"
@@ -142,6 +150,7 @@ def _pair(name: str) -> tuple[Callable[..., CheckResult], Callable[..., CheckRes
         f"Run the {name} check: {summary}.\n\n"
         f"Returns a CheckResult; ``.ok`` is False when it failed, ``.message`` says why::\n\n"
         f"    fxverify.check_{name}(my_pass, 'resnet18').outcome   # 'passed', 'failed', 'skipped', 'xfailed' or 'error'\n"
+        f"    fxverify.check_{name}(my_pass, 'resnet18', capture='export')   # under another capture\n"
     )
     assert_fn.__doc__ = (
         f"Run the {name} check and raise CheckFailed with the finding when it fails.\n\n"

@@ -74,3 +74,11 @@ def test_a_quantizer_runs_under_the_pt2e_capture_only():
 def test_a_factory_given_as_the_transform_is_told_to_name_the_quantizer():
     with pytest.raises(TransformLoadError, match=r"name the Quantizer itself \(its class or an instance\)"):
         Transform.load("tests.quantizers:conv_linear_quantizer")
+
+
+def test_the_public_check_functions_take_the_capture_by_name():
+    failed = fxverify.check_qdq(quantizers.ConvLinearQuantizerInputChannels, "layer_conv_bn", capture="pt2e")
+    assert failed.outcome is FAILED and "axis 1 where %conv2d" in failed.finding
+    with pytest.raises(fxverify.CheckFailed, match="the quantizer made 1 problem"):
+        fxverify.assert_qdq(quantizers.ConvLinearQuantizerInputChannels, "layer_conv_bn", capture="pt2e")
+    assert fxverify.check_qdq(quantizers.ConvLinearQuantizer, "layer_conv_bn", capture="pt2e").ok
