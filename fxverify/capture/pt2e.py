@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import torch
@@ -67,15 +67,22 @@ def calibrated_and_converted(prepared: fx.GraphModule, inputs: tuple[Any, ...]) 
 
 
 def converted(exported: fx.GraphModule, quantizer: str, inputs: tuple[Any, ...]) -> fx.GraphModule:
-    """:func:`quantized` with the quantizer ``quantizer`` names (:func:`quantizer_of`). Where that flow raises,
-    :class:`~fxverify.core.results.Skip`: no graph for a pass to be checked on, which says nothing of the pass."""
+    """:func:`quantized` with the quantizer ``quantizer`` names (:func:`with_quantizer`)."""
+    return with_quantizer(quantizer, "prepare_pt2e, calibration or convert_pt2e",
+                          lambda made: quantized(made, inputs, exported))
+
+
+def with_quantizer(quantizer: str, steps: str, flow: Callable[[Any], fx.GraphModule]) -> fx.GraphModule:
+    """``flow`` (the PT2E ``steps`` it runs, named) given a fresh quantizer from ``quantizer``
+    (:func:`quantizer_of`). Where it raises, :class:`~fxverify.core.results.Skip`: no graph for a pass to be checked
+    on, which says nothing of the pass."""
     made = quantizer_of(quantizer)
     try:
-        return quantized(made, inputs, exported)
+        return flow(made)
     except Exception as exc:  # the quantizer's flow refuses the model
-        raise Skip(f"quantizing it with {quantizer} raised {exception_summary(exc)} (prepare_pt2e, calibration or "
-                   "convert_pt2e), before any transform: the pass cannot be checked on this model, which says nothing "
-                   "of the pass; a quantizer's own defects are listed in docs/bugs-found.md") from exc
+        raise Skip(f"quantizing it with {quantizer} raised {exception_summary(exc)} ({steps}), before any transform: "
+                   "the pass cannot be checked on this model, which says nothing of the pass; a quantizer's own "
+                   "defects are listed in docs/bugs-found.md") from exc
 
 
 def stepped_tolerance(original: fx.GraphModule) -> Tolerance | None:

@@ -32,24 +32,16 @@ from torch import fx, nn
 from fxverify.analysis.compare import Tolerance
 from fxverify.capture.export import BATCH_RANGE, batch_range
 from fxverify.capture.export import for_model as export_for_model
-from fxverify.capture.pt2e import Pt2e, quantizer_of
+from fxverify.capture.pt2e import Pt2e, with_quantizer
 from fxverify.core import captures
-from fxverify.core.results import Skip, exception_summary
 
 
 def prepared(exported: fx.GraphModule, quantizer: str) -> fx.GraphModule:
     """``exported`` (an ``ep.module()``) prepared with the quantizer ``quantizer`` names: ``prepare_pt2e``, no
-    calibration. Where that raises, :class:`~fxverify.core.results.Skip`: no graph to check a pass on, which says
-    nothing of the pass."""
+    calibration (a :class:`~fxverify.core.results.Skip` where that raises: :func:`~fxverify.capture.pt2e.with_quantizer`)."""
     from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 
-    made = quantizer_of(quantizer)
-    try:
-        return prepare_pt2e(exported, made)
-    except Exception as exc:  # the quantizer refuses the model
-        raise Skip(f"preparing it with {quantizer} raised {exception_summary(exc)} (prepare_pt2e), before any "
-                   "transform: the pass cannot be checked on this model, which says nothing of the pass; a "
-                   "quantizer's own defects are listed in docs/bugs-found.md") from exc
+    return with_quantizer(quantizer, "prepare_pt2e", lambda made: prepare_pt2e(exported, made))
 
 
 @dataclasses.dataclass(frozen=True)
