@@ -7,6 +7,15 @@ subclass whose ``annotate`` sets each node's ``quantization_annotation`` and who
   per-channel axis class: executorch#17842 took the wrong dimension for a transposed convolution): caught by
   ``qdq``, whose ``axis`` problem names the weight's quantize and the dimension to use;
 - ``DeadCodeQuantizer`` drops the buffer write-backs before annotating: caught by ``stateful``.
+- ``LayerNormDecomposingQuantizer`` decomposes ``layer_norm`` before annotating (so that each piece can be
+  quantized, as Arm's quantizer decomposes ops in ``transform_for_annotation``): correct.
+  ``LayerNormDecomposingQuantizerUnbiased`` takes ``torch.var``'s default, the unbiased variance, where
+  ``layer_norm`` divides by the count (the class of silent numerics in a rewrite: pytorch#102224 read BN's ``eps``
+  from the wrong argument): caught by ``numerics``, on the float graph ``prepare_pt2e`` makes.
+- ``TanhQuantizer`` quantizes ``tanh``'s output with fixed parameters covering its range ``[-1, 1)``: correct.
+  ``TanhQuantizerSigmoidRange`` gives it sigmoid's, ``[0, 1)``, and clips every negative value (the class of q/dq
+  parameters written for another op: executorch#18462 clamped int8 at 0 instead of the zero point): caught by
+  ``numerics``, which applies each observer's parameters to what it saw at the calibration inputs.
 """
 
 from __future__ import annotations
@@ -14,7 +23,12 @@ from __future__ import annotations
 import torch
 from torch import fx
 from torchao.quantization.pt2e import MinMaxObserver, PerChannelMinMaxObserver
-from torchao.quantization.pt2e.quantizer import QuantizationAnnotation, QuantizationSpec, Quantizer
+from torchao.quantization.pt2e.quantizer import (
+    FixedQParamsQuantizationSpec,
+    QuantizationAnnotation,
+    QuantizationSpec,
+    Quantizer,
+)
 
 WEIGHTED = (torch.ops.aten.conv2d.default, torch.ops.aten.linear.default)
 ACTIVATION = QuantizationSpec(dtype=torch.int8, quant_min=-128, quant_max=127, qscheme=torch.per_tensor_affine,
@@ -62,6 +76,68 @@ class DeadCodeQuantizer(ConvLinearQuantizer):
         model.graph.eliminate_dead_code(is_impure_node=lambda node: node.op in ("placeholder", "output"))
         model.recompile()
         return model
+
+
+class LayerNormDecomposingQuantizer(ConvLinearQuantizer):
+    """:class:`ConvLinearQuantizer` after decomposing each ``layer_norm`` into ``(x - mean) * rsqrt(var + eps)``
+    (times its weight, plus its bias), the variance with :attr:`correction`."""
+
+    correction = 0  # layer_norm's variance divides by the count
+
+    def transform_for_annotation(self, model: fx.GraphModule) -> fx.GraphModule:
+        aten, graph = torch.ops.aten, model.graph
+        for node in list(graph.nodes):
+            if node.target is not aten.layer_norm.default:
+                continue
+            x, shape, weight, bias, eps = (*node.args, None, None, 1e-5)[:5]
+            dims = list(range(-len(shape), 0))
+            with graph.inserting_before(node):
+                mean = graph.call_function(aten.mean.dim, (x, dims, True))
+                var = graph.call_function(aten.var.correction, (x, dims),
+                                          {"correction": self.correction, "keepdim": True})
+                scale = graph.call_function(aten.rsqrt.default, (graph.call_function(aten.add.Scalar, (var, eps)),))
+                out = graph.call_function(aten.mul.Tensor, (graph.call_function(aten.sub.Tensor, (x, mean)), scale))
+                if weight is not None:
+                    out = graph.call_function(aten.mul.Tensor, (out, weight))
+                if bias is not None:
+                    out = graph.call_function(aten.add.Tensor, (out, bias))
+            node.replace_all_uses_with(out)
+            graph.erase_node(node)
+        model.recompile()
+        return model
+
+
+class LayerNormDecomposingQuantizerUnbiased(LayerNormDecomposingQuantizer):
+    """The bug: ``torch.var``'s default correction, the unbiased variance."""
+
+    correction = 1
+
+
+TANH_RANGE = FixedQParamsQuantizationSpec(dtype=torch.int8, scale=2.0 / 256, zero_point=0, quant_min=-128,
+                                          quant_max=127, qscheme=torch.per_tensor_affine)  # [-1, 1)
+SIGMOID_RANGE = FixedQParamsQuantizationSpec(dtype=torch.int8, scale=1.0 / 256, zero_point=-128, quant_min=-128,
+                                             quant_max=127, qscheme=torch.per_tensor_affine)  # [0, 1)
+
+
+class TanhQuantizer(ConvLinearQuantizer):
+    """:class:`ConvLinearQuantizer`, and each ``tanh`` quantized: its input as an activation, its output with the
+    fixed parameters :attr:`output_range`."""
+
+    output_range = TANH_RANGE
+
+    def annotate(self, model: fx.GraphModule) -> fx.GraphModule:
+        super().annotate(model)
+        for node in model.graph.nodes:
+            if node.target is torch.ops.aten.tanh.default:
+                node.meta["quantization_annotation"] = QuantizationAnnotation(
+                    input_qspec_map={node.args[0]: ACTIVATION}, output_qspec=self.output_range, _annotated=True)
+        return model
+
+
+class TanhQuantizerSigmoidRange(TanhQuantizer):
+    """The bug: sigmoid's fixed parameters, ``[0, 1)``, for tanh's output."""
+
+    output_range = SIGMOID_RANGE
 
 
 class NeedsBackend(ConvLinearQuantizer):

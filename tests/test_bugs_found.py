@@ -673,6 +673,51 @@ def test_prepare_pt2e_cannot_fold_a_batchnorm_into_a_grouped_transposed_conv():
         prepared(nn.ConvTranspose2d(4, 6, 3, groups=2))
 
 
+def test_prepare_pt2e_folds_a_batchnorm_into_a_conv_something_else_reads():
+    torchao()
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
+    from torchao.quantization.pt2e.quantizer import Quantizer
+
+    class AnnotatesNothing(Quantizer):  # prepare_pt2e's own steps alone
+        def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+            return model
+
+        def validate(self, model: torch.fx.GraphModule) -> None:
+            return None
+
+    class TwoReaders(nn.Module):  # the skip connection reads the conv's output too
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.bn = nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.conv(x)
+            return torch.relu(self.bn(y)) + y
+
+    class SharedConv(nn.Module):  # one conv at two call sites, each followed by its own BatchNorm
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.bn_a, self.bn_b = nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4), nn.BatchNorm2d(4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.bn_a(self.conv(x)) + self.bn_b(self.conv(x.flip(-1)))
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 8, 8)
+    for model in (TwoReaders().eval(), SharedConv().eval()):
+        for bn in (m for m in model.modules() if isinstance(m, nn.BatchNorm2d)):  # statistics of a trained model
+            bn.running_mean.uniform_(-1, 1), bn.running_var.uniform_(0.5, 2)
+            bn.weight.data.uniform_(0.5, 2), bn.bias.data.uniform_(-1, 1)
+        prepared = prepare_pt2e(torch.export.export(model, (x,)).module(), AnnotatesNothing())
+        with torch.no_grad():
+            assert (prepared(x) - model(x)).abs().max() > 0.5, type(model).__name__
+    alone = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4)).eval()  # nothing else reads the conv
+    alone[1].running_var.uniform_(0.5, 2)
+    prepared = prepare_pt2e(torch.export.export(alone, (x,)).module(), AnnotatesNothing())
+    with torch.no_grad():
+        torch.testing.assert_close(prepared(x), alone(x), rtol=1e-4, atol=1e-5)
+
+
 def test_torchaos_constant_fold_freezes_a_buffer_updated_in_place():
     torchao()
     from torchao.quantization.pt2e.constant_fold import constant_fold

@@ -30,6 +30,12 @@ TWINS = [  # buggy quantizer, its correct twin, the model, the check that must f
      "has its output channels on dimension 0 of its weight"),
     (quantizers.DeadCodeQuantizer, quantizers.ConvLinearQuantizer, "edge_final_buffer_copy", "stateful",
      "unchanged in the result since it was made"),
+    (quantizers.LayerNormDecomposingQuantizerUnbiased, quantizers.LayerNormDecomposingQuantizer,
+     "layer_linear_layernorm", "numerics", "the quantizer's float graph (prepare_pt2e with it, before calibration) "
+                                           "computes other numbers than the float model it was given"),
+    (quantizers.TanhQuantizerSigmoidRange, quantizers.TanhQuantizer, "edge_tied_weights", "numerics",
+     "(FixedQParamsObserver activation_post_process_3) on %tanh: 75% of the 32 values it quantizes lie outside "
+     "[0, 0.996] (scale 0.00390625, zero point -128, range [-128, 127])"),
 ]
 
 
@@ -50,9 +56,35 @@ def test_a_quantizers_finding_gives_advice_in_its_terms():
     assert "give a weight's per-channel QuantizationSpec (and its observer) ch_axis" in finding
 
 
-def test_numerics_compares_shapes_and_finiteness_not_values():
+def test_numerics_holds_the_float_graph_and_the_parameters_to_the_float_model_not_the_outputs():
     result = verification(quantizers.ConvLinearQuantizer, "layer_conv_bn").run("numerics")
     assert result.ok and result.details["values"].startswith("not compared")
+    assert result.details["float_graph"]["float64"] == "compared"
+    assert result.details["observers_judged"] == 3  # the conv's input, weight (per channel) and output
+
+
+def test_prepare_pt2es_own_fold_is_not_blamed_on_the_quantizer():
+    # prepare_pt2e folds the BatchNorm into a conv a skip connection also reads (docs/bugs-found.md row 43): the
+    # float graph differs with any quantizer, so what this one changes is not judged there
+    result = verification(quantizers.ConvLinearQuantizer, "layer_conv_two_readers").run("numerics")
+    assert result.ok and result.details["float_graph"].startswith("not judged: prepare_pt2e changes this model's")
+
+
+def test_clipping_applies_per_channel_parameters_along_their_axis():
+    import torch
+    from torch import fx, nn
+    from torchao.quantization.pt2e import PerChannelMinMaxObserver
+
+    from fxverify.analysis.clipping import clipping
+
+    root, graph = nn.Module(), fx.Graph()
+    root.obs = PerChannelMinMaxObserver(ch_axis=1, dtype=torch.int8, qscheme=torch.per_channel_symmetric)
+    graph.output(graph.call_module("obs", (graph.placeholder("w"),)))
+    prepared = fx.GraphModule(root, graph)
+    weight = torch.randn(3, 4) * torch.tensor([1.0, 10.0, 100.0, 1000.0])  # each column its own range
+    [fitted] = clipping(prepared, (weight,))  # one scale for all columns would clip the 1000s or zero the 1s
+    assert (fitted.fraction, fitted.parameters) == (0.0, "4 scales along dimension 1, range [-128, 127]")
+    assert fitted.covered[1] == pytest.approx(weight.abs().max().item(), rel=0.01)
 
 
 def test_a_quantizer_class_is_made_with_no_arguments_and_judged_eval_only_in_float32():

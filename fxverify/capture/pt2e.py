@@ -51,9 +51,15 @@ def quantized(quantizer: Any, inputs: tuple[Any, ...], exported: fx.GraphModule)
     """``exported`` (an ``ep.module()``, changed in place as ``prepare_pt2e`` changes it) quantized with ``quantizer``
     (a PT2E ``Quantizer``) as its users quantize: ``prepare_pt2e``, one calibration call on ``inputs`` (the entry's
     own, in its domain), ``convert_pt2e``. How a quantizer under test is applied (form ``quantizer``)."""
+    return calibrated_and_converted(prepared_with(quantizer, exported), inputs)
+
+
+def prepared_with(quantizer: Any, exported: fx.GraphModule) -> fx.GraphModule:
+    """``prepare_pt2e(exported, quantizer)``: the float graph ``quantizer`` quantizes (its ``transform_for_annotation``
+    run, conv-BN folded, observers placed where it annotated), before calibration."""
     from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 
-    return calibrated_and_converted(prepare_pt2e(exported, quantizer), inputs)
+    return prepare_pt2e(exported, quantizer)
 
 
 def calibrated_and_converted(prepared: fx.GraphModule, inputs: tuple[Any, ...]) -> fx.GraphModule:
@@ -157,6 +163,11 @@ class Pt2e(Export):
             raise ValueError("a quantizer under test needs the float graph: capture with Pt2e.for_transform(transform)")
         flow = functools.partial(quantized, transform.fn, gm.meta[CALIBRATION])
         return dataclasses.replace(transform, fn=flow).apply(gm, timeout=timeout)
+
+    def float_export(self) -> Export:
+        """The ``export`` capture of the float graph this capture quantizes (the graph a quantizer under test is
+        given), with the same dynamic batch."""
+        return Export(dynamic_batch=self.dynamic_batch)
 
     def tolerance(self, original: fx.GraphModule) -> Tolerance | None:
         """:func:`stepped_tolerance` of ``original`` (None for the float graph a quantizer under test is given)."""

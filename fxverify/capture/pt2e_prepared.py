@@ -32,16 +32,14 @@ from torch import fx, nn
 from fxverify.analysis.compare import Tolerance
 from fxverify.capture.export import BATCH_RANGE, batch_range
 from fxverify.capture.export import for_model as export_for_model
-from fxverify.capture.pt2e import Pt2e, with_quantizer
+from fxverify.capture.pt2e import Pt2e, prepared_with, with_quantizer
 from fxverify.core import captures
 
 
 def prepared(exported: fx.GraphModule, quantizer: str) -> fx.GraphModule:
     """``exported`` (an ``ep.module()``) prepared with the quantizer ``quantizer`` names: ``prepare_pt2e``, no
     calibration (a :class:`~fxverify.core.results.Skip` where that raises: :func:`~fxverify.capture.pt2e.with_quantizer`)."""
-    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
-
-    return with_quantizer(quantizer, "prepare_pt2e", lambda made: prepare_pt2e(exported, made))
+    return with_quantizer(quantizer, "prepare_pt2e", lambda made: prepared_with(made, exported))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,7 +35,7 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from fxverify.analysis.compare import ANY_VALUE, Mismatch, Rerounded, compare_trees, compare_values
+from fxverify.analysis.compare import Mismatch, Rerounded, compare_trees, compare_values
 from fxverify.analysis.cpu_kernels import int8_saturation_note
 from fxverify.analysis.localise import Localisation, localise
 from fxverify.analysis.module_state import tensor_state
@@ -49,18 +49,16 @@ from fxverify.checks._outputs import (
     non_finite_note,
     rounding_note,
 )
+from fxverify.checks._quantizer import check as quantizer_numerics
 from fxverify.core.contracts import Mode
 from fxverify.core.results import Finding, ModuleRaised, exception_summary
 from fxverify.engine.subject import Subject
 from fxverify.errors import TransformFailed
 
-QUANTIZER_VALUES = ("a quantizer's result is the float model quantized, and no tolerance yet separates a quantizer's "
-                    "defect from honest quantization error (docs/quantization.md)")
-
 
 def check(subject: Subject) -> dict[str, Any]:
-    if not subject.compares_values:
-        return _check_shapes_only(subject)
+    if not subject.compares_values:  # a quantizer under test
+        return quantizer_numerics(subject, float_check=check)
     compared = []
     for config in subject.configs:
         found = compare_config(subject, config)
@@ -129,23 +127,6 @@ def check(subject: Subject) -> dict[str, Any]:
         "switched_modes": switched if subject.capture.switches_mode else f"not compared: {subject.capture.name} fixes the mode "
                                                                     "when it captures",
     }
-
-
-def _check_shapes_only(subject: Subject) -> dict[str, Any]:
-    """Where values are not compared (:attr:`~fxverify.engine.subject.Subject.compares_values`): at every input
-    configuration the result runs, its outputs have the original's structure, shapes and dtypes, and are finite
-    where the original's are."""
-    for config in subject.configs:
-        where = f"{config.describe()}, {subject.dtype}, {subject.contract.primary_mode} mode"
-        with torch.no_grad():
-            expected = subject.outputs("original", config)
-            actual = ModuleRaised.guard("result", where, functools.partial(subject.outputs, "result", config))
-        found = compare_trees(actual, expected, tolerance=ANY_VALUE)
-        if found is not None:
-            finding = finding_of(found, where)
-            finding.what += f"\n(values are not compared: {QUANTIZER_VALUES})"
-            raise finding
-    return {"configs": [config.name for config in subject.configs], "values": f"not compared: {QUANTIZER_VALUES}"}
 
 
 def _graphs(subject: Subject) -> list[fx.Graph]:

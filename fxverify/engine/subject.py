@@ -386,10 +386,11 @@ class Subject:
     @property
     def compares_values(self) -> bool:
         """Whether the result's numbers are held to the original's: not for a quantizer under test (form
-        ``quantizer``), whose result is the float original quantized, and no tolerance yet separates a quantizer's
-        defect from its honest error (docs/quantization.md). The checks comparing values then ask that the result
-        runs where the original runs, with outputs of the same shapes, finite where the original's are, and keeps
-        updating the state the original updates."""
+        ``quantizer``), whose result is the float original quantized, with an error no tolerance bounds that would
+        still catch a defect (docs/quantization.md). The checks comparing values then ask that the result runs where
+        the original runs, with outputs of the same shapes, finite where the original's are, and keeps updating the
+        state the original updates; ``numerics`` holds the quantizer's float graph and parameters to the float model
+        instead (:mod:`fxverify.checks._quantizer`)."""
         return self.transform.form != "quantizer"
 
     @functools.cached_property
