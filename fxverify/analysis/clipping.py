@@ -105,9 +105,9 @@ def _clipped(observer: Any, values: list[torch.Tensor]) -> dict[str, Any] | None
         return None
     try:
         scale, zero_point = (torch.as_tensor(p, dtype=torch.float64).reshape(-1) for p in observer.calculate_qparams())
-    except Exception:  # an observer without parameters of its own to give
+        qmin, qmax = int(observer.quant_min), int(observer.quant_max)
+    except Exception:  # an observer without parameters or a range of its own to give
         return None
-    qmin, qmax = int(observer.quant_min), int(observer.quant_max)
     axis = getattr(observer, "ch_axis", None) if getattr(observer, "qscheme", None) in PER_CHANNEL else None
     beyond, low, high = [], [], []
     for value in values:
