@@ -15,6 +15,7 @@ import hashlib
 import importlib
 import pickle
 import re
+import traceback
 from importlib import metadata
 
 import pytest
@@ -32,6 +33,7 @@ PAGE = "docs/bugs-found.md"
 TORCHAO_MEASURED = "0.18.0"  # torchao is no dependency: its rows were measured with this version installed
 OPENVINO_MEASURED = "2026.4.1"
 EXECUTORCH_MEASURED = "1.5.1"
+TOSA_TOOLS_MEASURED = "2026.8.0"  # Arm's backend imports its tosa_serializer; no extra brings it
 # OpenVINO's backend as the benchmark calls it: its default path fails in torch 2.14.1's guard creation
 OPENVINO_OPTIONS = {"aot_autograd": True, "config": {"INFERENCE_PRECISION_HINT": "f32"}}
 
@@ -68,6 +70,15 @@ def executorch() -> None:
     if metadata.version("executorch") != EXECUTORCH_MEASURED:
         pytest.skip(f"re-check this row on executorch {metadata.version('executorch')} "
                     f"(measured on {EXECUTORCH_MEASURED})")
+
+
+def arm() -> None:
+    """Skip unless ExecuTorch (as for its rows) and tosa-tools, whose ``tosa_serializer`` ExecuTorch's Arm backend
+    imports, are installed at the versions the Arm rows were measured with (``pip install tosa-tools``)."""
+    executorch()
+    pytest.importorskip("tosa_serializer", reason="the Arm rows need tosa-tools installed (pip install tosa-tools)")
+    if metadata.version("tosa-tools") != TOSA_TOOLS_MEASURED:
+        pytest.skip(f"re-check this row on tosa-tools {metadata.version('tosa-tools')} (measured on {TOSA_TOOLS_MEASURED})")
 
 
 @pytest.fixture
@@ -866,6 +877,99 @@ def test_xnnpacks_linear_recomposition_takes_a_folded_transposed_weight_for_the_
     assert float((pte_output(square, x, fold=True) - expected).abs().max()) > 0.1  # the weight ran transposed
     with pytest.raises(Exception, match="ConvertToLinearPass"):
         pte_output(nn.Linear(8, 4).eval(), x, fold=True)
+
+
+def _tosa_lowered(model: nn.Module, x: torch.Tensor):
+    """``model`` lowered by Arm's TOSA backend (FP profile) as its users lower: ``to_edge_transform_and_lower`` with
+    the ``TOSAPartitioner``, under the Edge config of Arm's own flows; ``TOSABackend.preprocess`` runs
+    ``ArmPassManager``'s pipeline on each partition."""
+    from executorch.backends.arm.tosa.compile_spec import TosaCompileSpec
+    from executorch.backends.arm.tosa.partitioner import TOSAPartitioner
+    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
+
+    return to_edge_transform_and_lower(torch.export.export(model, (x,)),
+                                       partitioner=[TOSAPartitioner(TosaCompileSpec("TOSA-1.0+FP"))],
+                                       compile_config=EdgeCompileConfig(_check_ir_validity=False))
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and its causes."""
+    found = [exc]
+    while (cause := found[-1].__cause__ or found[-1].__context__) is not None and len(found) < 20:
+        found.append(cause)
+    return found
+
+
+@pytest.mark.slow
+def test_arms_batchnorm_fusion_gives_both_calls_of_a_shared_conv_one_fused_weight():
+    """Row 43: the defect of row 40 in Arm's own ``FuseBatchNorm2dPass``, run as ``ArmPassManager`` runs it, and in
+    the TOSA program Arm's backend compiles (run by the TOSA reference model of tosa-tools)."""
+    arm()
+    from executorch.backends.arm._passes import ArmPassManager, FuseBatchNorm2dPass
+    from executorch.backends.arm.test.runner_utils import TosaReferenceModelDispatch
+    from executorch.backends.arm.tosa.compile_spec import TosaCompileSpec
+    from executorch.exir import EdgeCompileConfig, to_edge
+
+    torch.manual_seed(0)
+    model, x = _SharedConvTwoNorms().eval(), torch.randn(2, 4, 8, 8)
+    with torch.no_grad():
+        for bn in (model.bn_a, model.bn_b):
+            bn.running_mean.uniform_(-1, 1), bn.running_var.uniform_(0.5, 2), bn.weight.uniform_(0.5, 2)
+        expected = model(x)
+    program = to_edge(torch.export.export(model, (x,)),
+                      compile_config=EdgeCompileConfig(_check_ir_validity=False)).exported_program()
+    manager = ArmPassManager(TosaCompileSpec("TOSA-1.0+FP"))  # its pipeline, this one pass in it
+    with manager._tosa_context(program.graph_module):
+        manager.add_pass(FuseBatchNorm2dPass(program))
+        manager._transform(program, program.graph_module)
+    convs = [n for n in program.graph.nodes if n.op == "call_function" and "convolution" in str(n.target)]
+    assert len(convs) == 2 and convs[0].args[1] is convs[1].args[1]  # both calls read the first call's fold
+    assert convs[0].args[1].name == "p_conv_weight_fused_bn"  # named after the weight: the second fold finds it
+    with torch.no_grad():
+        assert float((program.module()(x) - expected).abs().max()) > 0.5
+        with TosaReferenceModelDispatch():
+            compiled = _tosa_lowered(model, x).exported_program().module()(x)
+    assert float((compiled - expected).abs().max()) > 0.5
+
+
+@pytest.mark.slow
+def test_arms_tosa_lowering_raises_on_a_batchnorm1d_over_a_2d_input():
+    """Row 44: ``FuseBatchNorm2dPass`` puts a 1x1 conv of ones before a BatchNorm no conv feeds, 1-D for a 3-D
+    input, 2-D for any other: on an (N, C) input that conv cannot run."""
+    arm()
+    _tosa_lowered(nn.BatchNorm1d(12).eval(), torch.randn(2, 12, 5))  # (N, C, L): lowers
+    for model in (nn.BatchNorm1d(12), nn.Sequential(nn.Linear(16, 12), nn.BatchNorm1d(12))):
+        x = torch.randn(2, 12 if isinstance(model, nn.BatchNorm1d) else 16)
+        with pytest.raises(Exception) as raised:
+            _tosa_lowered(model.eval(), x)
+        chain = _chain(raised.value)
+        assert any("Expected 4-dimensional input for 4-dimensional weight [12, 1, 1, 1]" in str(e) for e in chain)
+        frames = [f.filename for e in chain for f in traceback.extract_tb(e.__traceback__)]
+        assert any(name.endswith("fuse_batch_norm2d_pass.py") for name in frames)
+
+
+@pytest.mark.slow
+def test_arms_quantizer_refuses_the_guards_call_of_an_exported_module():
+    """Row 45: ``prepare_pt2e(torch.export.export(m, x).module(), TOSAQuantizer(...))``, torch's documented PT2E flow,
+    raises on an average pool: ``ep.module()`` calls a ``_guards_fn`` submodule, which Arm's annotation passes
+    (``ExportPass``) refuse. torch leaves that call out when a file named like ``executorch`` or ``torchao`` is on
+    the stack (``_ok_to_generate_guards_fn``), and Arm's examples pass ``check_guards=False``."""
+    arm()
+    from executorch.backends.arm.quantizer import TOSAQuantizer, get_symmetric_quantization_config
+    from executorch.backends.arm.tosa.specification import TosaSpecification
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
+
+    def quantizer() -> TOSAQuantizer:
+        spec = TosaSpecification.create_from_string("TOSA-1.0+INT")
+        return TOSAQuantizer(spec).set_global(get_symmetric_quantization_config())
+
+    program = torch.export.export(nn.AvgPool2d(2).eval(), (torch.randn(2, 4, 8, 8),))
+    prepare_pt2e(program.module(check_guards=False), quantizer())
+    module = program.module()
+    assert [n.target for n in module.graph.nodes if n.op == "call_module"] == ["_guards_fn"]
+    with pytest.raises(Exception, match="DecomposeAvgPool2dPass") as raised:
+        prepare_pt2e(module, quantizer())
+    assert any("call_module is not supported" in str(e) for e in _chain(raised.value))
 
 
 # -- the page and the proofs in step --------------------------------------------------------------------
