@@ -879,6 +879,31 @@ def test_xnnpacks_linear_recomposition_takes_a_folded_transposed_weight_for_the_
         pte_output(nn.Linear(8, 4).eval(), x, fold=True)
 
 
+@pytest.mark.slow
+def test_xnnpacks_linear_recomposition_drops_the_bias_of_a_scaled_mm():
+    """Row 46: a Linear computed as ``mm(x, weightᵀ) * 1.0 + bias`` (as a decomposition of ``addmm``'s ``alpha`` and
+    ``beta`` writes it): XNNPACK's ``ConvertToLinearPass`` finds no ``add`` right after the ``mm``, so no bias, and
+    replaces the Linear's output with ``linear(x, weight)``: the .pte computes ``x @ weightᵀ``."""
+    executorch()
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.runtime import Runtime
+
+    def scaled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return torch.mm(x, weight.t()) * 1.0 + bias
+
+    torch.manual_seed(0)
+    model, x = nn.Linear(8, 6).eval(), torch.randn(2, 8)
+    program = torch.export.export(model, (x,)).run_decompositions({torch.ops.aten.linear.default: scaled_linear})
+    with torch.no_grad():
+        expected = model(x)
+        torch.testing.assert_close(program.module()(x), expected)  # the program is right
+        buffer = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch().buffer
+        computed = Runtime.get().load_program(buffer).load_method("forward").execute([x])[0]
+        torch.testing.assert_close(computed, x @ model.weight.t())  # the bias is gone
+    assert float((computed - expected).abs().max()) > 0.1
+
+
 def _tosa_lowered(model: nn.Module, x: torch.Tensor):
     """``model`` lowered by Arm's TOSA backend (FP profile) as its users lower: ``to_edge_transform_and_lower`` with
     the ``TOSAPartitioner``, under the Edge config of Arm's own flows; ``TOSABackend.preprocess`` runs
