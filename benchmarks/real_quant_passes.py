@@ -313,10 +313,11 @@ def tosa_int_unguarded() -> Any:
 
 
 def __getattr__(name: str) -> Any:
-    """``tosa_int_quantizer``: :func:`tosa_int`'s quantizer as the transform (made when asked for, so that this
-    module imports without ``tosa-tools``)."""
-    if name == "tosa_int_quantizer":
-        return tosa_int()
+    """``tosa_int_quantizer``, ``tosa_int_unguarded_quantizer``: the quantizers of :func:`tosa_int` and
+    :func:`tosa_int_unguarded` as the transform (made when asked for, so that this module imports without
+    ``tosa-tools``)."""
+    if name in ("tosa_int_quantizer", "tosa_int_unguarded_quantizer"):
+        return globals()[name.removesuffix("_quantizer")]()
     raise AttributeError(name)
 
 
@@ -343,10 +344,15 @@ def arm_fuse_batch_norm(ep: torch.export.ExportedProgram) -> torch.export.Export
     return as_arm(ep, lambda program, spec: FuseBatchNorm2dPass(program))
 
 
+@fxverify.contract(devices=("cpu",))
 def arm_decompose_mean_dim(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     """Arm's ``DecomposeMeanDimPass(graph_module, tosa_spec)``: ``mean.dim`` as ``sum`` times ``1 / n`` (or as an
     average pool), built from the program's graph and the TOSA specification as ``ArmPassManager`` builds it
-    (:func:`as_arm`)."""
+    (:func:`as_arm`). Its ``full`` of ``1 / n`` takes the device of the input's value when the pass runs (``"device":
+    input_node.data.device``, as ExecuTorch's ``ExportPass``es write new tensors): the program is compiled to TOSA
+    ahead of time, on the CPU, in ``preprocess``, and never moved, so it declares ``devices=("cpu",)`` (``devices``
+    failed its meta stage on the five models with a mean: "Tensor on device cpu is not on the expected device
+    meta", outside what the pass is for)."""
     from executorch.backends.arm._passes import DecomposeMeanDimPass
 
     return as_arm(ep, lambda program, spec: DecomposeMeanDimPass(program.graph_module, spec))
@@ -402,7 +408,7 @@ ROWS = (
           ("fold_redundant_qdq_pass:FoldRedundantDequantizeQuantizePass", "edge_pt2e"))),
     # Arm (ExecuTorch's Arm backend; needs tosa-tools): its TOSAQuantizer, and its passes through as_arm
     Row("tosa_int", "arm", IDENTITY, _here("tosa_int")),
-    Row("tosa_int@transform", "arm", _here("tosa_int_quantizer")),
+    *(Row(f"{name}@transform", "arm", _here(f"{name}_quantizer")) for name in ("tosa_int", "tosa_int_unguarded")),
     *(Row(f"{name}@edge", "arm", _here(name), capture="edge") for name in (
         "arm_fuse_batch_norm", "arm_decompose_grouped_conv", "arm_decompose_mean_dim", "arm_convert_to_clamp",
         "arm_decompose_addmm")),
