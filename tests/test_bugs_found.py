@@ -997,6 +997,38 @@ def test_arms_quantizer_refuses_the_guards_call_of_an_exported_module():
     assert any("call_module is not supported" in str(e) for e in _chain(raised.value))
 
 
+class _Counter(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.register_buffer("count", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.count.add_(1)  # ep.module() holds this add_ alone, with no write-back copy_
+        return self.lin(x)
+
+
+@pytest.mark.slow
+def test_arms_quantizer_drops_a_buffer_updated_in_place():
+    """Row 47: ``prepare_pt2e`` with ``TOSAQuantizer`` (on ``check_guards=False``, as Arm's examples call it: row 45)
+    loses ``self.count.add_(1)`` and the buffer with it: the prepared and converted models stop counting."""
+    arm()
+    from executorch.backends.arm.quantizer import TOSAQuantizer, get_symmetric_quantization_config
+    from executorch.backends.arm.tosa.specification import TosaSpecification
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    quantizer = TOSAQuantizer(TosaSpecification.create_from_string("TOSA-1.0+INT"))
+    x = torch.randn(2, 8)
+    module = torch.export.export(_Counter().eval(), (x,)).module(check_guards=False)
+    assert any(n.target == torch.ops.aten.add_.Tensor for n in module.graph.nodes)
+    prepared = prepare_pt2e(module, quantizer.set_global(get_symmetric_quantization_config()))
+    assert not any(n.target == torch.ops.aten.add_.Tensor for n in prepared.graph.nodes)
+    prepared(x)
+    converted = convert_pt2e(prepared)
+    converted(x)
+    assert "count" not in dict(converted.named_buffers())  # nothing counts any more
+
+
 # -- the page and the proofs in step --------------------------------------------------------------------
 
 COLUMNS = ["#", "defect", "pass (library)", "check that caught it", "smallest model", "proof", "upstream"]
