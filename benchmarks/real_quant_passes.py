@@ -302,7 +302,6 @@ def tosa_int_unguarded() -> Any:
 
     class Unguarded(TOSAQuantizer):  # type: ignore[misc]
         def transform_for_annotation(self, model: fx.GraphModule) -> fx.GraphModule:
-            model = copy.deepcopy(model)  # what prepare_pt2e was handed stays as it was
             for node in list(model.graph.nodes):
                 if node.op == "call_module" and node.target == "_guards_fn":
                     model.graph.erase_node(node)
