@@ -1029,6 +1029,40 @@ def test_arms_quantizer_drops_a_buffer_updated_in_place():
     assert "count" not in dict(converted.named_buffers())  # nothing counts any more
 
 
+class _ConvMean(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x).mean(dim=(2, 3))
+
+
+@pytest.mark.slow
+def test_arms_quantizer_writes_a_dynamic_batch_into_a_reshape_as_a_name():
+    """Row 48: exported with a dynamic batch, a conv and a mean over its spatial dimensions: ``TOSAQuantizer``'s
+    annotation passes write the batch's symbol into a ``reshape``'s shape, and the prepared module's code names a
+    variable nothing defines: its first call (calibration) raises ``NameError``. At a static batch it runs."""
+    arm()
+    from executorch.backends.arm.quantizer import TOSAQuantizer, get_symmetric_quantization_config
+    from executorch.backends.arm.tosa.specification import TosaSpecification
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
+
+    def prepared(dynamic: bool) -> fx.GraphModule:
+        quantizer = TOSAQuantizer(TosaSpecification.create_from_string("TOSA-1.0+INT"))
+        shapes = ({0: torch.export.Dim("batch", min=1, max=8)},) if dynamic else None
+        module = torch.export.export(_ConvMean().eval(), (x,), dynamic_shapes=shapes).module(check_guards=False)
+        return prepare_pt2e(module, quantizer.set_global(get_symmetric_quantization_config()))
+
+    x = torch.randn(2, 3, 8, 8)
+    prepared(dynamic=False)(x)
+    module = prepared(dynamic=True)
+    reshapes = [n for n in module.graph.nodes if n.target == torch.ops.aten.reshape.default]
+    assert any(isinstance(size, torch.SymInt) for n in reshapes for size in n.args[1])  # not a sym_size node
+    with pytest.raises(NameError, match="is not defined"):
+        module(x)
+
+
 # -- the page and the proofs in step --------------------------------------------------------------------
 
 COLUMNS = ["#", "defect", "pass (library)", "check that caught it", "smallest model", "proof", "upstream"]
