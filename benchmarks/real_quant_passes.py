@@ -16,9 +16,12 @@ prove it in a few lines of plain torch before calling it a defect (docs/bugs-fou
 ``constant_fold`` is not among them: it runs on frozen graphs, where a buffer updated in forward is a
 placeholder, and folds such a buffer's update where it is a ``get_attr`` (outside what it is called on).
 
-ExecuTorch's Arm passes (``executorch.backends.arm._passes``) are not among the rows: they import
-``tosa_serializer``, which ExecuTorch's wheel does not bring; they need ``pip install tosa-tools`` (about 200 MB,
-the ``ethos-u`` / ``vgf`` extras pin ``tosa-tools==2026.5.0``), not installed here.
+ExecuTorch's Arm backend (``--library arm``) needs ``pip install tosa-tools`` (about 200 MB; its ``tosa_serializer``,
+which ExecuTorch's wheel does not bring; measured with 2026.8.0 installed ``--no-deps`` beside numpy 2.4, which its
+metadata refuses but runs with): Arm's ``TOSAQuantizer`` (INT profile, its symmetric config) as the ``pt2e``
+capture's quantizer and as the transform, and Arm's passes run as ``TOSABackend.preprocess`` runs them
+(:func:`as_arm`) under ``edge`` (TOSA FP) and ``edge_pt2e`` (TOSA INT, quantized with Arm's quantizer as Arm's
+examples call it: :func:`tosa_int_unguarded`).
 """
 
 from __future__ import annotations
@@ -169,6 +172,13 @@ def _xnnpack_program(ep: torch.export.ExportedProgram) -> torch.export.ExportedP
     """A copy of ``ep`` (its graph, signature and tensor dicts; the tensors shared) under XNNPACK's verifier, as
     ``XnnpackBackend.preprocess`` wraps the program it is given."""
     from executorch.backends.xnnpack.utils.configs import get_xnnpack_edge_compile_config
+
+    return _edge_program(ep, get_xnnpack_edge_compile_config())
+
+
+def _edge_program(ep: torch.export.ExportedProgram, config: Any) -> torch.export.ExportedProgram:
+    """A copy of ``ep`` (its graph, signature and tensor dicts; the tensors shared) under the Edge verifier of
+    ``config`` (an ``EdgeCompileConfig``)."""
     from executorch.exir.verification.verifier import EXIREdgeDialectVerifier
 
     gm = copy.deepcopy(ep.graph_module)
@@ -176,7 +186,7 @@ def _xnnpack_program(ep: torch.export.ExportedProgram) -> torch.export.ExportedP
         root=gm, graph=gm.graph, graph_signature=copy.deepcopy(ep.graph_signature), state_dict=dict(ep.state_dict),
         range_constraints=ep.range_constraints, module_call_graph=ep.module_call_graph,
         example_inputs=ep.example_inputs, constants=dict(ep.constants),
-        verifiers=[EXIREdgeDialectVerifier(edge_compile_config=get_xnnpack_edge_compile_config(), class_only=True)])
+        verifiers=[EXIREdgeDialectVerifier(edge_compile_config=config, class_only=True)])
 
 
 def xnn_fuse_batch_norm(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
@@ -243,6 +253,120 @@ def xnn_dim_order_revert(ep: torch.export.ExportedProgram) -> torch.export.Expor
     return as_xnnpack(ep, DimOrderOpsRevertPass)
 
 
+# -- Arm's passes (``executorch.backends.arm._passes``; need ``tosa-tools``), run as Arm's backend runs them ---------
+
+
+def tosa_int() -> Any:
+    """Arm's ``TOSAQuantizer`` for the TOSA 1.0 INT profile with its ``get_symmetric_quantization_config()``
+    (per-channel weights, int8 activations), as Arm's docs and its test pipelines (``ArmTester.quantize``) set it."""
+    from executorch.backends.arm.quantizer import TOSAQuantizer, get_symmetric_quantization_config
+    from executorch.backends.arm.tosa.specification import TosaSpecification
+
+    spec = TosaSpecification.create_from_string("TOSA-1.0+INT")
+    return TOSAQuantizer(spec).set_global(get_symmetric_quantization_config())
+
+
+def as_arm(ep: torch.export.ExportedProgram, make: Any) -> torch.export.ExportedProgram:
+    """The pass ``make(program, tosa_spec)`` builds run on ``ep`` as Arm's backend runs its passes:
+    ``TOSABackend.preprocess`` calls ``ArmPassManager(compile_spec).transform_to_backend_pipeline(edge_program)``,
+    which, inside a ``TosaLoweringContext`` of the compile spec's TOSA specification, builds each pass (those
+    reading the program are given it) and runs the list through ``ArmPassManager._transform``: each pass wrapped
+    in ``_ExportedProgramGraphPassAdapter``, run by ExecuTorch's ``ExportedProgramPassManager`` on the program, its
+    graph signature rebuilt after each. Here the list is the one pass, and the specification the one Arm's own
+    pass tests (``PassPipeline``) use: ``TOSA-1.0+INT`` for a quantized program (one with q/dq nodes),
+    ``TOSA-1.0+FP`` for a float one. The program is a copy under the verifier Arm's flows lower with
+    (``EdgeCompileConfig(_check_ir_validity=False)``: ``ArmTester``'s ``to_edge``, Arm's recipes), as
+    ``preprocess`` gets a partition's program of its own; the caller's ``ep`` is left as it was."""
+    from executorch.backends.arm._passes import ArmPassManager
+    from executorch.backends.arm.tosa.compile_spec import TosaCompileSpec
+    from executorch.backends.arm.tosa.specification import TosaSpecification
+    from executorch.exir import EdgeCompileConfig
+
+    program = _edge_program(ep, EdgeCompileConfig(_check_ir_validity=False))
+    quantized = any("quantized_decomposed" in str(node.target) for node in program.graph.nodes)
+    manager = ArmPassManager(TosaCompileSpec(TosaSpecification.create_from_string(
+        "TOSA-1.0+INT" if quantized else "TOSA-1.0+FP")))
+    with manager._tosa_context(program.graph_module):
+        manager.add_pass(make(program, manager.tosa_spec))
+        manager._transform(program, program.graph_module)  # sets the program's graph and signature, as there
+    return program
+
+
+def tosa_int_unguarded() -> Any:
+    """:func:`tosa_int` as Arm's own examples call it: on ``ep.module(check_guards=False)`` (executorch PR #14524),
+    here by dropping the ``_guards_fn`` call ``ep.module()`` inserts before ``transform_for_annotation`` runs (see
+    ``docs/bugs-found.md``: Arm's annotation passes refuse that ``call_module``). The quantizer the Arm passes'
+    rows quantize with under ``edge_pt2e``, so that they are checked on the models the plain one refuses."""
+    from executorch.backends.arm.quantizer import TOSAQuantizer, get_symmetric_quantization_config
+    from executorch.backends.arm.tosa.specification import TosaSpecification
+
+    class Unguarded(TOSAQuantizer):  # type: ignore[misc]
+        def transform_for_annotation(self, model: fx.GraphModule) -> fx.GraphModule:
+            for node in list(model.graph.nodes):
+                if node.op == "call_module" and node.target == "_guards_fn":
+                    model.graph.erase_node(node)
+            model.recompile()
+            return super().transform_for_annotation(model)
+
+    spec = TosaSpecification.create_from_string("TOSA-1.0+INT")
+    return Unguarded(spec).set_global(get_symmetric_quantization_config())
+
+
+def __getattr__(name: str) -> Any:
+    """``tosa_int_quantizer``, ``tosa_int_unguarded_quantizer``: the quantizers of :func:`tosa_int` and
+    :func:`tosa_int_unguarded` as the transform (made when asked for, so that this module imports without
+    ``tosa-tools``)."""
+    if name in ("tosa_int_quantizer", "tosa_int_unguarded_quantizer"):
+        return globals()[name.removesuffix("_quantizer")]()
+    raise AttributeError(name)
+
+
+def _arm_pass(name: str, *, reads_program: bool = False) -> Any:
+    """A function over the program running Arm's pass ``name`` (from ``executorch.backends.arm._passes``) through
+    :func:`as_arm`, built as ``ArmPassManager`` builds it (``reads_program``: given the program)."""
+
+    def run(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+        import executorch.backends.arm._passes as arm_passes
+
+        pass_type = getattr(arm_passes, name)
+        return as_arm(ep, lambda program, spec: pass_type(program) if reads_program else pass_type())
+
+    run.__name__ = run.__qualname__ = name
+    run.__annotations__ = {"ep": torch.export.ExportedProgram, "return": torch.export.ExportedProgram}
+    return run
+
+
+def arm_fuse_batch_norm(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """Arm's ``FuseBatchNorm2dPass(ep)``: a BatchNorm after a conv folded into its weight and bias (new
+    parameters, the old ones deleted), any other BatchNorm left alone (:func:`as_arm`)."""
+    from executorch.backends.arm._passes import FuseBatchNorm2dPass
+
+    return as_arm(ep, lambda program, spec: FuseBatchNorm2dPass(program))
+
+
+@fxverify.contract(devices=("cpu",))
+def arm_decompose_mean_dim(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """Arm's ``DecomposeMeanDimPass(graph_module, tosa_spec)``: ``mean.dim`` as ``sum`` times ``1 / n`` (or as an
+    average pool), built from the program's graph and the TOSA specification as ``ArmPassManager`` builds it
+    (:func:`as_arm`). Its ``full`` of ``1 / n`` takes the device of the input's value when the pass runs (``"device":
+    input_node.data.device``, as ExecuTorch's ``ExportPass``es write new tensors): the program is compiled to TOSA
+    ahead of time, on the CPU, in ``preprocess``, and never moved, so it declares ``devices=("cpu",)`` (``devices``
+    failed its meta stage on the five models with a mean: "Tensor on device cpu is not on the expected device
+    meta", outside what the pass is for)."""
+    from executorch.backends.arm._passes import DecomposeMeanDimPass
+
+    return as_arm(ep, lambda program, spec: DecomposeMeanDimPass(program.graph_module, spec))
+
+
+arm_decompose_grouped_conv = _arm_pass("DecomposeGroupedConvPass")  # a grouped conv as one conv a group, then cat
+arm_convert_to_clamp = _arm_pass("ConvertToClampPass")  # relu, hardtanh as clamp
+arm_decompose_addmm = _arm_pass("DecomposeAddmmPass")  # addmm as mm, mul and add
+arm_fuse_quantized_activation = _arm_pass("FuseQuantizedActivationPass")  # a relu its quantize's range makes a no-op
+# quantize / dequantize as mul, round, clamp and casts; its scale and zero point are ``full``s on the default device,
+# so it declares devices=("cpu",) as arm_decompose_mean_dim does (its row's 14 failed items were devices' meta stage)
+arm_decompose_quant_nodes = fxverify.contract(devices=("cpu",))(_arm_pass("DecomposeQuantNodesPass"))
+
+
 @dataclasses.dataclass(frozen=True)
 class Row:
     name: str
@@ -283,7 +407,15 @@ ROWS = (
           ("remove_noop_pass:RemoveNoopPass", "edge"), ("memory_format_ops_pass:MemoryFormatOpsPass", "edge"),
           ("spec_prop_pass:SpecPropPass", "edge"), ("cse_pass:CSEPass", "edge"),
           ("constant_prop_pass:constant_prop_pass", "edge"),
-          ("fold_redundant_qdq_pass:FoldRedundantDequantizeQuantizePass", "edge_pt2e")))
+          ("fold_redundant_qdq_pass:FoldRedundantDequantizeQuantizePass", "edge_pt2e"))),
+    # Arm (ExecuTorch's Arm backend; needs tosa-tools): its TOSAQuantizer, and its passes through as_arm
+    Row("tosa_int", "arm", IDENTITY, _here("tosa_int")),
+    *(Row(f"{name}@transform", "arm", _here(f"{name}_quantizer")) for name in ("tosa_int", "tosa_int_unguarded")),
+    *(Row(f"{name}@edge", "arm", _here(name), capture="edge") for name in (
+        "arm_fuse_batch_norm", "arm_decompose_grouped_conv", "arm_decompose_mean_dim", "arm_convert_to_clamp",
+        "arm_decompose_addmm")),
+    *(Row(f"{name}@edge_pt2e", "arm", _here(name), _here("tosa_int_unguarded"), capture="edge_pt2e") for name in (
+        "arm_fuse_quantized_activation", "arm_decompose_quant_nodes")),
 )
 
 
@@ -314,7 +446,7 @@ def main() -> None:
     parser.add_argument("--corpus", default="quantization")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--only", default="", help="comma-separated row names")
-    parser.add_argument("--library", default="", help="comma-separated libraries (torchao, torch, executorch)")
+    parser.add_argument("--library", default="", help="comma-separated libraries (torchao, torch, executorch, arm)")
     args = parser.parse_args()
     wanted = {n.strip() for n in args.only.split(",") if n.strip()}
     libraries = {n.strip() for n in args.library.split(",") if n.strip()}

@@ -15,6 +15,7 @@ import hashlib
 import importlib
 import pickle
 import re
+import traceback
 from importlib import metadata
 
 import pytest
@@ -32,6 +33,7 @@ PAGE = "docs/bugs-found.md"
 TORCHAO_MEASURED = "0.18.0"  # torchao is no dependency: its rows were measured with this version installed
 OPENVINO_MEASURED = "2026.4.1"
 EXECUTORCH_MEASURED = "1.5.1"
+TOSA_TOOLS_MEASURED = "2026.8.0"  # Arm's backend imports its tosa_serializer; no extra brings it
 # OpenVINO's backend as the benchmark calls it: its default path fails in torch 2.14.1's guard creation
 OPENVINO_OPTIONS = {"aot_autograd": True, "config": {"INFERENCE_PRECISION_HINT": "f32"}}
 
@@ -68,6 +70,15 @@ def executorch() -> None:
     if metadata.version("executorch") != EXECUTORCH_MEASURED:
         pytest.skip(f"re-check this row on executorch {metadata.version('executorch')} "
                     f"(measured on {EXECUTORCH_MEASURED})")
+
+
+def arm() -> None:
+    """Skip unless ExecuTorch (as for its rows) and tosa-tools, whose ``tosa_serializer`` ExecuTorch's Arm backend
+    imports, are installed at the versions the Arm rows were measured with (``pip install tosa-tools``)."""
+    executorch()
+    pytest.importorskip("tosa_serializer", reason="the Arm rows need tosa-tools installed (pip install tosa-tools)")
+    if metadata.version("tosa-tools") != TOSA_TOOLS_MEASURED:
+        pytest.skip(f"re-check this row on tosa-tools {metadata.version('tosa-tools')} (measured on {TOSA_TOOLS_MEASURED})")
 
 
 @pytest.fixture
@@ -911,6 +922,190 @@ def test_xnnpacks_linear_recomposition_takes_a_folded_transposed_weight_for_the_
     assert float((pte_output(square, x, fold=True) - expected).abs().max()) > 0.1  # the weight ran transposed
     with pytest.raises(Exception, match="ConvertToLinearPass"):
         pte_output(nn.Linear(8, 4).eval(), x, fold=True)
+
+
+@pytest.mark.slow
+def test_xnnpacks_linear_recomposition_drops_the_bias_of_a_scaled_mm():
+    """Row 47: a Linear computed as ``mm(x, weightᵀ) * 1.0 + bias`` (as a decomposition of ``addmm``'s ``alpha`` and
+    ``beta`` writes it): XNNPACK's ``ConvertToLinearPass`` finds no ``add`` right after the ``mm``, so no bias, and
+    replaces the Linear's output with ``linear(x, weight)``: the .pte computes ``x @ weightᵀ``."""
+    executorch()
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.runtime import Runtime
+
+    def scaled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return torch.mm(x, weight.t()) * 1.0 + bias
+
+    torch.manual_seed(0)
+    model, x = nn.Linear(8, 6).eval(), torch.randn(2, 8)
+    program = torch.export.export(model, (x,)).run_decompositions({torch.ops.aten.linear.default: scaled_linear})
+    with torch.no_grad():
+        expected = model(x)
+        torch.testing.assert_close(program.module()(x), expected)  # the program is right
+        buffer = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch().buffer
+        computed = Runtime.get().load_program(buffer).load_method("forward").execute([x])[0]
+        torch.testing.assert_close(computed, x @ model.weight.t())  # the bias is gone
+    assert float((computed - expected).abs().max()) > 0.1
+
+
+def _tosa_lowered(model: nn.Module, x: torch.Tensor):
+    """``model`` lowered by Arm's TOSA backend (FP profile) as its users lower: ``to_edge_transform_and_lower`` with
+    the ``TOSAPartitioner``, under the Edge config of Arm's own flows; ``TOSABackend.preprocess`` runs
+    ``ArmPassManager``'s pipeline on each partition."""
+    from executorch.backends.arm.tosa.compile_spec import TosaCompileSpec
+    from executorch.backends.arm.tosa.partitioner import TOSAPartitioner
+    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
+
+    return to_edge_transform_and_lower(torch.export.export(model, (x,)),
+                                       partitioner=[TOSAPartitioner(TosaCompileSpec("TOSA-1.0+FP"))],
+                                       compile_config=EdgeCompileConfig(_check_ir_validity=False))
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and its causes."""
+    found = [exc]
+    while (cause := found[-1].__cause__ or found[-1].__context__) is not None and len(found) < 20:
+        found.append(cause)
+    return found
+
+
+@pytest.mark.slow
+def test_arms_batchnorm_fusion_gives_both_calls_of_a_shared_conv_one_fused_weight():
+    """Row 44: the defect of row 40 in Arm's own ``FuseBatchNorm2dPass``, run as ``ArmPassManager`` runs it, and in
+    the TOSA program Arm's backend compiles (run by the TOSA reference model of tosa-tools)."""
+    arm()
+    from executorch.backends.arm._passes import ArmPassManager, FuseBatchNorm2dPass
+    from executorch.backends.arm.test.runner_utils import TosaReferenceModelDispatch
+    from executorch.backends.arm.tosa.compile_spec import TosaCompileSpec
+    from executorch.exir import EdgeCompileConfig, to_edge
+
+    torch.manual_seed(0)
+    model, x = _SharedConvTwoNorms().eval(), torch.randn(2, 4, 8, 8)
+    with torch.no_grad():
+        for bn in (model.bn_a, model.bn_b):
+            bn.running_mean.uniform_(-1, 1), bn.running_var.uniform_(0.5, 2), bn.weight.uniform_(0.5, 2)
+        expected = model(x)
+    program = to_edge(torch.export.export(model, (x,)),
+                      compile_config=EdgeCompileConfig(_check_ir_validity=False)).exported_program()
+    manager = ArmPassManager(TosaCompileSpec("TOSA-1.0+FP"))  # its pipeline, this one pass in it
+    with manager._tosa_context(program.graph_module):
+        manager.add_pass(FuseBatchNorm2dPass(program))
+        manager._transform(program, program.graph_module)
+    convs = [n for n in program.graph.nodes if n.op == "call_function" and "convolution" in str(n.target)]
+    assert len(convs) == 2 and convs[0].args[1] is convs[1].args[1]  # both calls read the first call's fold
+    assert convs[0].args[1].name == "p_conv_weight_fused_bn"  # named after the weight: the second fold finds it
+    with torch.no_grad():
+        assert float((program.module()(x) - expected).abs().max()) > 0.5
+        with TosaReferenceModelDispatch():
+            compiled = _tosa_lowered(model, x).exported_program().module()(x)
+    assert float((compiled - expected).abs().max()) > 0.5
+
+
+@pytest.mark.slow
+def test_arms_tosa_lowering_raises_on_a_batchnorm1d_over_a_2d_input():
+    """Row 45: ``FuseBatchNorm2dPass`` puts a 1x1 conv of ones before a BatchNorm no conv feeds, 1-D for a 3-D
+    input, 2-D for any other: on an (N, C) input that conv cannot run."""
+    arm()
+    _tosa_lowered(nn.BatchNorm1d(12).eval(), torch.randn(2, 12, 5))  # (N, C, L): lowers
+    for model in (nn.BatchNorm1d(12), nn.Sequential(nn.Linear(16, 12), nn.BatchNorm1d(12))):
+        x = torch.randn(2, 12 if isinstance(model, nn.BatchNorm1d) else 16)
+        with pytest.raises(Exception) as raised:
+            _tosa_lowered(model.eval(), x)
+        chain = _chain(raised.value)
+        assert any("Expected 4-dimensional input for 4-dimensional weight [12, 1, 1, 1]" in str(e) for e in chain)
+        frames = [f.filename for e in chain for f in traceback.extract_tb(e.__traceback__)]
+        assert any(name.endswith("fuse_batch_norm2d_pass.py") for name in frames)
+
+
+@pytest.mark.slow
+def test_arms_quantizer_refuses_the_guards_call_of_an_exported_module():
+    """Row 46: ``prepare_pt2e(torch.export.export(m, x).module(), TOSAQuantizer(...))``, torch's documented PT2E flow,
+    raises on an average pool: ``ep.module()`` calls a ``_guards_fn`` submodule, which Arm's annotation passes
+    (``ExportPass``) refuse. torch leaves that call out when a file named like ``executorch`` or ``torchao`` is on
+    the stack (``_ok_to_generate_guards_fn``), and Arm's examples pass ``check_guards=False``."""
+    arm()
+    from executorch.backends.arm.quantizer import TOSAQuantizer, get_symmetric_quantization_config
+    from executorch.backends.arm.tosa.specification import TosaSpecification
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
+
+    def quantizer() -> TOSAQuantizer:
+        spec = TosaSpecification.create_from_string("TOSA-1.0+INT")
+        return TOSAQuantizer(spec).set_global(get_symmetric_quantization_config())
+
+    program = torch.export.export(nn.AvgPool2d(2).eval(), (torch.randn(2, 4, 8, 8),))
+    prepare_pt2e(program.module(check_guards=False), quantizer())
+    module = program.module()
+    assert [n.target for n in module.graph.nodes if n.op == "call_module"] == ["_guards_fn"]
+    with pytest.raises(Exception, match="DecomposeAvgPool2dPass") as raised:
+        prepare_pt2e(module, quantizer())
+    assert any("call_module is not supported" in str(e) for e in _chain(raised.value))
+
+
+class _Counter(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.register_buffer("count", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.count.add_(1)  # ep.module() holds this add_ alone, with no write-back copy_
+        return self.lin(x)
+
+
+@pytest.mark.slow
+def test_arms_quantizer_drops_a_buffer_updated_in_place():
+    """Row 48: ``prepare_pt2e`` with ``TOSAQuantizer`` (on ``check_guards=False``, as Arm's examples call it: row 46)
+    loses ``self.count.add_(1)`` and the buffer with it: the prepared and converted models stop counting."""
+    arm()
+    from executorch.backends.arm.quantizer import TOSAQuantizer, get_symmetric_quantization_config
+    from executorch.backends.arm.tosa.specification import TosaSpecification
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    quantizer = TOSAQuantizer(TosaSpecification.create_from_string("TOSA-1.0+INT"))
+    x = torch.randn(2, 8)
+    module = torch.export.export(_Counter().eval(), (x,)).module(check_guards=False)
+    assert any(n.target == torch.ops.aten.add_.Tensor for n in module.graph.nodes)
+    prepared = prepare_pt2e(module, quantizer.set_global(get_symmetric_quantization_config()))
+    assert not any(n.target == torch.ops.aten.add_.Tensor for n in prepared.graph.nodes)
+    prepared(x)
+    converted = convert_pt2e(prepared)
+    converted(x)
+    assert "count" not in dict(converted.named_buffers())  # nothing counts any more
+
+
+class _ConvMean(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x).mean(dim=(2, 3))
+
+
+@pytest.mark.slow
+def test_arms_quantizer_writes_a_dynamic_batch_into_a_reshape_as_a_name():
+    """Row 49: exported with a dynamic batch, a conv and a mean over its spatial dimensions: ``TOSAQuantizer``'s
+    annotation passes write the batch's symbol into a ``reshape``'s shape, and the prepared module's code names a
+    variable nothing defines: its first call (calibration) raises ``NameError``. At a static batch it runs."""
+    arm()
+    from executorch.backends.arm.quantizer import TOSAQuantizer, get_symmetric_quantization_config
+    from executorch.backends.arm.tosa.specification import TosaSpecification
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
+
+    def prepared(dynamic: bool) -> fx.GraphModule:
+        quantizer = TOSAQuantizer(TosaSpecification.create_from_string("TOSA-1.0+INT"))
+        shapes = ({0: torch.export.Dim("batch", min=1, max=8)},) if dynamic else None
+        module = torch.export.export(_ConvMean().eval(), (x,), dynamic_shapes=shapes).module(check_guards=False)
+        return prepare_pt2e(module, quantizer.set_global(get_symmetric_quantization_config()))
+
+    x = torch.randn(2, 3, 8, 8)
+    prepared(dynamic=False)(x)
+    module = prepared(dynamic=True)
+    reshapes = [n for n in module.graph.nodes if n.target == torch.ops.aten.reshape.default]
+    assert any(isinstance(size, torch.SymInt) for n in reshapes for size in n.args[1])  # not a sym_size node
+    with pytest.raises(NameError, match="is not defined"):
+        module(x)
 
 
 # -- the page and the proofs in step --------------------------------------------------------------------
