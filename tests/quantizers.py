@@ -7,6 +7,8 @@ subclass whose ``annotate`` sets each node's ``quantization_annotation`` and who
   per-channel axis class: executorch#17842 took the wrong dimension for a transposed convolution): caught by
   ``qdq``, whose ``axis`` problem names the weight's quantize and the dimension to use;
 - ``DeadCodeQuantizer`` drops the buffer write-backs before annotating: caught by ``stateful``.
+- ``RebuildingQuantizer`` returns a new ``GraphModule`` from ``transform_for_annotation`` (as Arm's pass manager
+  does): correct; ``purity`` does not hold it to what ``prepare_pt2e``'s own fold did to the model it consumes.
 - ``LayerNormDecomposingQuantizer`` decomposes ``layer_norm`` before annotating (so that each piece can be
   quantized, as Arm's quantizer decomposes ops in ``transform_for_annotation``): correct.
   ``LayerNormDecomposingQuantizerUnbiased`` takes ``torch.var``'s default, the unbiased variance, where
@@ -19,6 +21,8 @@ subclass whose ``annotate`` sets each node's ``quantization_annotation`` and who
 """
 
 from __future__ import annotations
+
+import copy
 
 import torch
 from torch import fx
@@ -138,6 +142,15 @@ class TanhQuantizerSigmoidRange(TanhQuantizer):
     """The bug: sigmoid's fixed parameters, ``[0, 1)``, for tanh's output."""
 
     output_range = SIGMOID_RANGE
+
+
+class RebuildingQuantizer(ConvLinearQuantizer):
+    """:class:`ConvLinearQuantizer` whose ``transform_for_annotation`` returns a new ``GraphModule``, as Arm's pass
+    manager does: ``prepare_pt2e`` then returns a module over another graph than the one it was given, whose
+    parameters its own conv-BN fold has already changed. Correct."""
+
+    def transform_for_annotation(self, model: fx.GraphModule) -> fx.GraphModule:
+        return fx.GraphModule(model, copy.deepcopy(model.graph))
 
 
 class NeedsBackend(ConvLinearQuantizer):

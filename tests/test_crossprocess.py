@@ -111,3 +111,22 @@ def test_the_plugin_starts_a_server_only_for_selected_determinism_items(pytester
     assert other_processes() == set()  # no server: no determinism item was selected
     pytester.runpytest(*args, "-k", "determinism").assert_outcomes(passed=1)
     assert len(other_processes()) == 1  # the server transformed the model once
+
+
+def test_a_calibrating_transforms_floats_are_blanked_its_node_order_is_not():
+    """A quantizer under test computes its scales from activations: their last digits follow the thread count (the
+    server runs on one thread), so its digests compare with floating-point literals blanked."""
+    import torch
+    from torch import fx, nn
+
+    def scaled(scale: float, swapped: bool = False) -> fx.GraphModule:
+        graph = fx.Graph()
+        x, y = graph.placeholder("x"), graph.placeholder("y")
+        first, second = (y, x) if swapped else (x, y)
+        graph.output(graph.call_function(torch.add, (graph.call_function(torch.mul, (first, scale)), second)))
+        return fx.GraphModule(nn.Module(), graph)
+
+    ulp_apart = scaled(0.02209177426993847), scaled(0.02209177240729332)
+    assert digest(ulp_apart[0]) != digest(ulp_apart[1])
+    assert digest(ulp_apart[0], calibrated=True) == digest(ulp_apart[1], calibrated=True)
+    assert digest(scaled(0.5), calibrated=True) != digest(scaled(0.5, swapped=True), calibrated=True)

@@ -164,3 +164,17 @@ def test_the_sole_reader_fold_drops_the_relu_and_computes_the_same():
     folded = quant_passes.fold_relu_into_quantize(original)
     assert torch.ops.aten.relu.default not in {node.target for node in folded.graph.nodes}
     assert torch.equal(folded(inputs), expected) and qdq_problems(folded) == []
+
+
+def test_a_dequantize_whose_range_holds_its_quantizes_reads_what_was_written():
+    """As ExecuTorch's Arm backend fuses a ReLU: the quantize's qmin narrowed to the zero point, its dequantize left
+    at the dtype's range, which holds every integer written; a dequantize narrower than its quantize is a problem."""
+    def build(dq_range):
+        def made(root, graph, x):
+            q = graph.call_function(QD.quantize_per_tensor.default, (x, 0.1, -20, -20, 127, torch.int8))
+            return graph.call_function(QD.dequantize_per_tensor.default, (q, 0.1, -20, *dq_range, torch.int8))
+        return _graph(made)
+
+    assert qdq_problems(build((-128, 127))) == []
+    (narrower,) = qdq_problems(build((-20, 100)))
+    assert narrower.kind == "pairing" and narrower.what.startswith("qmax 100 where its quantize")

@@ -87,6 +87,11 @@ def test_clipping_applies_per_channel_parameters_along_their_axis():
     assert fitted.covered[1] == pytest.approx(weight.abs().max().item(), rel=0.01)
 
 
+def test_what_prepare_pt2e_does_to_the_model_it_consumes_is_not_the_quantizers():
+    result = verification(quantizers.RebuildingQuantizer, "layer_conv_bn").run("purity")  # the fold edits its input
+    assert result.ok, result.finding
+
+
 def test_a_quantizer_class_is_made_with_no_arguments_and_judged_eval_only_in_float32():
     loaded = Transform.load("tests.quantizers:ConvLinearQuantizer")
     assert (loaded.form, loaded.contract, type(loaded.fn)) == ("quantizer", QUANTIZING, quantizers.ConvLinearQuantizer)

@@ -27,6 +27,7 @@ from typing import Any
 from torch import fx
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_FLOAT = re.compile(r"(?<![\w.])-?\d+(?:\.\d+(?:e[-+]?\d+)?|e[-+]?\d+)(?![\w.])")
 
 
 def canonical_text(graph: fx.Graph, *, anonymous: bool = False) -> str:
@@ -56,6 +57,16 @@ def without_addresses(text: str) -> str:
     'args=(<built-in method conv2d of type object at 0x?>,)'
     """
     return _ADDRESS.sub(" at 0x?", text)
+
+
+def without_floats(text: str) -> str:
+    """``text`` with every floating-point literal blanked: a constant a transform computed in floating point (a scale
+    calibrated on activations) differs in its last digits with the number of threads a process computes it on.
+
+    >>> without_floats("quantize_per_tensor(conv2d_2, 0.02209177426993847, 45, -128, 127, torch.int8) * 1e-05")
+    'quantize_per_tensor(conv2d_2, <float>, 45, -128, 127, torch.int8) * <float>'
+    """
+    return _FLOAT.sub("<float>", text)
 
 
 def target_name(node: fx.Node) -> str:

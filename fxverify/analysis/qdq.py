@@ -3,7 +3,8 @@ nodes ``convert_pt2e`` leaves (``torch.ops.quantized_decomposed``, or their Edge
 :func:`op_of`), and the problems a pass over such a graph
 can make of them (:func:`qdq_problems`):
 
-- ``pairing``: a quantize feeds dequantizes with its own scale, zero point, range and dtype (and axis);
+- ``pairing``: a quantize feeds dequantizes with its own scale, zero point, dtype (and axis), and a range holding
+  its own;
 - ``parameters``: scales positive and finite, zero points inside the range, the range inside the dtype's;
 - ``axis``: a per-channel weight feeding a convolution or linear is quantized along the output-channel
   dimension (``conv_transpose`` with ``groups=1``: dimension 1; with more groups no dimension of the weight
@@ -70,11 +71,22 @@ class Params:
     dtype: torch.dtype
     axis: int | None = None
 
-    def differs(self, other: Params) -> str | None:
-        """The first parameter that differs from ``other``'s, as ``'<name> <ours> where ... has <theirs>'``."""
+    def differs(self, other: Params, *, holding: bool = False) -> str | None:
+        """The first parameter that differs from ``other``'s, as ``'<name> <ours> where ... has <theirs>'``; with
+        ``holding`` (a dequantize's against its quantize's), a range holding ``other``'s is none: every integer the
+        quantize writes lies in it (ExecuTorch's Arm backend narrows a quantize's ``qmin`` to its zero point, fusing
+        a ReLU, and leaves its dequantizes at the dtype's range).
+
+        >>> written = Params((0.1,), (-128,), -128, 127, torch.int8)
+        >>> read = dataclasses.replace(written, qmin=-128, qmax=127)
+        >>> narrowed = dataclasses.replace(written, qmin=-128, qmax=100)
+        >>> read.differs(dataclasses.replace(written, qmin=0), holding=True), narrowed.differs(written, holding=True)
+        (None, 'qmax 100 where {other} has 127')
+        """
+        held = holding and self.qmin <= other.qmin and self.qmax >= other.qmax
         for name in ("scale", "zero_point", "qmin", "qmax", "dtype", "axis"):
             ours, theirs = getattr(self, name), getattr(other, name)
-            if ours != theirs:
+            if ours != theirs and not (held and name in ("qmin", "qmax")):
                 return f"{name} {_shown(ours)} where {{other}} has {_shown(theirs)}"
         return None
 
@@ -170,7 +182,7 @@ def _parameter_problems(node: fx.Node, own: Params) -> Iterator[Problem]:
 def _pairing_problems(gm: fx.GraphModule, node: fx.Node, own: Params) -> Iterator[Problem]:
     for user in node.users:
         if user.op == "call_function" and op_of(user) in DEQUANTIZE:
-            differs = params(gm, user).differs(own)
+            differs = params(gm, user).differs(own, holding=True)
             if differs:
                 yield Problem("pairing", user.name, differs.format(other=f"its quantize %{node.name}")
                               + ": a dequantize must read the parameters its quantize wrote")

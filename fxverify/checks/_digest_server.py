@@ -213,7 +213,8 @@ def _serve(spec: str, timeout: float) -> None:
                           capture=case.capture_named(capture) if isinstance(capture, str) else capture)
         try:  # the transform given a copy, as the subject's result was made
             source = subject.capture_source(mode, static=static)
-            answer = digest(subject.transformed_copy(source, mode) if transformed else source)
+            answer = digest(subject.transformed_copy(source, mode), calibrated=not subject.compares_values) \
+                if transformed else digest(source)
         except TransformFailed as exc:
             answer = f"error: {exc}"
         except Skip as exc:
