@@ -1108,6 +1108,37 @@ def test_arms_quantizer_writes_a_dynamic_batch_into_a_reshape_as_a_name():
         module(x)
 
 
+@pytest.mark.slow
+def test_arms_quantizer_takes_a_batch_size_read_by_a_reshape_for_a_second_device():
+    """Row 50: exported with a dynamic batch, ``x.reshape(x.shape[0], -1)`` reads the batch as a ``sym_size`` node,
+    whose ``meta["val"]`` is a ``SymInt``: ``TOSAQuantizer.validate`` adds ``"Could not get device from s77"`` to the
+    devices of the reshape's inputs beside ``cpu`` and raises ``ValueError`` (different device inputs). At a static
+    batch it quantizes."""
+    arm()
+    from executorch.backends.arm.quantizer import TOSAQuantizer, get_symmetric_quantization_config
+    from executorch.backends.arm.tosa.specification import TosaSpecification
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
+
+    class Flatten(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(12, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x.reshape(x.shape[0], -1))
+
+    def prepared(dynamic: bool) -> fx.GraphModule:
+        quantizer = TOSAQuantizer(TosaSpecification.create_from_string("TOSA-1.0+INT"))
+        shapes = ({0: torch.export.Dim("batch", min=1, max=8)},) if dynamic else None
+        module = torch.export.export(Flatten().eval(), (x,), dynamic_shapes=shapes).module(check_guards=False)
+        return prepare_pt2e(module, quantizer.set_global(get_symmetric_quantization_config()))
+
+    x = torch.randn(2, 3, 4)
+    prepared(dynamic=False)(x)
+    with pytest.raises(ValueError, match="different device inputs: .*Could not get device from s"):
+        prepared(dynamic=True)
+
+
 # -- the page and the proofs in step --------------------------------------------------------------------
 
 COLUMNS = ["#", "defect", "pass (library)", "check that caught it", "smallest model", "proof", "upstream"]
