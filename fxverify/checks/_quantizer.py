@@ -1,7 +1,7 @@
 """What ``numerics`` holds a quantizer under test (form ``quantizer``) to: its result is the float model quantized, so
 its outputs are not the float model's, and the error quantization accumulates over a model is no defect (measured in
-docs/quantization.md: up to a quarter of the output's range at the calibration inputs themselves, on models where
-every quantizer tried agrees). What is held to the float model instead, each with a tolerance that holds:
+docs/quantization.md: up to half the output's range on a model updating a buffer, 140 steps at another batch size,
+with every quantizer tried). What is held to the float model instead, each with a tolerance that holds:
 
 - **the quantized graph runs**: at every input configuration the result runs where the original runs, with outputs
   of the same structure, shapes and dtypes, finite where the original's are;
