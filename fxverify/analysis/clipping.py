@@ -109,7 +109,7 @@ def _clipped(observer: Any, values: list[torch.Tensor]) -> dict[str, Any] | None
     except Exception:  # an observer without parameters or a range of its own to give
         return None
     axis = getattr(observer, "ch_axis", None) if getattr(observer, "qscheme", None) in PER_CHANNEL else None
-    beyond, low, high = [], [], []
+    beyond = []
     for value in values:
         shape = [1] * value.dim()
         if axis is not None and value.dim() and value.shape[axis] == scale.numel():
@@ -119,8 +119,6 @@ def _clipped(observer: Any, values: list[torch.Tensor]) -> dict[str, Any] | None
         s, z = scale.reshape(shape), zero_point.reshape(shape)
         quantized = torch.round(value / s) + z
         beyond.append(((qmin - quantized).clamp(min=0) + (quantized - qmax).clamp(min=0)).flatten())
-        low.append(((qmin - z) * s).expand_as(value).flatten())
-        high.append(((qmax - z) * s).expand_as(value).flatten())
     joined, steps = torch.cat([value.flatten() for value in values]), torch.cat(beyond)
     if not joined.numel():
         return None
@@ -128,5 +126,5 @@ def _clipped(observer: Any, values: list[torch.Tensor]) -> dict[str, Any] | None
              else f"{scale.numel()} scales along dimension {axis}")
     return {"count": joined.numel(), "fraction": (steps > 1).double().mean().item(), "steps": steps.max().item(),
             "seen": (joined.min().item(), joined.max().item()),
-            "covered": (torch.cat(low).min().item(), torch.cat(high).max().item()),
+            "covered": (((qmin - zero_point) * scale).min().item(), ((qmax - zero_point) * scale).max().item()),
             "parameters": f"{shown}, range [{qmin}, {qmax}]"}
